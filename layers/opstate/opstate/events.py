@@ -1,0 +1,308 @@
+"""One event shape for every source of truth, and one normaliser per source.
+
+Sources: Gemini webhook bodies, google-genai ``BatchJob`` objects, long-running ``Operation``
+objects (Veo video, file-search imports), interactions, and generic reports from the user's
+own producer. Normalisers are duck-typed: they read attributes or mapping keys and never import
+google-genai, so they stay pure and cheap to import.
+
+Two kinds of refusal:
+- ``InvalidEventError`` (``code`` = ``invalid-body``, ``missing-field``, ``invalid-name``,
+  ``invalid-time``, ``invalid-state``, ``invalid-details``): the input is malformed; answer
+  400 and write nothing.
+- ``UnsupportedEventError`` (``reason`` = ``unsupported-event-type`` or ``unknown-state``): a
+  well-formed input that this system deliberately does not turn into a state (a source added a
+  type or state). It must never roll anything back; webhooks answer 200 with ``applied: false``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from opstate.names import InvalidNameError, Kind, canonical_name, kind_of
+from opstate.states import State, UnknownStateError, parse_state
+from opstate.times import InvalidTimeError, parse_time
+
+
+class Source(StrEnum):
+    WEBHOOK = "webhook"
+    POLL = "poll"
+    REPORT = "report"
+
+
+@dataclass(frozen=True, slots=True)
+class OpEvent:
+    """One observation of an operation's state at a server time (ns since epoch, 0 = unknown)."""
+
+    name: str
+    state: State
+    update_time_ns: int
+    source: str
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> Kind:
+        return kind_of(self.name)
+
+
+class EventError(ValueError):
+    """Base of the normalisers' refusals; ``code`` is a stable machine-readable string."""
+
+    code: str
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class InvalidEventError(EventError):
+    """Malformed input: a client error, nothing is written."""
+
+
+class UnsupportedEventError(EventError):
+    """Well-formed input that deliberately never becomes a state."""
+
+    @property
+    def reason(self) -> str:
+        return self.code
+
+
+UNSUPPORTED_EVENT_TYPE = "unsupported-event-type"
+UNKNOWN_STATE = "unknown-state"
+
+# Gemini webhook event types: (state, kind hint, extra details).
+WEBHOOK_TYPES: dict[str, tuple[State, Kind, Mapping[str, Any]]] = {
+    "batch.succeeded": (State.SUCCEEDED, Kind.BATCH, {}),
+    "batch.failed": (State.FAILED, Kind.BATCH, {}),
+    "batch.expired": (State.FAILED, Kind.BATCH, {"reason": "expired"}),
+    "batch.cancelled": (State.CANCELLED, Kind.BATCH, {}),
+    "video.generated": (State.SUCCEEDED, Kind.VIDEO, {}),
+    "interaction.completed": (State.SUCCEEDED, Kind.INTERACTION, {}),
+    "interaction.failed": (State.FAILED, Kind.INTERACTION, {}),
+    "interaction.cancelled": (State.CANCELLED, Kind.INTERACTION, {}),
+    "interaction.requires_action": (State.REQUIRES_ACTION, Kind.INTERACTION, {}),
+}
+
+# Webhook `data` fields kept in a record's details.
+WEBHOOK_DETAIL_FIELDS = (
+    "output_file_uri",
+    "video_uri",
+    "error_code",
+    "error_message",
+    "user_metadata",
+)
+
+# google-genai JobState (and the REST API's BATCH_STATE_*) -> (state, extra details).
+# None means the source state is known to carry no usable state (dropped as unknown-state).
+JOB_STATES: dict[str, tuple[State, Mapping[str, Any]] | None] = {
+    "QUEUED": (State.PENDING, {}),
+    "PENDING": (State.PENDING, {}),
+    "RUNNING": (State.RUNNING, {}),
+    "UPDATING": (State.RUNNING, {}),
+    "PAUSED": (State.RUNNING, {"paused": True}),
+    "CANCELLING": (State.RUNNING, {"cancelling": True}),
+    "SUCCEEDED": (State.SUCCEEDED, {}),
+    "PARTIALLY_SUCCEEDED": (State.SUCCEEDED, {"partial": True}),
+    "FAILED": (State.FAILED, {}),
+    "EXPIRED": (State.FAILED, {"reason": "expired"}),
+    "CANCELLED": (State.CANCELLED, {}),
+    "UNSPECIFIED": None,
+}
+
+# Interaction `status` -> state.
+INTERACTION_STATUSES: dict[str, State] = {
+    "in_progress": State.RUNNING,
+    "requires_action": State.REQUIRES_ACTION,
+    "completed": State.SUCCEEDED,
+    "failed": State.FAILED,
+    "cancelled": State.CANCELLED,
+}
+
+# google.rpc.Code CANCELLED: an LRO that finished with this error code was cancelled.
+RPC_CANCELLED = 1
+
+
+def _get(obj: Any, *keys: str) -> Any:
+    """The first present, non-None value among ``keys`` of a mapping or an object."""
+    for key in keys:
+        value = obj.get(key) if isinstance(obj, Mapping) else getattr(obj, key, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _name(raw: object, hint: Kind | None) -> str:
+    try:
+        return canonical_name(raw, hint)
+    except InvalidNameError as exc:
+        raise InvalidEventError("invalid-name", str(exc)) from None
+
+
+def _time(raw: object) -> int:
+    if raw is None:
+        return 0
+    if not isinstance(raw, str | datetime):
+        raise InvalidEventError("invalid-time", f"invalid time {raw!r}: expected RFC3339 text")
+    try:
+        return parse_time(raw)
+    except InvalidTimeError as exc:
+        raise InvalidEventError("invalid-time", str(exc)) from None
+
+
+def _enum_text(value: Any) -> str:
+    """The text of an enum member or a string (``JobState.JOB_STATE_RUNNING`` -> its value)."""
+    text = getattr(value, "value", value)
+    return str(text)
+
+
+def from_webhook(body: object) -> OpEvent:
+    """A Gemini webhook body: ``{"type", "timestamp", "data": {"id"|"name", ...}}``."""
+    if not isinstance(body, Mapping):
+        raise InvalidEventError("invalid-body", "the webhook body must be a JSON object")
+    event_type = body.get("type")
+    if not isinstance(event_type, str) or not event_type:
+        raise InvalidEventError("missing-field", "the webhook body has no 'type' string")
+    data = body.get("data")
+    if not isinstance(data, Mapping):
+        raise InvalidEventError("missing-field", "the webhook body has no 'data' object")
+    mapped = WEBHOOK_TYPES.get(event_type)
+    if mapped is None:
+        raise UnsupportedEventError(
+            UNSUPPORTED_EVENT_TYPE, f"webhook event type {event_type!r} is not supported"
+        )
+    state, hint, extra = mapped
+    raw_name = _get(data, "id", "name")
+    if raw_name is None:
+        raise InvalidEventError("missing-field", "the webhook 'data' has no 'id' or 'name'")
+    name = _name(raw_name, hint)
+    update_ns = _time(body.get("timestamp"))
+    details: dict[str, Any] = {k: data[k] for k in WEBHOOK_DETAIL_FIELDS if data.get(k) is not None}
+    details.update(extra)
+    return OpEvent(name, state, update_ns, Source.WEBHOOK, details)
+
+
+def from_batch_job(job: Any) -> OpEvent:
+    """A google-genai ``BatchJob`` (or its mapping form): ``name``, ``state``, ``update_time``."""
+    name = _name(_get(job, "name"), Kind.BATCH)
+    raw_state = _get(job, "state")
+    if raw_state is None:
+        raise UnsupportedEventError(UNKNOWN_STATE, f"batch {name} has no state")
+    text = _enum_text(raw_state)
+    key = text.removeprefix("JOB_STATE_").removeprefix("BATCH_STATE_")
+    if key not in JOB_STATES or JOB_STATES[key] is None:
+        raise UnsupportedEventError(UNKNOWN_STATE, f"batch {name} has unknown state {text!r}")
+    mapped = JOB_STATES[key]
+    assert mapped is not None
+    state, extra = mapped
+    details: dict[str, Any] = dict(extra)
+    error = _get(job, "error")
+    if error is not None:
+        code, message = _get(error, "code"), _get(error, "message")
+        if code is not None:
+            details["error_code"] = code
+        if message is not None:
+            details["error_message"] = message
+    dest = _get(job, "dest")
+    output = _get(dest, "file_name", "fileName") if dest is not None else None
+    if output is not None:
+        details["output_file_uri"] = output
+    display = _get(job, "display_name", "displayName")
+    if display is not None:
+        details["display_name"] = display
+    update_ns = _time(_get(job, "update_time", "updateTime"))
+    return OpEvent(name, state, update_ns, Source.POLL, details)
+
+
+def from_operation(op: Any) -> OpEvent:
+    """A long-running ``Operation``: ``done=false`` RUNNING; ``error.code == 1`` CANCELLED;
+    another error FAILED; otherwise (a response) SUCCEEDED. The time is
+    ``metadata.updateTime`` when the operation carries one, else 0 (unknown)."""
+    name = _name(_get(op, "name"), None)
+    details: dict[str, Any] = {}
+    if not _get(op, "done"):
+        state = State.RUNNING
+    else:
+        error = _get(op, "error")
+        if error is not None:
+            code = _get(error, "code")
+            message = _get(error, "message")
+            state = State.CANCELLED if code == RPC_CANCELLED else State.FAILED
+            if code is not None:
+                details["error_code"] = code
+            if message is not None:
+                details["error_message"] = message
+        else:
+            state = State.SUCCEEDED
+            uri = _video_uri(_get(op, "response", "result"))
+            if uri is not None:
+                details["video_uri"] = uri
+    metadata = _get(op, "metadata")
+    update = _get(metadata, "updateTime", "update_time") if metadata is not None else None
+    return OpEvent(name, state, _time(update), Source.POLL, details)
+
+
+def _video_uri(response: Any) -> str | None:
+    if response is None:
+        return None
+    videos = _get(response, "generated_videos", "generatedVideos", "generatedSamples")
+    if not videos:
+        nested = _get(response, "generateVideoResponse")
+        videos = _get(nested, "generatedSamples") if nested is not None else None
+    if not videos:
+        return None
+    video = _get(videos[0], "video")
+    uri = _get(video, "uri") if video is not None else None
+    return uri if isinstance(uri, str) else None
+
+
+def from_interaction(interaction: Any) -> OpEvent:
+    """An interaction: ``id`` (or ``name``), ``status``, ``updated`` time."""
+    name = _name(_get(interaction, "name", "id"), Kind.INTERACTION)
+    status = _get(interaction, "status")
+    text = _enum_text(status).lower() if status is not None else ""
+    state = INTERACTION_STATUSES.get(text)
+    if state is None:
+        raise UnsupportedEventError(
+            UNKNOWN_STATE, f"interaction {name} has unknown status {status!r}"
+        )
+    update_ns = _time(_get(interaction, "updated", "update_time", "updateTime"))
+    return OpEvent(name, state, update_ns, Source.POLL, {})
+
+
+def from_report(
+    name: object,
+    body: Mapping[str, Any] | None,
+    *,
+    now_ns: int,
+    kind_hint: Kind | None = None,
+) -> OpEvent:
+    """A report from the user's own producer: optional ``{"state", "updateTime", "details"}``.
+
+    No body (or no ``state``) means "track this job": PENDING. No ``updateTime`` means
+    ``now_ns``, which the caller reads from its clock (this module reads none).
+    """
+    canonical = _name(name, kind_hint)
+    if body is None:
+        body = {}
+    if not isinstance(body, Mapping):
+        raise InvalidEventError("invalid-body", "the report body must be a JSON object")
+    raw_state = body.get("state")
+    if raw_state is None:
+        state = State.PENDING
+    else:
+        try:
+            state = parse_state(raw_state)
+        except UnknownStateError as exc:
+            raise UnsupportedEventError(UNKNOWN_STATE, str(exc)) from None
+    raw_time = body.get("updateTime")
+    update_ns = now_ns if raw_time is None else _time(raw_time)
+    details = body.get("details")
+    if details is None:
+        details = {}
+    if not isinstance(details, Mapping):
+        raise InvalidEventError("invalid-details", "'details' must be a JSON object")
+    return OpEvent(canonical, state, update_ns, Source.REPORT, dict(details))
