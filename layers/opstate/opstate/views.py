@@ -1,0 +1,26 @@
+"""The JSON view of a record: one shape for the API, the CLI and the docs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opstate.reducer import OpRecord
+from opstate.times import format_time
+
+
+def record_to_json(record: OpRecord) -> dict[str, Any]:
+    """``{name, kind, state, updateTime, version, source, details, createdAt, appliedAt}``.
+
+    Times are canonical RFC3339 with 9 fractional digits; an unknown server time (0) is null.
+    """
+    return {
+        "name": record.name,
+        "kind": str(record.kind),
+        "state": str(record.state),
+        "updateTime": format_time(record.update_time_ns) if record.update_time_ns else None,
+        "version": record.version,
+        "source": str(record.source),
+        "details": dict(record.details),
+        "createdAt": format_time(record.created_ns) if record.created_ns else None,
+        "appliedAt": format_time(record.applied_ns) if record.applied_ns else None,
+    }
