@@ -10,6 +10,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -39,12 +40,18 @@ class MotoServer:
                 self.process.wait(timeout=10)
 
 
-def start_moto_server(timeout_s: float = 30.0) -> MotoServer:
+ATOMIC_LAUNCHER = Path(__file__).with_name("moto_atomic.py")
+
+
+def start_moto_server(timeout_s: float = 30.0, *, atomic_dynamodb: bool = True) -> MotoServer:
+    """Start a moto server. ``atomic_dynamodb`` (default) serialises DynamoDB requests so a
+    conditional write is atomic as in real DynamoDB (see ``moto_atomic.py``)."""
     port = free_port()
     env = dict(os.environ)
     env.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    launcher = [str(ATOMIC_LAUNCHER)] if atomic_dynamodb else ["-m", "moto.server"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        [sys.executable, *launcher, "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         stdin=subprocess.DEVNULL,

@@ -6,6 +6,8 @@ code and the template cannot drift apart.
 
 from __future__ import annotations
 
+import copy
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +45,15 @@ def load_template(path: Path = TEMPLATE) -> dict[str, Any]:
     return data
 
 
+@functools.lru_cache(maxsize=4)
+def _template_snapshot(path: Path, mtime_ns: int) -> dict[str, Any]:
+    return load_template(path)
+
+
 def table_properties(resource: str = "OperationsTable") -> dict[str, Any]:
-    props = load_template()["Resources"][resource]["Properties"]
+    # Parsing the template costs ~0.1 s; tests create many tables, so parse once per version.
+    template = _template_snapshot(TEMPLATE, TEMPLATE.stat().st_mtime_ns)
+    props = copy.deepcopy(template["Resources"][resource]["Properties"])
     assert isinstance(props, dict)
     return props
 

@@ -1,4 +1,13 @@
-"""Stores behind one small port: DynamoDB (production), SQLite (embedded), memory (tests)."""
+"""Stores behind one small port: DynamoDB (production), SQLite (embedded), memory (tests).
+
+``store_from_url`` builds one from a URL; the DynamoDB and SQLite modules are imported only when
+such a store is asked for (boto3 is not needed to run on SQLite).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opstate.store.memory import MemoryStore
 from opstate.store.port import (
@@ -9,6 +18,9 @@ from opstate.store.port import (
     WriteOutcome,
 )
 
+if TYPE_CHECKING:
+    from opstate.config import Settings
+
 __all__ = [
     "WRITTEN",
     "MemoryStore",
@@ -16,4 +28,58 @@ __all__ = [
     "Store",
     "StoreUnavailableError",
     "WriteOutcome",
+    "store_from_url",
 ]
+
+URL_FORMS = "dynamodb://TABLE, sqlite:///relative/path.db, sqlite:////absolute/path.db, memory://"
+
+
+def store_from_url(url: str, settings: Settings | None = None) -> Store:
+    """The store a URL names.
+
+    - ``dynamodb://TABLE``: ``DynamoDBStore`` on TABLE (shards and retention from ``settings``;
+      the endpoint from boto3's own configuration, e.g. ``AWS_ENDPOINT_URL_DYNAMODB``).
+    - ``sqlite:///PATH``: ``SQLiteStore``; as in SQLAlchemy, ``sqlite:///ops.db`` is relative to
+      the working directory and ``sqlite:////var/lib/ops.db`` is absolute. Missing parent
+      directories are created.
+    - ``memory://``: a fresh ``MemoryStore`` (tests; forgets everything on exit).
+
+    Anything else raises ``ValueError`` naming the accepted forms.
+    """
+    text = url.strip()
+    scheme, sep, rest = text.partition("://")
+    scheme = scheme.lower()
+    if not sep:
+        raise ValueError(f"invalid store URL {url!r}: expected one of {URL_FORMS}")
+    if scheme == "memory":
+        if rest.strip("/"):
+            raise ValueError(f"invalid store URL {url!r}: memory:// takes no path")
+        return MemoryStore()
+    if scheme == "dynamodb":
+        table = rest.strip("/")
+        if not table or "/" in table:
+            raise ValueError(f"invalid store URL {url!r}: expected dynamodb://TABLE")
+        from opstate.store.dynamodb import DynamoDBStore
+
+        if settings is None:
+            return DynamoDBStore(table)
+        return DynamoDBStore(
+            table, shards=settings.open_index_shards, retention_days=settings.retention_days
+        )
+    if scheme == "sqlite":
+        if not rest.startswith("/") or rest in ("/", "//") or rest.endswith("/"):
+            raise ValueError(
+                f"invalid store URL {url!r}: expected sqlite:///relative.db or "
+                "sqlite:////absolute.db"
+            )
+        raw_path = rest[1:]  # "sqlite:///a.db" -> "a.db"; "sqlite:////a.db" -> "/a.db"
+        if raw_path == ":memory:":
+            raise ValueError(f"invalid store URL {url!r}: use memory:// for an in-memory store")
+        path = Path(raw_path).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        from opstate.store.sqlite import SQLiteStore
+
+        if settings is None:
+            return SQLiteStore(path)
+        return SQLiteStore(path, retention_days=settings.retention_days)
+    raise ValueError(f"unsupported store URL {url!r}: expected one of {URL_FORMS}")

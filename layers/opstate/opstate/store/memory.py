@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from opstate.reducer import OpRecord
 from opstate.store.port import WRITTEN, WriteOutcome
@@ -43,6 +43,10 @@ class MemoryStore:
     def all(self) -> list[OpRecord]:
         with self._lock:
             return sorted(self._records.values(), key=lambda r: r.name)
+
+    def iter_all(self) -> Iterator[OpRecord]:
+        """Every record by name (a snapshot taken when iteration starts)."""
+        yield from self.all()
 
     def close(self) -> None:
         return None

@@ -7,7 +7,7 @@ SQLite: a re-select in the same transaction).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -39,6 +39,9 @@ WRITTEN = WriteOutcome(ok=True)
 
 @runtime_checkable
 class Store(Protocol):
+    """What every store provides. ``ingest`` uses only ``get``, ``put_if_absent`` and
+    ``replace_if_version``; the reconciler uses ``list_open``; operators use ``iter_all``."""
+
     def get(self, name: str) -> OpRecord | None:
         """The record of ``name`` (strongly consistent read), or None."""
         ...
@@ -53,6 +56,10 @@ class Store(Protocol):
 
     def list_open(self, limit: int = 100) -> Sequence[OpRecord]:
         """Up to ``limit`` non-terminal records, oldest ``update_time_ns`` first."""
+        ...
+
+    def iter_all(self) -> Iterator[OpRecord]:
+        """Every record (operator listing; may be a full scan, never used by ingest)."""
         ...
 
     def close(self) -> None:

@@ -1,0 +1,315 @@
+"""The embedded store: one SQLite file, the same conditional-write semantics as DynamoDB.
+
+- WAL journal, ``busy_timeout``, ``synchronous=NORMAL``; one connection per thread
+  (``threading.local``), all tracked so ``close()`` closes them. Several processes may share one
+  file: every write takes the database's write lock first (``BEGIN IMMEDIATE``).
+- put-if-absent: ``INSERT ... ON CONFLICT(name) DO NOTHING``; replace:
+  ``UPDATE ... WHERE name = ? AND version = ?``. When the write changes no row, the current row
+  is re-selected in the same transaction and returned (the record that beat us).
+- Open listing: ``open_ns`` is set only while the operation is open (NULL when terminal) and a
+  partial index on ``(open_ns, name) WHERE open_ns IS NOT NULL`` serves ``list_open``.
+- Times in ns are stored as zero-padded decimal text: SQLite integers stop at 2**63 (year 2262)
+  and the model accepts instants up to year 9999; fixed-width digits sort as numbers.
+- ``details`` is JSON text. ``expires_at`` (epoch seconds) is kept for terminal records, as on
+  DynamoDB; ``purge_expired`` deletes what is past it (SQLite has no TTL of its own).
+
+"database is locked", busy, disk and I/O errors raise ``StoreUnavailableError``; SQL errors are
+bugs and propagate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from opstate.reducer import OpRecord
+from opstate.states import parse_state
+from opstate.store.port import WRITTEN, StoreUnavailableError, WriteOutcome
+from opstate.times import NS_PER_SECOND
+
+DEFAULT_BUSY_TIMEOUT_S = 5.0
+DEFAULT_RETENTION_DAYS = 90
+_NS_DIGITS = 21  # enough for any instant up to year 9999 in ns
+_PAGE = 500
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS operations (
+    name        TEXT PRIMARY KEY,
+    state       TEXT NOT NULL,
+    rank        INTEGER NOT NULL,
+    update_ns   TEXT NOT NULL,
+    version     INTEGER NOT NULL,
+    kind        TEXT NOT NULL,
+    source      TEXT NOT NULL,
+    details     TEXT NOT NULL,
+    created_ns  INTEGER NOT NULL,
+    applied_ns  INTEGER NOT NULL,
+    open_ns     TEXT,
+    expires_at  INTEGER
+);
+CREATE INDEX IF NOT EXISTS operations_open ON operations (open_ns, name)
+    WHERE open_ns IS NOT NULL;
+"""
+
+_COLUMNS = (
+    "name, state, rank, update_ns, version, kind, source, details, created_ns, applied_ns, "
+    "open_ns, expires_at"
+)
+_SELECT = f"SELECT {_COLUMNS} FROM operations"
+
+# Fragments of sqlite3.OperationalError messages that mean "not now", not "wrong SQL".
+_UNAVAILABLE_MESSAGES = (
+    "locked",
+    "busy",
+    "disk",
+    "i/o error",
+    "unable to open",
+    "readonly",
+    "read-only",
+    "out of memory",
+)
+
+
+def _ns_text(ns: int) -> str:
+    return f"{ns:0{_NS_DIGITS}d}"
+
+
+def _is_unavailable(exc: sqlite3.Error) -> bool:
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc).lower()
+        return any(fragment in text for fragment in _UNAVAILABLE_MESSAGES)
+    return False
+
+
+class SQLiteStore:
+    """The store port on one SQLite file (see the module docstring)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
+        retention_days: int = DEFAULT_RETENTION_DAYS,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.path = Path(path)
+        if str(path) == ":memory:":
+            raise ValueError("SQLiteStore needs a file (one connection per thread); use memory://")
+        self.busy_timeout_s = busy_timeout_s
+        self.retention_days = retention_days
+        self._clock = clock
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._connections: list[sqlite3.Connection] = []
+        self._generation = 0
+        conn = self._conn()
+        try:
+            self._with_lock_retry(lambda: conn.executescript(_SCHEMA))
+        except sqlite3.Error as exc:
+            self._raise(exc)
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None and getattr(self._local, "generation", -1) == self._generation:
+            return conn
+        try:
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self.busy_timeout_s,
+                isolation_level=None,  # autocommit; transactions are explicit
+                check_same_thread=False,  # used by one thread; closed by close() from any
+            )
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            self._with_lock_retry(lambda: conn.execute("PRAGMA journal_mode = WAL"))
+            conn.execute("PRAGMA synchronous = NORMAL")
+        except sqlite3.Error as exc:
+            self._raise(exc)
+        with self._lock:
+            self._connections.append(conn)
+            self._local.conn = conn
+            self._local.generation = self._generation
+        return conn
+
+    def _with_lock_retry(self, action: Callable[[], object]) -> None:
+        # Switching to WAL or creating the schema can meet "database is locked" while another
+        # process does the same on a fresh file; busy_timeout does not cover every such case.
+        deadline = time.monotonic() + self.busy_timeout_s
+        while True:
+            try:
+                action()
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc).lower() or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+
+    def close(self) -> None:
+        """Close every thread's connection. Idempotent; the store reopens on next use."""
+        with self._lock:
+            connections, self._connections = self._connections, []
+            self._generation += 1
+        for conn in connections:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+
+    def _raise(self, exc: sqlite3.Error) -> NoReturn:
+        if _is_unavailable(exc):
+            raise StoreUnavailableError(f"SQLite store {self.path}: {exc}") from exc
+        raise exc
+
+    # -- the port ----------------------------------------------------------------------------
+
+    def get(self, name: str) -> OpRecord | None:
+        try:
+            row = self._conn().execute(f"{_SELECT} WHERE name = ?", (name,)).fetchone()
+        except sqlite3.Error as exc:
+            self._raise(exc)
+        return _record(row) if row else None
+
+    def put_if_absent(self, record: OpRecord) -> WriteOutcome:
+        values = self._row(record)
+        return self._write(
+            f"INSERT INTO operations ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT(name) DO NOTHING",
+            values,
+            record.name,
+        )
+
+    def replace_if_version(self, record: OpRecord, expected_version: int) -> WriteOutcome:
+        values = self._row(record)
+        return self._write(
+            "UPDATE operations SET state = ?, rank = ?, update_ns = ?, version = ?, kind = ?, "
+            "source = ?, details = ?, created_ns = ?, applied_ns = ?, open_ns = ?, "
+            "expires_at = ? WHERE name = ? AND version = ?",
+            (*values[1:], record.name, expected_version),
+            record.name,
+        )
+
+    def list_open(self, limit: int = 100) -> Sequence[OpRecord]:
+        if limit <= 0:
+            return []
+        try:
+            rows = (
+                self._conn()
+                .execute(
+                    f"{_SELECT} WHERE open_ns IS NOT NULL ORDER BY open_ns, name LIMIT ?",
+                    (limit,),
+                )
+                .fetchall()
+            )
+        except sqlite3.Error as exc:
+            self._raise(exc)
+        return [_record(row) for row in rows]
+
+    def iter_all(self) -> Iterator[OpRecord]:
+        """Every record by name, fetched in pages (no read transaction held across yields)."""
+        after = ""  # every name is non-empty, so every name sorts after ""
+        while True:
+            try:
+                rows = (
+                    self._conn()
+                    .execute(
+                        f"{_SELECT} WHERE name > ? ORDER BY name LIMIT ?",
+                        (after, _PAGE),
+                    )
+                    .fetchall()
+                )
+            except sqlite3.Error as exc:
+                self._raise(exc)
+            for row in rows:
+                yield _record(row)
+            if len(rows) < _PAGE:
+                return
+            after = rows[-1][0]
+
+    # -- extras ------------------------------------------------------------------------------
+
+    def raw_row(self, name: str) -> dict[str, Any] | None:
+        """The stored row of ``name`` as a dict of columns (tests, debugging)."""
+        conn = self._conn()
+        cursor = conn.execute(f"{_SELECT} WHERE name = ?", (name,))
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        return {d[0]: v for d, v in zip(cursor.description, row, strict=True)}
+
+    def purge_expired(self, now_s: int | None = None) -> int:
+        """Delete terminal records whose ``expires_at`` has passed; returns how many."""
+        now = int(time.time()) if now_s is None else now_s
+        try:
+            conn = self._conn()
+            cursor = conn.execute(
+                "DELETE FROM operations WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,)
+            )
+        except sqlite3.Error as exc:
+            self._raise(exc)
+        return int(cursor.rowcount)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _row(self, record: OpRecord) -> tuple[Any, ...]:
+        expires: int | None = None
+        open_ns: str | None = None
+        if record.terminal:
+            applied = record.applied_ns or self._clock()
+            expires = applied // NS_PER_SECOND + self.retention_days * 86_400
+        else:
+            open_ns = _ns_text(record.update_time_ns)
+        return (
+            record.name,
+            str(record.state),
+            record.rank,
+            _ns_text(record.update_time_ns),
+            record.version,
+            str(record.kind),
+            str(record.source),
+            json.dumps(dict(record.details), default=str, sort_keys=True),
+            record.created_ns,
+            record.applied_ns,
+            open_ns,
+            expires,
+        )
+
+    def _write(self, sql: str, params: Sequence[Any], name: str) -> WriteOutcome:
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            self._raise(exc)
+        try:
+            changed = conn.execute(sql, params).rowcount
+            current: OpRecord | None = None
+            if changed == 0:
+                row = conn.execute(f"{_SELECT} WHERE name = ?", (name,)).fetchone()
+                current = _record(row) if row else None
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                self._raise(exc)
+            raise
+        return WRITTEN if changed else WriteOutcome(ok=False, current=current)
+
+
+def _record(row: Sequence[Any]) -> OpRecord:
+    details = json.loads(row[7])
+    return OpRecord(
+        name=row[0],
+        state=parse_state(row[1]),
+        update_time_ns=int(row[3]),
+        version=int(row[4]),
+        source=row[6],
+        details=details if isinstance(details, dict) else {},
+        created_ns=int(row[8]),
+        applied_ns=int(row[9]),
+    )
