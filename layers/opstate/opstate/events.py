@@ -98,13 +98,16 @@ WEBHOOK_DETAIL_FIELDS = (
 
 # google-genai JobState (and the REST API's BATCH_STATE_*) -> (state, extra details).
 # None means the source state is known to carry no usable state (dropped as unknown-state).
+# The in-progress states all carry both flags: details merge on refresh, so a job that was
+# paused and resumed must say ``paused: False`` again.
+_IN_PROGRESS = {"paused": False, "cancelling": False}
 JOB_STATES: dict[str, tuple[State, Mapping[str, Any]] | None] = {
     "QUEUED": (State.PENDING, {}),
     "PENDING": (State.PENDING, {}),
-    "RUNNING": (State.RUNNING, {}),
-    "UPDATING": (State.RUNNING, {}),
-    "PAUSED": (State.RUNNING, {"paused": True}),
-    "CANCELLING": (State.RUNNING, {"cancelling": True}),
+    "RUNNING": (State.RUNNING, _IN_PROGRESS),
+    "UPDATING": (State.RUNNING, _IN_PROGRESS),
+    "PAUSED": (State.RUNNING, {**_IN_PROGRESS, "paused": True}),
+    "CANCELLING": (State.RUNNING, {**_IN_PROGRESS, "cancelling": True}),
     "SUCCEEDED": (State.SUCCEEDED, {}),
     "PARTIALLY_SUCCEEDED": (State.SUCCEEDED, {"partial": True}),
     "FAILED": (State.FAILED, {}),
@@ -115,12 +118,25 @@ JOB_STATES: dict[str, tuple[State, Mapping[str, Any]] | None] = {
 
 # Interaction `status` -> state.
 INTERACTION_STATUSES: dict[str, State] = {
+    "queued": State.PENDING,
     "in_progress": State.RUNNING,
     "requires_action": State.REQUIRES_ACTION,
+    # google-genai 3.x: IDLE replaces REQUIRES_ACTION ("processing done, waiting for the
+    # caller"); requires_continuation stops at a token limit until the caller continues it.
+    "idle": State.REQUIRES_ACTION,
+    "requires_continuation": State.REQUIRES_ACTION,
     "completed": State.SUCCEEDED,
     "failed": State.FAILED,
+    # Ended without a complete result: terminal, recorded as FAILED with the reason kept.
+    "incomplete": State.FAILED,
+    "budget_exceeded": State.FAILED,
     "cancelled": State.CANCELLED,
 }
+
+# Interaction statuses whose status text is kept as details.reason.
+INTERACTION_REASONS: frozenset[str] = frozenset(
+    {"incomplete", "budget_exceeded", "requires_continuation", "idle"}
+)
 
 # google.rpc.Code CANCELLED: an LRO that finished with this error code was cancelled.
 RPC_CANCELLED = 1
@@ -136,6 +152,8 @@ def _get(obj: Any, *keys: str) -> Any:
 
 
 def _name(raw: object, hint: Kind | None) -> str:
+    if raw is None:
+        raise InvalidEventError("missing-field", "no operation name ('name' or 'id')")
     try:
         return canonical_name(raw, hint)
     except InvalidNameError as exc:
@@ -166,14 +184,16 @@ def from_webhook(body: object) -> OpEvent:
     event_type = body.get("type")
     if not isinstance(event_type, str) or not event_type:
         raise InvalidEventError("missing-field", "the webhook body has no 'type' string")
-    data = body.get("data")
-    if not isinstance(data, Mapping):
-        raise InvalidEventError("missing-field", "the webhook body has no 'data' object")
+    # An unknown type is dropped whatever shape its body has: a new event type must never be
+    # answered 400 (the sender would retry for a day and then disable the endpoint).
     mapped = WEBHOOK_TYPES.get(event_type)
     if mapped is None:
         raise UnsupportedEventError(
             UNSUPPORTED_EVENT_TYPE, f"webhook event type {event_type!r} is not supported"
         )
+    data = body.get("data")
+    if not isinstance(data, Mapping):
+        raise InvalidEventError("missing-field", "the webhook body has no 'data' object")
     state, hint, extra = mapped
     raw_name = _get(data, "id", "name")
     if raw_name is None:
@@ -192,7 +212,7 @@ def from_batch_job(job: Any) -> OpEvent:
     if raw_state is None:
         raise UnsupportedEventError(UNKNOWN_STATE, f"batch {name} has no state")
     text = _enum_text(raw_state)
-    key = text.removeprefix("JOB_STATE_").removeprefix("BATCH_STATE_")
+    key = text.upper().removeprefix("JOB_STATE_").removeprefix("BATCH_STATE_")
     if key not in JOB_STATES or JOB_STATES[key] is None:
         raise UnsupportedEventError(UNKNOWN_STATE, f"batch {name} has unknown state {text!r}")
     mapped = JOB_STATES[key]
@@ -270,7 +290,8 @@ def from_interaction(interaction: Any) -> OpEvent:
             UNKNOWN_STATE, f"interaction {name} has unknown status {status!r}"
         )
     update_ns = _time(_get(interaction, "updated", "update_time", "updateTime"))
-    return OpEvent(name, state, update_ns, Source.POLL, {})
+    details = {"reason": text} if text in INTERACTION_REASONS else {}
+    return OpEvent(name, state, update_ns, Source.POLL, details)
 
 
 def from_report(
@@ -293,6 +314,8 @@ def from_report(
     raw_state = body.get("state")
     if raw_state is None:
         state = State.PENDING
+    elif not isinstance(raw_state, str):
+        raise InvalidEventError("invalid-state", f"'state' must be a string, not {raw_state!r}")
     else:
         try:
             state = parse_state(raw_state)

@@ -91,8 +91,11 @@ def apply_event(current: OpRecord | None, event: OpEvent, *, now_ns: int = 0) ->
     """Reduce one event against the current record (None if the operation is new).
 
     ``now_ns`` is only stamped on the next record as its created/applied time; it never takes
-    part in the decision.
+    part in the decision. Reducing an event against another operation's record is a
+    programming error (``ValueError``).
     """
+    if current is not None and current.name != event.name:
+        raise ValueError(f"event for {event.name!r} reduced against the record of {current.name!r}")
     if current is None:
         record = OpRecord(
             name=event.name,

@@ -93,6 +93,8 @@ def _from_datetime(value: datetime) -> int:
     ns = (delta.days * 86_400 + delta.seconds) * NS_PER_SECOND + delta.microseconds * 1_000
     if ns < 0:
         raise InvalidTimeError(value, "before 1970-01-01T00:00:00Z")
+    if ns > MAX_NS:
+        raise InvalidTimeError(value, "after 9999-12-31T23:59:59.999999999Z")
     return ns
 
 

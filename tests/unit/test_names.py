@@ -1,0 +1,199 @@
+"""canonical_name / kind_of: one key per Gemini resource, whatever the spelling."""
+
+from __future__ import annotations
+
+import pytest
+from opstate.names import MAX_NAME_LENGTH, InvalidNameError, Kind, canonical_name, kind_of
+
+HOST = "https://generativelanguage.googleapis.com"
+VEO = "models/veo-3.1-generate-preview/operations/abc123"
+FSI = "fileSearchStores/store-1/operations/op-9"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        # already canonical
+        ("batches/x", "batches/x"),
+        (VEO, VEO),
+        (FSI, FSI),
+        ("interactions/int_1", "interactions/int_1"),
+        ("operations/o.1~a-b_c", "operations/o.1~a-b_c"),
+        # full URLs
+        (f"{HOST}/v1beta/batches/x", "batches/x"),
+        (f"{HOST}/v1/batches/x", "batches/x"),
+        (f"{HOST}/v1beta/{VEO}", VEO),
+        (f"{HOST}/v1beta/{FSI}", FSI),
+        (f"{HOST}/batches/x", "batches/x"),
+        ("http://127.0.0.1:8080/v1beta/batches/x", "batches/x"),
+        ("HTTPS://generativelanguage.googleapis.com/v1beta/batches/x", "batches/x"),
+        (f"{HOST}/v1beta/batches/x?alt=json", "batches/x"),
+        (f"{HOST}/v1beta/batches/x:cancel?alt=json&key=k", "batches/x"),
+        (f"{HOST}/v1beta/batches/x#frag", "batches/x"),
+        # API version prefixes, with or without a leading slash
+        ("v1/batches/x", "batches/x"),
+        ("v1beta/batches/x", "batches/x"),
+        ("v1beta1/batches/x", "batches/x"),
+        ("v1alpha/batches/x", "batches/x"),
+        ("/v1beta/batches/x", "batches/x"),
+        ("/v1alpha/" + VEO, VEO),
+        ("/batches/x", "batches/x"),
+        # trailing :verb and query strings
+        ("batches/x:cancel", "batches/x"),
+        ("batches/x:get", "batches/x"),
+        (VEO + ":cancel", VEO),
+        ("v1beta/batches/x:cancel", "batches/x"),
+        ("batches/x?alt=json", "batches/x"),
+        ("batches/x:cancel?alt=json", "batches/x"),
+        # surrounding whitespace is not part of a name
+        ("  batches/x\n", "batches/x"),
+        # a version-looking segment that is not the first one is part of the name
+        ("batches/v1", "batches/v1"),
+        # names are case-sensitive
+        ("batches/AbC", "batches/AbC"),
+    ],
+)
+def test_canonical_name_spellings(raw: str, expected: str) -> None:
+    assert canonical_name(raw) == expected
+    # canonical is a fixed point
+    assert canonical_name(expected) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "hint", "expected"),
+    [
+        ("x", Kind.BATCH, "batches/x"),
+        ("x", "batch", "batches/x"),
+        ("abc-123_z", Kind.BATCH, "batches/abc-123_z"),
+        ("x:cancel", Kind.BATCH, "batches/x"),
+        ("/x", Kind.BATCH, "batches/x"),
+        ("v1beta/x", Kind.BATCH, "batches/x"),
+        ("int_1", Kind.INTERACTION, "interactions/int_1"),
+        ("int_1", "interaction", "interactions/int_1"),
+        # a hint never changes a name that already names its collection
+        ("batches/x", Kind.BATCH, "batches/x"),
+        (VEO, Kind.BATCH, VEO),
+        ("batches/x", Kind.VIDEO, "batches/x"),
+        ("batches/x", "no-such-kind", "batches/x"),
+    ],
+)
+def test_bare_ids_take_the_hinted_collection(raw: str, hint: Kind | str, expected: str) -> None:
+    assert canonical_name(raw, hint) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "hint"),
+    [
+        ("x", None),
+        ("x", Kind.VIDEO),
+        ("x", Kind.OPERATION),
+        ("x", Kind.FILE_SEARCH_IMPORT),
+        ("x", "no-such-kind"),
+    ],
+)
+def test_bare_id_without_a_collection_hint_is_rejected(raw: str, hint: Kind | str | None) -> None:
+    with pytest.raises(InvalidNameError) as info:
+        canonical_name(raw, hint)
+    assert info.value.why
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # empty
+        "",
+        "   ",
+        "/",
+        "//",
+        "?alt=json",
+        ":cancel",
+        HOST,
+        HOST + "/",
+        HOST + "/v1beta/",
+        # empty, '.' or '..' segments
+        "batches//x",
+        "batches/x/",
+        "batches/../x",
+        "batches/./x",
+        "../batches/x",
+        "batches/..",
+        "batches/:cancel",
+        # characters outside A-Z a-z 0-9 . _ ~ - /
+        "batches/x y",
+        "batches/x%2F",
+        "batches/x+y",
+        "batches/x@y",
+        "batches/ü",
+        "batches/x\ty",
+        "batches\\x",
+        "models/veo:predict/operations/x",
+        "gs://bucket/x",
+        # too long
+        "batches/" + "a" * (MAX_NAME_LENGTH - len("batches/") + 1),
+        "b" * 5000,
+    ],
+)
+def test_canonical_name_rejects(raw: str) -> None:
+    with pytest.raises(InvalidNameError) as info:
+        canonical_name(raw, Kind.BATCH)
+    assert info.value.value == raw
+    assert info.value.why
+    assert str(info.value).startswith("invalid operation name")
+
+
+@pytest.mark.parametrize("raw", [None, 1, b"batches/x", ["batches/x"], {"name": "batches/x"}])
+def test_canonical_name_rejects_non_strings(raw: object) -> None:
+    with pytest.raises(InvalidNameError) as info:
+        canonical_name(raw)
+    assert info.value.value is raw
+
+
+def test_length_limit_is_on_the_canonical_name() -> None:
+    longest = "batches/" + "a" * (MAX_NAME_LENGTH - len("batches/"))
+    assert len(longest) == MAX_NAME_LENGTH
+    assert canonical_name(longest) == longest
+    # a URL spelling of it is longer than 512 characters but names the same resource
+    assert canonical_name(f"{HOST}/v1beta/{longest}:cancel?alt=json") == longest
+    # a bare id that only overflows once its collection is added is rejected
+    with pytest.raises(InvalidNameError, match="longer than 512"):
+        canonical_name("a" * (MAX_NAME_LENGTH - len("batches/") + 1), Kind.BATCH)
+
+
+def test_long_names_are_shortened_in_the_message() -> None:
+    with pytest.raises(InvalidNameError) as info:
+        canonical_name("x" * 2000)
+    assert len(str(info.value)) < 300
+    assert info.value.value == "x" * 2000
+
+
+def test_invalid_name_error_is_a_value_error() -> None:
+    assert issubclass(InvalidNameError, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("batches/x", Kind.BATCH),
+        ("interactions/int_1", Kind.INTERACTION),
+        (VEO, Kind.VIDEO),
+        ("models/veo-2.0-generate-001/operations/o", Kind.VIDEO),
+        (FSI, Kind.FILE_SEARCH_IMPORT),
+        ("fileSearchStores/s/upload/operations/o", Kind.FILE_SEARCH_IMPORT),
+        ("fileSearchStores/s", Kind.OPERATION),
+        ("operations/o", Kind.OPERATION),
+        ("models/gemini-2.5-pro/operations/o", Kind.OPERATION),
+        ("tunedModels/t/operations/o", Kind.OPERATION),
+    ],
+)
+def test_kind_of(name: str, kind: Kind) -> None:
+    assert kind_of(name) is kind
+
+
+def test_kind_values_are_stable_strings() -> None:
+    assert {k.value for k in Kind} == {
+        "batch",
+        "video",
+        "interaction",
+        "file_search_import",
+        "operation",
+    }

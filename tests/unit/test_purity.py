@@ -1,0 +1,54 @@
+"""The domain modules stay pure: importing them loads no AWS, Gemini, HTTP or pydantic code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+DOMAIN = ["opstate.states", "opstate.times", "opstate.names", "opstate.events", "opstate.reducer"]
+FORBIDDEN = [
+    "boto3",
+    "botocore",
+    "google",
+    "pydantic",
+    "aws_lambda_powertools",
+    "urllib.request",
+    "http",
+]
+
+_PROBE = """
+import importlib, json, sys
+for module in {modules!r}:
+    importlib.import_module(module)
+forbidden = {forbidden!r}
+loaded = sorted(
+    name for name in sys.modules
+    if any(name == f or name.startswith(f + ".") for f in forbidden)
+)
+print(json.dumps({{"loaded": loaded, "ok": all(m in sys.modules for m in {modules!r})}}))
+"""
+
+
+def _probe(modules: list[str], forbidden: list[str]) -> dict[str, object]:
+    code = _PROBE.format(modules=modules, forbidden=forbidden)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.mark.parametrize("modules", [DOMAIN, *([m] for m in DOMAIN)], ids=["all", *DOMAIN])
+def test_domain_imports_nothing_impure(modules: list[str]) -> None:
+    result = _probe(modules, FORBIDDEN)
+    assert result["ok"] is True
+    assert result["loaded"] == []
+
+
+def test_the_probe_can_fail() -> None:
+    # A probe that never reports anything would make the test above worthless.
+    result = _probe(["http.client"], FORBIDDEN)
+    assert "http" in result["loaded"]  # type: ignore[operator]
