@@ -78,6 +78,7 @@ class Settings:
     reconcile_max_pages: int = 5
     reconcile_open_limit: int = 1000
     reconcile_safety_margin_s: float = 10.0
+    reconcile_http_timeout_s: float = 5.0
     # Notifier
     event_bus_name: str | None = None
 
@@ -107,6 +108,9 @@ class Settings:
             reconcile_max_pages=_int(env, "OPSTATE_RECONCILE_MAX_PAGES", 5, minimum=0),
             reconcile_open_limit=_int(env, "OPSTATE_RECONCILE_OPEN_LIMIT", 1000, minimum=1),
             reconcile_safety_margin_s=_float(env, "OPSTATE_RECONCILE_SAFETY_MARGIN_SECONDS", 10.0),
+            reconcile_http_timeout_s=_float(
+                env, "OPSTATE_RECONCILE_HTTP_TIMEOUT_SECONDS", 5.0, minimum=0.001
+            ),
             event_bus_name=_str(env, "OPSTATE_EVENT_BUS_NAME"),
         )
 

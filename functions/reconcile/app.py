@@ -1,0 +1,23 @@
+"""Lambda entry: EventBridge Scheduler -> one reconcile pass.
+
+Thin wiring only; the logic is ``opstate.reconcile`` (the only module that imports
+google-genai, from this function's own requirements). The time budget is the Lambda context's
+remaining time: no new request starts once less than the safety margin is left.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from opstate.config import settings
+from opstate.observability import logger, metrics, tracer
+from opstate.reconcile import run_from_settings
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, int | bool]:
+    result = run_from_settings(settings(), remaining_ms=context.get_remaining_time_in_millis)
+    return result.as_dict()

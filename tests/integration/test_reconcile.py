@@ -1,0 +1,530 @@
+"""The reconciler with the real google-genai client against the fake Gemini API server."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from opstate.config import Settings
+from opstate.events import from_report, from_webhook
+from opstate.ingest import ingest
+from opstate.names import Kind
+from opstate.observability import metrics
+from opstate.reconcile import Backoff, PollMemory, make_client, reconcile_once
+from opstate.reducer import OpRecord
+from opstate.states import State
+from opstate.store import MemoryStore, StoreUnavailableError
+from opstate.times import parse_time
+
+from tests.support.fake_gemini import FakeGemini, Request
+
+API_KEY = "test-key"
+FAST = Backoff(base_s=0.01, max_s=0.05, trip_after=24)
+T0 = "2026-05-01T10:00:00Z"
+NOW_NS = parse_time("2026-05-02T00:00:00Z")
+
+
+def settings(**overrides: Any) -> Settings:
+    base = Settings(
+        store_url="memory://",
+        gemini_api_key=API_KEY,
+        reconcile_workers=8,
+        reconcile_max_pages=5,
+        reconcile_open_limit=1000,
+        reconcile_safety_margin_s=10.0,
+        reconcile_http_timeout_s=0.5,
+    )
+    return replace(base, **overrides)
+
+
+@pytest.fixture
+def fake(fake_gemini: FakeGemini) -> FakeGemini:
+    fake_gemini.api_key = API_KEY  # proves make_client sends the key
+    return fake_gemini
+
+
+@pytest.fixture
+def client(fake: FakeGemini, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    # The SDK reads GOOGLE_GEMINI_BASE_URL itself; make_client never passes a base URL.
+    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", fake.base_url)
+    made = make_client(settings())
+    yield made
+    made.close()
+
+
+@pytest.fixture(autouse=True)
+def fresh_metrics() -> Iterator[None]:
+    metrics.clear_metrics()
+    yield
+    metrics.clear_metrics()
+
+
+def run(store: MemoryStore, client: Any, **kw: Any) -> Any:
+    s = kw.pop("settings", None) or settings()
+    kw.setdefault("backoff", FAST)
+    return reconcile_once(store, client, settings=s, **kw)
+
+
+def track(store: MemoryStore, name: str, state: str = "PENDING", time: str = T0) -> OpRecord:
+    """Register an operation as the user's producer would (PUT /operations/{name})."""
+    event = from_report(name, {"state": state, "updateTime": time}, now_ns=NOW_NS)
+    decision = ingest(store, event)
+    assert decision.applied and decision.record is not None
+    return decision.record
+
+
+def record(store: MemoryStore, name: str) -> OpRecord:
+    found = store.get(name)
+    assert found is not None, name
+    return found
+
+
+def metric_values(name: str) -> list[float]:
+    entry = metrics.metric_set.get(name)
+    return list(entry["Value"]) if entry else []
+
+
+# --- the seed's story --------------------------------------------------------------------------
+
+
+def test_late_running_poll_never_overwrites_a_delivered_success(fake, client):
+    """The seed bug: the job finished (webhook), then a slow poll read RUNNING."""
+    store = MemoryStore()
+    track(store, "batches/seed", "RUNNING", "2026-05-01T10:00:00Z")
+    # The API answers RUNNING, stamped before the success...
+    fake.put_batch("batches/seed", "BATCH_STATE_RUNNING", update_time="2026-05-01T10:01:00Z")
+    webhook = {
+        "type": "batch.succeeded",
+        "timestamp": "2026-05-01T10:05:00Z",
+        "data": {"id": "batches/seed", "output_file_uri": "files/out"},
+    }
+    delivered = []
+
+    def webhook_lands_while_the_poll_is_in_flight(_: Request) -> None:
+        delivered.append(ingest(store, from_webhook(webhook)))
+
+    fake.on_request("batches/seed", webhook_lands_while_the_poll_is_in_flight)
+
+    result = run(store, client, settings=settings(reconcile_max_pages=0))
+
+    assert delivered[0].applied
+    after = record(store, "batches/seed")
+    assert after.state is State.SUCCEEDED
+    assert after.version == delivered[0].record.version == 2
+    assert after.details["output_file_uri"] == "files/out"
+    assert result.polled == 1 and result.dropped == 1 and result.applied == 0
+
+    # Discovery reads the same stale RUNNING again: still nothing moves.
+    fake.on_request("batches/seed", None)
+    again = run(store, client)
+    assert again.discovered == 1 and again.dropped == 1
+    assert record(store, "batches/seed") == after
+
+
+def test_webhook_first_then_stale_listing_keeps_success(fake, client):
+    store = MemoryStore()
+    webhook = {"type": "batch.succeeded", "timestamp": "2026-05-01T10:05:00Z", "data": {"id": "s"}}
+    ingest(store, from_webhook(webhook))
+    before = record(store, "batches/s")
+    fake.put_batch("batches/s", "BATCH_STATE_RUNNING", update_time="2026-05-01T10:01:00Z")
+
+    result = run(store, client)
+
+    assert result.discovered == 1 and result.dropped == 1 and result.applied == 0
+    assert record(store, "batches/s") == before
+
+
+# --- discovery ---------------------------------------------------------------------------------
+
+
+def test_discovery_creates_records_for_batches_nobody_registered(fake, client):
+    store = MemoryStore()
+    states = ["BATCH_STATE_PENDING", "BATCH_STATE_RUNNING", "BATCH_STATE_SUCCEEDED"]
+    for i in range(250):
+        fake.put_batch(
+            f"batches/b{i:03d}",
+            states[i % 3],
+            update_time="2026-05-01T10:00:00.123456Z",
+            display_name=f"job {i}",
+            responses_file=f"files/out{i}" if i % 3 == 2 else None,
+        )
+
+    result = run(store, client)
+
+    assert result.discovered == 250
+    assert result.applied == 250
+    assert len(store.all()) == 250
+    pending = record(store, "batches/b000")
+    assert pending.state is State.PENDING
+    assert pending.update_time_ns == parse_time("2026-05-01T10:00:00.123456Z")
+    assert pending.details["display_name"] == "job 0"
+    done = record(store, "batches/b002")
+    assert done.state is State.SUCCEEDED and done.details["output_file_uri"] == "files/out2"
+    # Three pages of 100, and no per-job poll for what the listing already said.
+    assert fake.hits("batches") == 3
+    assert not [r for r in fake.requests if r.name.startswith("batches/")]
+
+
+def test_discovery_is_bounded_by_max_pages(fake, client):
+    store = MemoryStore()
+    for i in range(250):
+        fake.put_batch(f"batches/b{i:03d}", "BATCH_STATE_RUNNING")
+
+    result = run(store, client, settings=settings(reconcile_max_pages=2))
+
+    assert result.discovered == 200 and len(store.all()) == 200
+    assert fake.hits("batches") == 2
+
+
+# --- polling by kind ---------------------------------------------------------------------------
+
+
+def test_tracked_video_operations_finish_or_are_cancelled(fake, client):
+    store = MemoryStore()
+    done = "models/veo-3.1-generate-preview/operations/done"
+    cancelled = "models/veo-3.1-generate-preview/operations/cancelled"
+    running = "models/veo-3.1-generate-preview/operations/running"
+    for name in (done, cancelled, running):
+        track(store, name)
+    fake.put_video(done, done=True, video_uri="https://example.invalid/v.mp4")
+    fake.put_video(cancelled, done=True, error_code=1, error_message="Operation cancelled")
+    fake.put_video(running, done=False)
+
+    result = run(store, client, settings=settings(reconcile_max_pages=0))
+
+    assert result.polled == 3 and result.applied == 3 and result.errors == 0
+    finished = record(store, done)
+    assert finished.state is State.SUCCEEDED and finished.version == 2
+    assert finished.details["video_uri"] == "https://example.invalid/v.mp4"
+    gone = record(store, cancelled)
+    assert gone.state is State.CANCELLED and gone.details["error_code"] == 1
+    assert record(store, running).state is State.RUNNING
+    paths = {r.path for r in fake.requests if r.name == done}
+    assert paths == {f"/v1/{done}"}
+
+
+def test_interactions_and_file_search_imports_are_polled(fake, client):
+    store = MemoryStore()
+    track(store, "interactions/i-done")
+    track(store, "interactions/i-act")
+    track(store, "fileSearchStores/store1/operations/imp1")
+    fake.put_interaction("interactions/i-done", "completed", updated="2026-05-01T11:00:00Z")
+    fake.put_interaction("interactions/i-act", "requires_action", updated="2026-05-01T11:00:00Z")
+    fake.put_operation(
+        "fileSearchStores/store1/operations/imp1",
+        done=True,
+        response={"@type": "x", "documentName": "fileSearchStores/store1/documents/d"},
+    )
+
+    result = run(store, client, settings=settings(reconcile_max_pages=0))
+
+    assert result.polled == 3 and result.applied == 3
+    completed = record(store, "interactions/i-done")
+    assert completed.state is State.SUCCEEDED
+    assert completed.update_time_ns == parse_time("2026-05-01T11:00:00Z")
+    assert record(store, "interactions/i-act").state is State.REQUIRES_ACTION
+    imported = record(store, "fileSearchStores/store1/operations/imp1")
+    assert imported.state is State.SUCCEEDED and imported.kind is Kind.FILE_SEARCH_IMPORT
+    assert fake.hits("interactions/i-done") == 1
+
+
+def test_unchanged_answers_write_nothing(fake, client):
+    store = MemoryStore()
+    before = track(store, "batches/same", "RUNNING", T0)
+    fake.put_batch("batches/same", "BATCH_STATE_RUNNING", update_time=T0)
+
+    result = run(store, client, settings=settings(reconcile_max_pages=0))
+
+    assert result.polled == 1 and result.dropped == 1 and result.applied == 0
+    assert record(store, "batches/same") == before
+
+
+def test_unknown_source_state_is_dropped_not_applied(fake, client):
+    store = MemoryStore()
+    before = track(store, "batches/odd", "RUNNING", T0)
+    fake.put_batch("batches/odd", "BATCH_STATE_UNSPECIFIED", update_time="2026-05-01T12:00:00Z")
+
+    result = run(store, client, settings=settings(reconcile_max_pages=0))
+
+    assert result.dropped == 1 and result.errors == 0
+    assert record(store, "batches/odd") == before
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+def test_not_found_keeps_the_record_and_notes_it_in_details(fake, client):
+    store = MemoryStore()
+    before = track(store, "batches/gone", "RUNNING", T0)
+    clock = iter([parse_time("2026-05-03T00:00:00Z"), parse_time("2026-05-04T00:00:00Z")])
+
+    first = run(
+        store, client, settings=settings(reconcile_max_pages=0), clock_ns=lambda: next(clock)
+    )
+
+    assert first.not_found == 1 and first.applied == 1 and first.errors == 0
+    assert metric_values("NotFound") == [1.0]
+    marked = record(store, "batches/gone")
+    assert marked.state is State.RUNNING
+    assert marked.version == before.version + 1
+    assert marked.update_time_ns == before.update_time_ns + 1
+    assert marked.details["not_found"] == {
+        "first_seen_at": "2026-05-03T00:00:00.000000000Z",
+        "last_seen_at": "2026-05-03T00:00:00.000000000Z",
+        "count": 1,
+    }
+
+    second = run(
+        store, client, settings=settings(reconcile_max_pages=0), clock_ns=lambda: next(clock)
+    )
+
+    assert second.not_found == 1
+    again = record(store, "batches/gone")
+    assert again.details["not_found"] == {
+        "first_seen_at": "2026-05-03T00:00:00.000000000Z",
+        "last_seen_at": "2026-05-04T00:00:00.000000000Z",
+        "count": 2,
+    }
+    assert again.update_time_ns == before.update_time_ns + 2
+    # The markers never outrank a real observation: the success still lands.
+    webhook = {
+        "type": "batch.succeeded",
+        "timestamp": "2026-05-01T10:00:01Z",
+        "data": {"id": "gone"},
+    }
+    assert ingest(store, from_webhook(webhook)).applied
+    assert record(store, "batches/gone").state is State.SUCCEEDED
+
+
+def test_429_500_and_timeouts_leave_operations_for_the_next_run(fake, client):
+    store = MemoryStore()
+    names = [f"batches/op{i}" for i in range(8)]
+    for i, name in enumerate(names):
+        track(store, name, "RUNNING", f"2026-05-01T10:00:0{i}Z")
+        fake.put_batch(name, "BATCH_STATE_SUCCEEDED", update_time="2026-05-01T11:00:00Z")
+    track(store, "interactions/busy", "RUNNING", "2026-05-01T10:00:09Z")
+    fake.put_interaction("interactions/busy", "completed", updated="2026-05-01T11:00:00Z")
+    fake.fail("batches/op0", 429)
+    fake.fail("batches/op1", 500)
+    fake.fail("batches/op2", 503)
+    fake.fail("interactions/busy", 429)
+    fake.delay("batches/op3", 5.0)  # longer than the 0.5 s client timeout
+    befores = {n: record(store, n) for n in [*names[:4], "interactions/busy"]}
+
+    first = run(store, client, settings=settings(reconcile_max_pages=0))
+
+    assert first.polled == 9
+    assert first.errors == 5
+    assert first.applied == 4 and first.remaining_open == 0 and not first.stopped_early
+    for name, before in befores.items():
+        assert record(store, name) == before, name
+    for name in names[4:]:
+        assert record(store, name).state is State.SUCCEEDED
+    # The SDK itself never retried: one request per operation.
+    assert fake.hits("batches/op0") == 1 and fake.hits("interactions/busy") == 1
+    assert metric_values("Errors") == [5.0]
+
+    for name in ["batches/op0", "batches/op1", "batches/op2", "interactions/busy"]:
+        fake.clear_fault(name)
+    fake.delay("batches/op3", 0)
+    second = run(store, client, settings=settings(reconcile_max_pages=0))
+
+    assert second.polled == 5 and second.applied == 5 and second.errors == 0
+    assert all(r.state is State.SUCCEEDED for r in store.all())
+
+
+def test_an_unhealthy_api_stops_the_run_instead_of_burning_the_budget(fake, client):
+    store = MemoryStore()
+    for i in range(60):
+        name = f"batches/x{i:02d}"
+        track(store, name, "RUNNING", f"2026-05-01T10:00:{i:02d}Z")
+        fake.fail(name, 503)
+    backoff = Backoff(base_s=0.001, max_s=0.002, trip_after=10)
+
+    result = run(
+        store,
+        client,
+        settings=settings(reconcile_max_pages=0, reconcile_workers=4),
+        backoff=backoff,
+    )
+
+    assert result.stopped_early
+    assert 10 <= result.polled < 20  # at most the in-flight ones after the breaker trips
+    assert result.remaining_open == 60 - result.polled
+    assert result.errors == result.polled
+
+
+def test_store_faults_count_as_errors_and_others_go_on(fake, client):
+    class FlakyStore(MemoryStore):
+        def get(self, name: str) -> OpRecord | None:
+            if name == "batches/flaky":
+                raise StoreUnavailableError("throttled")
+            return super().get(name)
+
+    store = FlakyStore()
+    for name in ("batches/flaky", "batches/fine"):
+        track_store = MemoryStore()
+        rec = track(track_store, name, "RUNNING", T0)
+        store.put_if_absent(rec)
+        fake.put_batch(name, "BATCH_STATE_SUCCEEDED", update_time="2026-05-01T11:00:00Z")
+
+    result = run(store, client, settings=settings(reconcile_max_pages=0))
+
+    assert result.errors == 1 and result.applied == 1
+    assert store.all()[0].name == "batches/fine" and store.all()[0].state is State.SUCCEEDED
+
+
+def test_discovery_failure_does_not_stop_polling(fake, client):
+    store = MemoryStore()
+    track(store, "batches/p", "RUNNING", T0)
+    fake.put_batch("batches/p", "BATCH_STATE_SUCCEEDED", update_time="2026-05-01T11:00:00Z")
+    fake.fail("batches", 500)
+    fake.fail("webhooks", 403)
+
+    result = run(store, client)
+
+    assert result.errors == 2 and result.discovered == 0
+    assert result.polled == 1 and record(store, "batches/p").state is State.SUCCEEDED
+
+
+# --- budget ------------------------------------------------------------------------------------
+
+
+class FakeBudget:
+    """``remaining_ms``: every call spends ``step_ms`` (thread-safe)."""
+
+    def __init__(self, start_ms: int, step_ms: int) -> None:
+        self.left = start_ms
+        self.step = step_ms
+        self.lock = threading.Lock()
+
+    def __call__(self) -> int:
+        with self.lock:
+            self.left -= self.step
+            return self.left
+
+
+def test_budget_stop_with_1000_open_operations_and_the_next_run_continues(fake, client):
+    store = MemoryStore()
+    names = [f"batches/o{i:04d}" for i in range(1000)]
+    base = parse_time(T0)
+    for i, name in enumerate(names):
+        # Open, and the API says nothing new: polls write nothing, so the order stays put.
+        rec = OpRecord(name, State.RUNNING, base + i * 1000, 1, "report", {}, NOW_NS, NOW_NS)
+        store.put_if_absent(rec)
+        fake.put_batch(name, "BATCH_STATE_RUNNING", update_time="2026-05-01T10:00:00Z")
+    memory = PollMemory()
+    s = settings(reconcile_max_pages=0, reconcile_workers=4)
+    margin_ms = int(s.reconcile_safety_margin_s * 1000)
+
+    first = run(
+        store, client, settings=s, memory=memory, remaining_ms=FakeBudget(margin_ms + 300, 1)
+    )
+
+    assert first.stopped_early
+    assert 250 <= first.polled < 300
+    assert first.remaining_open == 1000 - first.polled
+    assert metric_values("StoppedEarly") == [1.0]
+    assert metric_values("RemainingOpen") == [float(first.remaining_open)]
+    polled_first = [r.name for r in fake.requests if r.name.startswith("batches/")]
+    assert set(polled_first) == set(names[: first.polled])  # oldest first
+    assert all(r.version == 1 for r in store.all())
+
+    fake.reset_requests()
+    second = run(store, client, settings=s, memory=memory, remaining_ms=FakeBudget(10**9, 1))
+
+    assert not second.stopped_early and second.polled == 1000 and second.remaining_open == 0
+    order = [r.name for r in fake.requests if r.name.startswith("batches/")]
+    unpolled = set(names[first.polled :])
+    window = 4  # workers: arrival order may differ from start order within the in-flight window
+    assert names[first.polled] in order[:window]
+    assert set(order[: len(unpolled) - window]) <= unpolled
+    assert set(order[len(unpolled) + window :]) <= set(names[: first.polled])
+
+
+def test_without_memory_every_run_starts_with_the_oldest(fake, client):
+    store = MemoryStore()
+    names = [f"batches/o{i:02d}" for i in range(20)]
+    for i, name in enumerate(names):
+        track(store, name, "RUNNING", f"2026-05-01T10:00:{i:02d}Z")
+        fake.put_batch(name, "BATCH_STATE_RUNNING", update_time="2026-05-01T10:00:00Z")
+    s = settings(reconcile_max_pages=0, reconcile_workers=1)
+    margin_ms = int(s.reconcile_safety_margin_s * 1000)
+
+    for _ in range(2):
+        fake.reset_requests()
+        result = run(store, client, settings=s, remaining_ms=FakeBudget(margin_ms + 6, 1))
+        assert result.stopped_early and result.polled == 4
+        assert [r.name for r in fake.requests if r.name.startswith("batches/")] == names[:4]
+
+
+def test_an_exhausted_budget_starts_nothing(fake, client):
+    store = MemoryStore()
+    track(store, "batches/a", "RUNNING", T0)
+
+    result = run(store, client, remaining_ms=lambda: 5_000)
+
+    assert result.stopped_early and result.polled == 0 and result.remaining_open == 1
+    assert fake.requests == []
+
+
+# --- webhook health ----------------------------------------------------------------------------
+
+
+def test_a_disabled_webhook_is_logged_at_error_level_and_counted(fake, client, caplog):
+    fake.put_webhook("wh-ok", name="healthy", state="enabled")
+    fake.put_webhook("wh-bad", name="prod-endpoint", state="disabled_due_to_failed_deliveries")
+    fake.put_webhook("wh-off", state="disabled")
+
+    with caplog.at_level(logging.INFO):
+        run(MemoryStore(), client)
+
+    assert metric_values("WebhooksDisabled") == [2.0]
+    errors = [r for r in caplog.records if r.getMessage() == "webhook not enabled"]
+    assert {(r.levelname, r.webhook, r.webhook_state) for r in errors} == {
+        ("ERROR", "prod-endpoint", "disabled_due_to_failed_deliveries"),
+        ("ERROR", "wh-off", "disabled"),
+    }
+
+
+def test_healthy_webhooks_count_zero(fake, client):
+    fake.put_webhook("wh-ok", name="healthy", state="enabled")
+
+    result = run(MemoryStore(), client)
+
+    assert metric_values("WebhooksDisabled") == [0.0]
+    assert result.errors == 0
+
+
+def test_every_result_field_is_a_metric(fake, client):
+    store = MemoryStore()
+    track(store, "batches/gone", "RUNNING", T0)
+    fake.put_batch("batches/new", "BATCH_STATE_RUNNING")
+
+    result = run(store, client)
+
+    expected = {
+        "Discovered": result.discovered,
+        "Polled": result.polled,
+        "Applied": result.applied,
+        "Dropped": result.dropped,
+        "NotFound": result.not_found,
+        "Errors": result.errors,
+        "RemainingOpen": result.remaining_open,
+        "StoppedEarly": int(result.stopped_early),
+    }
+    assert {k: metric_values(k) for k in expected} == {k: [float(v)] for k, v in expected.items()}
+    assert result.as_dict() == {
+        "discovered": 1,
+        "polled": 1,
+        "applied": 2,
+        "dropped": 0,
+        "not_found": 1,
+        "errors": 0,
+        "remaining_open": 0,
+        "stopped_early": False,
+    }

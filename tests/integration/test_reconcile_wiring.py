@@ -1,0 +1,194 @@
+"""Wiring of the reconciler: API key sources, ``run_from_settings`` and the Lambda entry."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+from opstate import config
+from opstate.config import ConfigError, Settings
+from opstate.events import from_report
+from opstate.ingest import ingest
+from opstate.observability import metrics
+from opstate.reconcile import api_key, make_client, run_from_settings
+from opstate.states import State
+from opstate.store.sqlite import SQLiteStore
+from opstate.times import parse_time
+
+from tests.support.fake_gemini import FakeGemini
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def aws_secrets() -> Iterator[Any]:
+    from aws_lambda_powertools.utilities import parameters
+
+    parameters.clear_caches()
+    with mock_aws():
+        yield boto3.client("secretsmanager", region_name="us-east-1")
+    parameters.clear_caches()
+
+
+@pytest.fixture(autouse=True)
+def fresh_metrics() -> Iterator[None]:
+    metrics.clear_metrics()
+    yield
+    metrics.clear_metrics()
+
+
+def test_api_key_from_secrets_manager_plain_and_json(aws_secrets: Any) -> None:
+    plain = aws_secrets.create_secret(Name="opstate/gemini-plain", SecretString=" k-plain \n")
+    as_json = aws_secrets.create_secret(
+        Name="opstate/gemini-json", SecretString=json.dumps({"GEMINI_API_KEY": "k-json"})
+    )
+    assert api_key(Settings(gemini_api_key_secret_arn=plain["ARN"], gemini_api_key="env")) == (
+        "k-plain"
+    )
+    assert api_key(Settings(gemini_api_key_secret_arn=as_json["ARN"])) == "k-json"
+
+
+def test_api_key_errors_name_the_variables(aws_secrets: Any) -> None:
+    with pytest.raises(ConfigError, match="GEMINI_API_KEY"):
+        api_key(Settings())
+    missing = "arn:aws:secretsmanager:us-east-1:123456789012:secret:nope"
+    with pytest.raises(ConfigError, match="could not read"):
+        api_key(Settings(gemini_api_key_secret_arn=missing))
+    bad = aws_secrets.create_secret(Name="opstate/gemini-bad", SecretString='{"other": "x"}')
+    with pytest.raises(ConfigError, match="JSON"):
+        api_key(Settings(gemini_api_key_secret_arn=bad["ARN"]))
+
+
+def test_make_client_uses_the_secret_and_the_base_url_env(
+    aws_secrets: Any, fake_gemini: FakeGemini, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    arn = aws_secrets.create_secret(Name="opstate/gemini-key", SecretString="k-secret")["ARN"]
+    fake_gemini.api_key = "k-secret"
+    fake_gemini.put_batch("batches/a", "BATCH_STATE_RUNNING")
+    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", fake_gemini.base_url)
+
+    client = make_client(Settings(gemini_api_key_secret_arn=arn))
+    try:
+        job = client.batches.get(name="batches/a")
+    finally:
+        client.close()
+
+    assert job.name == "batches/a"
+    (request,) = fake_gemini.requests
+    assert request.headers["x-goog-api-key"] == "k-secret"
+    assert request.path == "/v1/batches/a"
+
+
+def seed_sqlite(path: Path) -> None:
+    store = SQLiteStore(path)
+    try:
+        now = parse_time("2026-05-02T00:00:00Z")
+        for name in ("batches/tracked", "models/veo-3.1-generate-preview/operations/v"):
+            ingest(store, from_report(name, {"updateTime": "2026-05-01T09:00:00Z"}, now_ns=now))
+    finally:
+        store.close()
+
+
+def program(fake: FakeGemini) -> None:
+    fake.api_key = "k-local"
+    fake.put_batch("batches/tracked", "BATCH_STATE_SUCCEEDED", update_time="2026-05-01T11:00:00Z")
+    fake.put_batch("batches/other", "BATCH_STATE_RUNNING", update_time="2026-05-01T11:00:00Z")
+    fake.put_video(
+        "models/veo-3.1-generate-preview/operations/v", done=True, video_uri="https://x/v.mp4"
+    )
+    fake.put_webhook("w1", name="prod", state="enabled")
+
+
+def states_of(path: Path) -> dict[str, State]:
+    store = SQLiteStore(path)
+    try:
+        return {r.name: r.state for r in store.iter_all()}
+    finally:
+        store.close()
+
+
+def test_run_from_settings_on_sqlite(
+    fake_gemini: FakeGemini, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    program(fake_gemini)
+    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", fake_gemini.base_url)
+    db = tmp_path / "ops.db"
+    seed_sqlite(db)
+    settings = Settings.from_env({"OPSTATE_STORE": f"sqlite:///{db}", "GEMINI_API_KEY": "k-local"})
+
+    result = run_from_settings(settings, remaining_ms=lambda: 60_000)
+
+    assert result.as_dict() == {
+        "discovered": 2,
+        "polled": 1,
+        "applied": 3,
+        "dropped": 0,
+        "not_found": 0,
+        "errors": 0,
+        "remaining_open": 0,
+        "stopped_early": False,
+    }
+    assert states_of(db) == {
+        "batches/other": State.RUNNING,
+        "batches/tracked": State.SUCCEEDED,
+        "models/veo-3.1-generate-preview/operations/v": State.SUCCEEDED,
+    }
+
+
+@dataclass
+class FakeContext:
+    remaining_ms: int = 60_000
+    function_name: str = "opstate-reconcile"
+    function_version: str = "$LATEST"
+    invoked_function_arn: str = "arn:aws:lambda:us-east-1:123456789012:function:opstate-reconcile"
+    memory_limit_in_mb: int = 512
+    aws_request_id: str = "req-1"
+    log_group_name: str = "/aws/lambda/opstate-reconcile"
+    log_stream_name: str = "stream"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return self.remaining_ms
+
+
+def load_entry() -> ModuleType:
+    path = ROOT / "functions" / "reconcile" / "app.py"
+    spec = importlib.util.spec_from_file_location("reconcile_function_app", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_lambda_entry_runs_one_pass_within_the_context_budget(
+    fake_gemini: FakeGemini, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    program(fake_gemini)
+    db = tmp_path / "ops.db"
+    seed_sqlite(db)
+    for key, value in {
+        "GOOGLE_GEMINI_BASE_URL": fake_gemini.base_url,
+        "OPSTATE_STORE": f"sqlite:///{db}",
+        "GEMINI_API_KEY": "k-local",
+    }.items():
+        monkeypatch.setenv(key, value)
+    config.settings.cache_clear()
+    try:
+        entry = load_entry()
+        answer = entry.lambda_handler({"source": "aws.scheduler"}, FakeContext())
+        # Less time left than the safety margin: nothing starts, everything is left open.
+        seed_sqlite(db)
+        late = entry.lambda_handler({}, FakeContext(remaining_ms=5_000))
+    finally:
+        config.settings.cache_clear()
+
+    assert answer["polled"] == 1 and answer["discovered"] == 2 and answer["errors"] == 0
+    assert late["stopped_early"] is True and late["polled"] == 0
+    assert states_of(db)["batches/tracked"] is State.SUCCEEDED
