@@ -1,0 +1,420 @@
+"""Sections 1-3: ingest throughput through the webhook handler against the bare store round
+trips, store calls per event, and 8-way contention on one operation.
+
+- Throughput: N signed ``batch.succeeded`` deliveries of N new operations through the API app
+  (``create_app(...).resolve``: body size check, Standard Webhooks signature check, JSON parse,
+  normalise, reduce, conditional write, decision log line and metric) against the bare round
+  trips the same work needs on the same store: ``store.get`` (consistent read) +
+  ``store.put_if_absent`` of a prebuilt record, for N other new names. Rounds alternate
+  (bare, handler, bare, handler, ...) and each side's figure is its median round. The app's log
+  lines and EMF metrics are written (to /dev/null): that work is part of the handler.
+- Calls per event: ingest on a store wrapped to count port calls; on DynamoDB the real API calls
+  are also counted with a botocore ``before-call`` hook.
+- Contention: 8 threads, one operation, one timeline of ``events`` events dealt round-robin in
+  true order (so most events are still applicable when read and writers race); a sender retries a
+  ``RetryableError`` (the 503 a webhook would get) after a short pause, bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from opstate.events import OpEvent, Source
+from opstate.ingest import ingest
+from opstate.reducer import OpRecord
+from opstate.states import State, rank
+from opstate.store.port import RetryableError, Store, WriteOutcome
+from opstate.times import format_time
+from standardwebhooks.webhooks import Webhook
+
+SECRET = "whsec_YmVuY2htYXJrLXNlY3JldC1mb3Itb3BzdGF0ZS0zMmI="
+T0_NS = 1_780_000_000 * 1_000_000_000  # 2026-05-28
+
+
+@contextlib.contextmanager
+def quiet_stdout() -> Iterator[None]:
+    """Send fd 1 to /dev/null (Powertools log lines and EMF blobs), keep the cost of writing."""
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+
+
+# -- API Gateway events -----------------------------------------------------------------------
+
+
+def http_event(method: str, path: str, body: str, headers: dict[str, str]) -> dict[str, Any]:
+    now = datetime.now(tz=UTC)
+    return {
+        "version": "2.0",
+        "routeKey": "$default",
+        "rawPath": path,
+        "rawQueryString": "",
+        "headers": headers,
+        "requestContext": {
+            "accountId": "123456789012",
+            "apiId": "bench",
+            "domainName": "bench.local",
+            "http": {
+                "method": method,
+                "path": path,
+                "protocol": "HTTP/1.1",
+                "sourceIp": "127.0.0.1",
+                "userAgent": "bench",
+            },
+            "requestId": uuid.uuid4().hex,
+            "routeKey": "$default",
+            "stage": "$default",
+            "time": now.strftime("%d/%b/%Y:%H:%M:%S +0000"),
+            "timeEpoch": int(now.timestamp() * 1000),
+        },
+        "body": body,
+        "isBase64Encoded": False,
+    }
+
+
+class Context:
+    function_name = "bench"
+    function_version = "$LATEST"
+    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:bench"
+    memory_limit_in_mb = 512
+    aws_request_id = "bench"
+    log_group_name = "/aws/lambda/bench"
+    log_stream_name = "bench"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 30_000
+
+
+def signed_webhook_events(prefix: str, n: int) -> list[dict[str, Any]]:
+    """``n`` signed ``batch.succeeded`` deliveries of ``n`` new operations (signed beforehand:
+    signing is the sender's cost)."""
+    hook = Webhook(SECRET)
+    now = datetime.now(tz=UTC)
+    events = []
+    for i in range(n):
+        body = json.dumps(
+            {
+                "type": "batch.succeeded",
+                "version": "v1",
+                "timestamp": format_time(T0_NS + i * 1_000_000),
+                "data": {"id": f"batches/{prefix}-{i:06d}", "output_file_uri": "files/out"},
+            }
+        )
+        msg_id = f"msg_{prefix}_{i}"
+        headers = {
+            "content-type": "application/json",
+            "webhook-id": msg_id,
+            "webhook-timestamp": str(int(now.timestamp())),
+            "webhook-signature": hook.sign(msg_id, now, body),
+        }
+        events.append(http_event("POST", "/gemini/webhook", body, headers))
+    return events
+
+
+def make_app(store: Store) -> Any:
+    from opstate.api import create_app
+    from opstate.config import Settings
+    from opstate.signatures import StaticSecretsVerifier
+
+    settings = Settings(webhook_secrets=(SECRET,))
+    return create_app(store=store, verifier=StaticSecretsVerifier([SECRET]), settings=settings)
+
+
+# -- 1. throughput ------------------------------------------------------------------------------
+
+
+def throughput(store: Store, label: str, n: int, rounds: int) -> dict[str, float | int]:
+    app = make_app(store)
+    context = Context()
+    handler_s: list[float] = []
+    bare_s: list[float] = []
+    # one unmeasured warm-up of each path
+    for event in signed_webhook_events(f"{label}-warm", 5):
+        with quiet_stdout():
+            app.resolve(event, context)
+    for r in range(rounds):
+        records = [
+            OpRecord(f"batches/{label}-bare{r}-{i:06d}", State.SUCCEEDED, T0_NS + i, 1, "webhook")
+            for i in range(n)
+        ]
+        started = time.perf_counter()
+        for record in records:
+            store.get(record.name)
+            outcome = store.put_if_absent(record)
+            assert outcome.ok
+        bare_s.append(time.perf_counter() - started)
+
+        events = signed_webhook_events(f"{label}-hook{r}", n)
+        with quiet_stdout():
+            started = time.perf_counter()
+            for event in events:
+                result = app.resolve(event, context)
+                if result["statusCode"] != 200:
+                    raise RuntimeError(f"handler answered {result['statusCode']}: {result}")
+            handler_s.append(time.perf_counter() - started)
+    handler_eps = n / statistics.median(handler_s)
+    bare_eps = n / statistics.median(bare_s)
+    return {
+        "handler_eps": round(handler_eps, 1),
+        "bare_eps": round(bare_eps, 1),
+        "ratio": round(handler_eps / bare_eps, 3),
+        "events_per_round": n,
+        "rounds": rounds,
+    }
+
+
+def breakdown(store: Store, label: str, n: int) -> dict[str, float]:
+    """Microseconds per event of each stage of the handler, measured alone on the same store
+    right after the whole handler: signature check, JSON parse + normalise, ingest (store round
+    trips + reduce), decision log line + metric; ``router_and_rest`` is the handler's time per
+    event minus those (the Powertools resolver, response building, the app's own code)."""
+    from opstate.events import from_webhook
+    from opstate.observability import record_decision
+    from opstate.signatures import StaticSecretsVerifier
+
+    verifier = StaticSecretsVerifier([SECRET])
+    requests = [
+        (e["body"].encode(), {k.lower(): v for k, v in e["headers"].items()})
+        for e in signed_webhook_events(f"{label}-parts", n)
+    ]
+
+    def timed(fn: Callable[[], object]) -> float:
+        started = time.perf_counter()
+        fn()
+        return (time.perf_counter() - started) * 1e6 / n
+
+    app, context = make_app(store), Context()
+    whole = signed_webhook_events(f"{label}-whole", n)
+
+    def handle_all() -> None:
+        for event in whole:
+            app.resolve(event, context)
+
+    with quiet_stdout():
+        handler_us = timed(handle_all)
+
+    def verify_all() -> None:
+        for raw, headers in requests:
+            verifier.verify(raw, headers)
+
+    verify_us = timed(verify_all)
+    events: list[OpEvent] = []
+    parse_us = timed(lambda: events.extend(from_webhook(json.loads(raw)) for raw, _ in requests))
+    decisions: list[Any] = []
+    ingest_us = timed(lambda: decisions.extend(ingest(store, e) for e in events))
+
+    def log_all() -> None:
+        for decision in decisions:
+            record_decision(decision, webhook_id="msg")
+
+    with quiet_stdout():
+        log_us = timed(log_all)
+    parts = verify_us + parse_us + ingest_us + log_us
+    return {
+        "handler_us": round(handler_us, 1),
+        "signature_us": round(verify_us, 1),
+        "parse_normalise_us": round(parse_us, 1),
+        "ingest_us": round(ingest_us, 1),
+        "log_and_metric_us": round(log_us, 1),
+        "router_and_rest_us": round(max(0.0, handler_us - parts), 1),
+    }
+
+
+# -- counting --------------------------------------------------------------------------------
+
+
+class CountingStore:
+    """Counts port calls (get / put_if_absent / replace_if_version) on any store."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.calls: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def _hit(self, call: str) -> None:
+        with self._lock:
+            self.calls[call] += 1
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(self.calls.values())
+
+    def get(self, name: str) -> OpRecord | None:
+        self._hit("get")
+        return self.inner.get(name)
+
+    def put_if_absent(self, record: OpRecord) -> WriteOutcome:
+        self._hit("put_if_absent")
+        return self.inner.put_if_absent(record)
+
+    def replace_if_version(self, record: OpRecord, expected_version: int) -> WriteOutcome:
+        self._hit("replace_if_version")
+        return self.inner.replace_if_version(record, expected_version)
+
+    def list_open(self, limit: int = 100) -> Sequence[OpRecord]:
+        return self.inner.list_open(limit)
+
+    def iter_all(self) -> Iterator[OpRecord]:
+        return self.inner.iter_all()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class ApiCallCounter:
+    """Counts DynamoDB API calls made by a boto3 client (botocore ``before-call`` events)."""
+
+    def __init__(self, client: Any) -> None:
+        self.calls: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        client.meta.events.register("before-call.dynamodb", self._on_call)
+
+    def _on_call(self, model: Any = None, **_: Any) -> None:
+        with self._lock:
+            self.calls[getattr(model, "name", "?")] += 1
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(self.calls.values())
+
+
+def _event(name: str, state: State, ns: int) -> OpEvent:
+    return OpEvent(name, state, ns, Source.REPORT, {})
+
+
+# -- 2. calls per event ------------------------------------------------------------------------
+
+
+def calls_per_event(
+    store: Store, label: str, n: int, total: Callable[[], int], contended_events: int
+) -> dict[str, float]:
+    names = [f"batches/{label}-calls-{i:05d}" for i in range(n)]
+
+    def per_event(events: Sequence[OpEvent]) -> float:
+        before = total()
+        for event in events:
+            ingest(store, event)
+        return (total() - before) / len(events)
+
+    new = per_event([_event(name, State.PENDING, T0_NS) for name in names])
+    advancing = per_event([_event(name, State.RUNNING, T0_NS + 1_000) for name in names])
+    duplicate = per_event([_event(name, State.RUNNING, T0_NS + 1_000) for name in names])
+    stale = per_event([_event(name, State.PENDING, T0_NS + 5) for name in names])
+    result = contention(store, f"{label}-calls-hot", contended_events, total)
+    return {
+        "new": round(new, 3),
+        "advancing": round(advancing, 3),
+        "duplicate": round(duplicate, 3),
+        "stale": round(stale, 3),
+        "contended": float(result["calls_per_event"]),
+    }
+
+
+# -- 3. contention -----------------------------------------------------------------------------
+
+
+@dataclass
+class _Tally:
+    acked: list[OpEvent] = field(default_factory=list)
+    never_acked: list[OpEvent] = field(default_factory=list)
+    gave_up: int = 0
+    unavailable: int = 0
+    applied: int = 0
+    conflicts: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def contention(
+    store: Store,
+    label: str,
+    events: int,
+    total: Callable[[], int],
+    threads: int = 8,
+    max_sends: int = 50,
+) -> dict[str, Any]:
+    """``events`` events of one operation's timeline (PENDING, RUNNING refreshes, SUCCEEDED),
+    dealt round-robin in true order to ``threads`` threads that start together."""
+    from opstate.ingest import IngestContentionError
+
+    name = f"batches/{label}-{uuid.uuid4().hex[:8]}"
+    timeline = [_event(name, State.PENDING, T0_NS)]
+    timeline += [_event(name, State.RUNNING, T0_NS + i * 1_000) for i in range(1, events - 1)]
+    timeline.append(_event(name, State.SUCCEEDED, T0_NS + events * 1_000))
+    lanes = [timeline[i::threads] for i in range(threads)]
+    tally = _Tally()
+    barrier = threading.Barrier(threads)
+
+    def worker(lane: list[OpEvent]) -> None:
+        barrier.wait()
+        for event in lane:
+            for attempt in range(max_sends):
+                try:
+                    decision = ingest(store, event)
+                except IngestContentionError:
+                    with tally.lock:
+                        tally.gave_up += 1
+                except RetryableError:
+                    with tally.lock:
+                        tally.unavailable += 1
+                else:
+                    with tally.lock:
+                        tally.acked.append(event)
+                        tally.applied += int(decision.applied)
+                        tally.conflicts += decision.conflicts
+                    break
+                time.sleep(0.001 * (attempt + 1))
+            else:
+                with tally.lock:
+                    tally.never_acked.append(event)
+
+    before = total()
+    started = time.perf_counter()
+    workers = [threading.Thread(target=worker, args=(lane,)) for lane in lanes]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    seconds = time.perf_counter() - started
+    calls = total() - before
+    final = store.get(name)
+    assert final is not None
+    # lost: never acknowledged, or acknowledged and the final record is behind it
+    lost = len(tally.never_acked) + sum(
+        1 for e in tally.acked if (rank(e.state), e.update_time_ns) > final.order_key
+    )
+    truth = timeline[-1]
+    return {
+        "events": events,
+        "threads": threads,
+        "lost": lost,
+        "gave_up": tally.gave_up,
+        "unavailable": tally.unavailable,
+        "calls_per_event": round(calls / events, 3),
+        "applied": tally.applied,
+        "conflicts": tally.conflicts,
+        "final_version": final.version,
+        "final_right": (final.state, final.update_time_ns) == (truth.state, truth.update_time_ns),
+        "version_equals_applied": final.version == tally.applied,
+        "seconds": round(seconds, 3),
+    }

@@ -1,0 +1,317 @@
+"""``make bench``: every figure measured in one run next to its reference; writes results.json.
+
+Usage: ``python benchmarks/run.py [--quick] [--out PATH] [--skip SECTION ...]``.
+Sections: ingest, calls, contention, cold, seed (see benchmarks/README.md for every key).
+Never part of ``make test``: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+for entry in (str(HERE), str(ROOT)):
+    if entry not in sys.path:
+        sys.path.insert(0, entry)
+
+# Fake AWS credentials before any boto3 client exists: nothing here reaches AWS.
+for _key, _value in {
+    "AWS_ACCESS_KEY_ID": "bench",
+    "AWS_SECRET_ACCESS_KEY": "bench",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_REGION": "us-east-1",
+    "POWERTOOLS_TRACE_DISABLED": "true",
+    "POWERTOOLS_METRICS_NAMESPACE": "GeminiOpstateBench",
+}.items():
+    os.environ[_key] = _value
+os.environ.pop("AWS_PROFILE", None)
+
+import bench_cold  # noqa: E402
+import bench_ingest  # noqa: E402
+import seed_compare  # noqa: E402
+
+TARGETS = {
+    "ingest_ratio": 0.67,
+    "calls_new": 2,
+    "calls_advancing": 2,
+    "calls_duplicate": 1,
+    "calls_contended": 3,
+    "webhook_cold_ratio": 1.5,
+}
+
+SIZES = {
+    # quick: the whole run in under a minute on 2 cores
+    True: {
+        "sqlite_n": 300,
+        "moto_n": 60,
+        "rounds": 3,
+        "calls_n": 30,
+        "contended": 200,
+        "contention": 1000,
+        "contention_moto": 300,
+        "cold_rounds": 3,
+        "seed_ops": 120,
+    },
+    False: {
+        "sqlite_n": 2000,
+        "moto_n": 300,
+        "rounds": 5,
+        "calls_n": 100,
+        "contended": 400,
+        "contention": 1000,
+        "contention_moto": 1000,
+        "cold_rounds": 11,
+        "seed_ops": 600,
+    },
+}
+
+
+@contextmanager
+def moto_dynamodb() -> Iterator[tuple[Any, Callable[[], Any]]]:
+    """A moto server on 127.0.0.1 and a factory of DynamoDB stores on fresh tables."""
+    import boto3
+    from opstate.store.dynamodb import DynamoDBStore
+
+    from tests.support.motoserver import start_moto_server
+    from tests.support.template import create_table_from_template
+
+    server = start_moto_server()
+    try:
+        client = boto3.client("dynamodb", endpoint_url=server.endpoint, region_name="us-east-1")
+
+        def new_store() -> Any:
+            table = f"bench-{uuid.uuid4().hex[:10]}"
+            create_table_from_template(client, table)
+            return DynamoDBStore(table, client=client)
+
+        yield client, new_store
+    finally:
+        server.stop()
+
+
+def section_ingest(size: dict[str, int], tmp: Path, moto: Any) -> dict[str, Any]:
+    from opstate.store.sqlite import SQLiteStore
+
+    out: dict[str, dict[str, Any]] = {}
+    store = SQLiteStore(tmp / "ingest.db")
+    try:
+        out["sqlite"] = bench_ingest.throughput(store, "sq", size["sqlite_n"], size["rounds"])
+        out["sqlite"]["breakdown"] = bench_ingest.breakdown(store, "sq", size["sqlite_n"])
+    finally:
+        store.close()
+    _, new_store = moto
+    dstore = new_store()
+    out["moto"] = bench_ingest.throughput(dstore, "mo", size["moto_n"], size["rounds"])
+    return out
+
+
+def section_calls(size: dict[str, int], moto: Any) -> dict[str, Any]:
+    client, new_store = moto
+    counter = bench_ingest.ApiCallCounter(client)
+    store = new_store()
+    before = counter.total()
+    result: dict[str, Any] = dict(
+        bench_ingest.calls_per_event(
+            store, "calls", size["calls_n"], counter.total, size["contended"]
+        )
+    )
+    result["store"] = "DynamoDBStore on moto server (DynamoDB API calls)"
+    result["api_calls_total"] = counter.total() - before
+    return result
+
+
+def section_contention(size: dict[str, int], tmp: Path, moto: Any) -> dict[str, Any]:
+    """On DynamoDB (moto server: real round trips, so writers really interleave), with SQLite
+    beside it under ``sqlite``."""
+    from opstate.store.sqlite import SQLiteStore
+
+    client, new_store = moto
+    counter = bench_ingest.ApiCallCounter(client)
+    result = bench_ingest.contention(new_store(), "hot", size["contention_moto"], counter.total)
+    result["store"] = "DynamoDBStore on moto server (DynamoDB API calls)"
+    store = bench_ingest.CountingStore(SQLiteStore(tmp / "contention.db"))
+    try:
+        sqlite = bench_ingest.contention(store, "hot", size["contention"], store.total)
+    finally:
+        store.close()
+    sqlite["store"] = "SQLiteStore (store port calls)"
+    result["sqlite"] = sqlite
+    return result
+
+
+def section_seed(size: dict[str, int]) -> dict[str, Any]:
+    return seed_compare.compare(size["seed_ops"]).as_dict()
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.0f}"
+    return str(value)
+
+
+def table(results: dict[str, Any]) -> list[str]:
+    rows: list[tuple[str, str, str, str, str]] = []
+
+    def row(what: str, ours: Any, ref: Any, ratio: Any, target: str) -> None:
+        rows.append((what, _fmt(ours), _fmt(ref), _fmt(ratio), target))
+
+    ing = results.get("ingest", {})
+    for store in ("sqlite", "moto"):
+        r = ing.get(store)
+        if isinstance(r, dict) and "ratio" in r:
+            ok = "ok" if r["ratio"] >= TARGETS["ingest_ratio"] else "MISSED"
+            row(
+                f"ingest {store}: handler vs bare get+put (ev/s)",
+                r["handler_eps"],
+                r["bare_eps"],
+                r["ratio"],
+                f">= 0.67 {ok}",
+            )
+    calls = results.get("calls_per_event", {})
+    for key, limit in (("new", 2), ("advancing", 2), ("duplicate", 1), ("contended", 3)):
+        if key in calls:
+            ok = "ok" if calls[key] <= limit else "MISSED"
+            row(f"DynamoDB calls per event: {key}", calls[key], "", "", f"<= {limit} {ok}")
+    con = results.get("contention", {})
+    if "lost" in con:
+        row(
+            f"contention DynamoDB {con['threads']}x1 op, {con['events']} events: lost",
+            con["lost"],
+            "",
+            "",
+            "== 0 " + ("ok" if con["lost"] == 0 else "MISSED"),
+        )
+        row("contention: gave-up answers (503, retried)", con["gave_up"], "", "", "")
+        row("contention: DynamoDB calls per event", con["calls_per_event"], "", "", "<= 3")
+        sq = con.get("sqlite")
+        if isinstance(sq, dict):
+            row(
+                f"contention SQLite 8x1 op, {sq['events']} events: lost / gave-up",
+                f"{sq['lost']} / {sq['gave_up']}",
+                "",
+                "",
+                "lost == 0 " + ("ok" if sq["lost"] == 0 else "MISSED"),
+            )
+    cold = results.get("cold_start", {})
+    if "webhook_ms" in cold:
+        ok = "ok" if cold["webhook_ratio"] <= TARGETS["webhook_cold_ratio"] else "MISSED"
+        row(
+            "cold start webhook vs boto3 client (ms)",
+            cold["webhook_ms"],
+            cold["baseline_ms"],
+            cold["webhook_ratio"],
+            f"<= 1.5 {ok}",
+        )
+        row(
+            "cold start reconciler vs boto3 client (ms)",
+            cold["reconciler_ms"],
+            cold["baseline_ms"],
+            cold["reconciler_ratio"],
+            "",
+        )
+    seed = results.get("seed_baseline", {})
+    if "seed_wrong" in seed:
+        ok = "ok" if seed["ours_wrong"] == 0 and seed["ours_lost"] == 0 else "MISSED"
+        row(
+            f"seed vs ours, {seed['operations']} ops: wrong final states",
+            seed["ours_wrong"],
+            seed["seed_wrong"],
+            "",
+            f"ours == 0 {ok}",
+        )
+        row(
+            f"seed vs ours, {seed['deliveries']} deliveries: lost events",
+            seed["ours_lost"],
+            seed["seed_lost"],
+            "",
+            f"ours == 0 {ok}",
+        )
+        row("seed: 200 after max-retry-exceeded", "", seed["seed_max_retry_acks"], "", "")
+    header = ("measure", "ours", "reference", "ratio", "target")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(5)]
+    lines = [
+        "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)),
+        "  ".join("-" * w for w in widths),
+    ]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    parts = ing.get("sqlite", {}).get("breakdown") if isinstance(ing, dict) else None
+    if isinstance(parts, dict):
+        lines.append(
+            "sqlite handler, us/event: "
+            + ", ".join(f"{k.removesuffix('_us')} {v:,.0f}" for k, v in parts.items())
+        )
+    for section, value in results.items():
+        if isinstance(value, dict) and "error" in value:
+            lines.append(f"{section}: NOT MEASURED ({value['error']})")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes: under a minute")
+    parser.add_argument("--out", type=Path, default=HERE / "results.json")
+    parser.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        choices=["ingest", "calls", "contention", "cold", "seed"],
+    )
+    args = parser.parse_args(argv)
+    size = SIZES[args.quick]
+    started = time.perf_counter()
+    results: dict[str, Any] = {
+        "meta": {
+            "mode": "quick" if args.quick else "full",
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "sizes": size,
+            "targets": TARGETS,
+        }
+    }
+
+    def run(section: str, key: str, fn: Callable[[], dict[str, Any]]) -> None:
+        if section in args.skip:
+            return
+        t0 = time.perf_counter()
+        print(f"[bench] {section} ...", file=sys.stderr, flush=True)
+        try:
+            results[key] = fn()
+        except Exception as exc:  # report, never hide, a section that could not run
+            results[key] = {"error": f"{type(exc).__name__}: {exc}"}
+        if isinstance(results[key], dict):
+            results[key]["section_seconds"] = round(time.perf_counter() - t0, 2)
+
+    with tempfile.TemporaryDirectory(prefix="opstate-bench-") as tmpdir:
+        tmp = Path(tmpdir)
+        need_moto = not {"ingest", "calls", "contention"} <= set(args.skip)
+        if need_moto:
+            with moto_dynamodb() as moto:
+                run("ingest", "ingest", lambda: section_ingest(size, tmp, moto))
+                run("calls", "calls_per_event", lambda: section_calls(size, moto))
+                run("contention", "contention", lambda: section_contention(size, tmp, moto))
+        run("seed", "seed_baseline", lambda: section_seed(size))
+    run("cold", "cold_start", lambda: bench_cold.measure(size["cold_rounds"]))
+    results["meta"]["seconds"] = round(time.perf_counter() - started, 1)
+
+    args.out.write_text(json.dumps(results, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    print("\n".join(table(results)))
+    print(f"\n{results['meta']['mode']} run, {results['meta']['seconds']} s; wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
