@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -108,12 +109,17 @@ def _stdout() -> IO[str]:
 def _quiet_library_output() -> Iterator[None]:
     """Keep stdout for the command's own output.
 
-    Powertools logs go to stdout by default and ``single_metric`` prints EMF blobs there; while
-    a command runs, logs go to stderr at warning level, EMF blobs are dropped and any other
-    stray print goes to stderr. Restored afterwards (``main`` may run in-process).
+    Powertools logs go to stdout by default and metrics print EMF blobs there; while a command
+    runs, logs go to stderr at warning level, metrics are off (``POWERTOOLS_METRICS_DISABLED``
+    unless the operator set it) and any other stray print goes to stderr. Restored afterwards
+    (``main`` may run in-process).
     """
     from opstate.observability import logger
-    from opstate.server import DropEmf
+
+    metrics_switch = "POWERTOOLS_METRICS_DISABLED"
+    set_switch = metrics_switch not in os.environ
+    if set_switch:
+        os.environ[metrics_switch] = "true"
 
     handler: Any = getattr(logger, "registered_handler", None)
     has_stream = isinstance(handler, logging.StreamHandler)
@@ -124,10 +130,12 @@ def _quiet_library_output() -> Iterator[None]:
     logger.setLevel("WARNING")
     _STDOUT.append(sys.stdout)
     try:
-        with contextlib.redirect_stdout(DropEmf(sys.stderr)):
+        with contextlib.redirect_stdout(sys.stderr):
             yield
     finally:
         _STDOUT.pop()
+        if set_switch:
+            os.environ.pop(metrics_switch, None)
         logger.setLevel(level)
         if has_stream:
             handler.stream = previous

@@ -23,6 +23,7 @@ from typing import Any, cast
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
+from aws_lambda_powertools.metrics.functions import is_metrics_disabled
 
 from opstate.reducer import Decision
 
@@ -72,8 +73,14 @@ MAX_LOGGED_TEXT = 200
 
 
 def count(name: str, value: float = 1, **dimensions: str) -> None:
-    """Emit one metric; with dimensions it goes out as its own EMF blob."""
+    """Emit one metric; with dimensions it goes out as its own EMF blob.
+
+    ``single_metric`` prints its blob even where Powertools' metrics are disabled
+    (``POWERTOOLS_METRICS_DISABLED``, ``POWERTOOLS_DEV``), so that rule is applied here too.
+    """
     if dimensions:
+        if is_metrics_disabled():
+            return
         with single_metric(
             name=name,
             unit=MetricUnit.Count,

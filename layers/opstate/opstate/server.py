@@ -577,37 +577,6 @@ class ServeError(Exception):
     """An expected start-up failure (port in use, bad secret file): one sentence, exit 1."""
 
 
-class DropEmf:
-    """A stdout stand-in that drops EMF metric blobs (``{"_aws": ...}`` lines).
-
-    Powertools' ``single_metric`` prints them unconditionally; locally they are noise.
-    Everything else passes through to the real stream.
-    """
-
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
-        self._pending = ""
-        self._lock = threading.Lock()
-
-    def write(self, text: str) -> int:
-        with self._lock:
-            self._pending += text
-            while "\n" in self._pending:
-                line, self._pending = self._pending.split("\n", 1)
-                if not line.startswith('{"_aws"'):
-                    self._stream.write(line + "\n")
-            if self._pending and not self._pending.startswith('{"_aws"'[: len(self._pending)]):
-                self._stream.write(self._pending)
-                self._pending = ""
-        return len(text)
-
-    def flush(self) -> None:
-        self._stream.flush()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-
 def _quiet_powertools(verbose: bool) -> None:
     """Locally, decisions are printed as lines: no EMF blobs, logs at warning level."""
     os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
@@ -615,8 +584,6 @@ def _quiet_powertools(verbose: bool) -> None:
 
     if not verbose:
         logger.setLevel("WARNING")
-        if not isinstance(sys.stdout, DropEmf):
-            sys.stdout = DropEmf(sys.stdout)
 
 
 def _clear_metrics() -> None:
