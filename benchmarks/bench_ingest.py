@@ -30,13 +30,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from standardwebhooks.webhooks import Webhook
+
 from opstate.events import OpEvent, Source
 from opstate.ingest import ingest
 from opstate.reducer import OpRecord
 from opstate.states import State, rank
 from opstate.store.port import RetryableError, Store, WriteOutcome
 from opstate.times import format_time
-from standardwebhooks.webhooks import Webhook
 
 SECRET = "whsec_YmVuY2htYXJrLXNlY3JldC1mb3Itb3BzdGF0ZS0zMmI="
 T0_NS = 1_780_000_000 * 1_000_000_000  # 2026-05-28

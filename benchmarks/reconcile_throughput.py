@@ -40,7 +40,6 @@ from opstate.reducer import OpRecord  # noqa: E402
 from opstate.states import State  # noqa: E402
 from opstate.store import MemoryStore, Store, WriteOutcome  # noqa: E402
 from opstate.times import format_time, parse_time  # noqa: E402
-
 from tests.support.fake_gemini import FakeGemini  # noqa: E402
 
 T0 = parse_time("2026-05-01T10:00:00Z")

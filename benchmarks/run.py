@@ -82,8 +82,8 @@ SIZES = {
 def moto_dynamodb() -> Iterator[tuple[Any, Callable[[], Any]]]:
     """A moto server on 127.0.0.1 and a factory of DynamoDB stores on fresh tables."""
     import boto3
-    from opstate.store.dynamodb import DynamoDBStore
 
+    from opstate.store.dynamodb import DynamoDBStore
     from tests.support.motoserver import start_moto_server
     from tests.support.template import create_table_from_template
 

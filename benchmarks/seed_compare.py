@@ -25,13 +25,14 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from seed_port import STATE_RANK, SeedApp, SeedEvent
+
 from opstate.events import OpEvent, Source
 from opstate.ingest import ingest
 from opstate.reducer import OpRecord
 from opstate.states import State
 from opstate.store.port import RetryableError, Store, WriteOutcome
 from opstate.times import parse_time
-from seed_port import STATE_RANK, SeedApp, SeedEvent
 
 _BASE = datetime(2026, 5, 1, 12, 0, 0, tzinfo=UTC)
 _OFFSETS = [timedelta(0), timedelta(hours=9), timedelta(hours=-5), timedelta(hours=5, minutes=30)]

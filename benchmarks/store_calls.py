@@ -45,7 +45,6 @@ from opstate.states import State  # noqa: E402
 from opstate.store import RetryableError  # noqa: E402
 from opstate.store.dynamodb import DynamoDBStore  # noqa: E402
 from opstate.times import parse_time  # noqa: E402
-
 from tests.support.stores import dynamodb_client, unique_table  # noqa: E402
 from tests.support.template import create_table_from_template  # noqa: E402
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
+
 from opstate.notify import handle
 from opstate.observability import logger, metrics, tracer
 

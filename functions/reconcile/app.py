@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
+
 from opstate.config import settings
 from opstate.observability import logger, metrics, tracer
 from opstate.reconcile import run_from_settings

@@ -10,6 +10,7 @@ from typing import Any
 
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
+
 from opstate.api import handle
 from opstate.observability import logger, metrics, tracer
 

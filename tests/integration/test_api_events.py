@@ -20,11 +20,11 @@ from typing import Any
 
 import boto3
 import pytest
+
 from opstate import api as api_module
 from opstate.config import Settings, settings
 from opstate.signatures import StaticSecretsVerifier
 from opstate.store import MemoryStore
-
 from tests.support.motoserver import MotoServer
 from tests.support.template import create_table_from_template
 from tests.support.webhooks import (

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import boto3
 import pytest
+
 from opstate.cli import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -30,7 +31,6 @@ from opstate.config import settings
 from opstate.signatures import StaticSecretsVerifier
 from opstate.store.sqlite import SQLiteStore
 from opstate.views import record_to_json
-
 from tests.support.fake_gemini_webhooks import FakeGeminiWebhooks
 from tests.support.serve_process import cli_env, run_cli
 from tests.support.template import create_table_from_template

@@ -12,6 +12,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 from moto import mock_aws
+
 from opstate.events import OpEvent
 from opstate.ingest import IngestContentionError, ingest
 from opstate.reducer import OpRecord, Reason
@@ -19,7 +20,6 @@ from opstate.states import State
 from opstate.store import MemoryStore, RetryableError, StoreUnavailableError, WriteOutcome
 from opstate.store.dynamodb import DynamoDBStore, item_from_record, serialize_item
 from opstate.times import parse_time
-
 from tests.support.motoserver import free_port
 from tests.support.stores import dynamodb_client, unique_table
 from tests.support.template import create_table_from_template

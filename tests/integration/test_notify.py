@@ -32,6 +32,7 @@ from typing import Any
 import boto3
 import pytest
 from moto import mock_aws
+
 from opstate import config as config_module
 from opstate import notify
 from opstate.events import OpEvent
@@ -41,7 +42,6 @@ from opstate.observability import metrics as obs_metrics
 from opstate.reducer import Decision
 from opstate.states import State
 from opstate.store.dynamodb import DynamoDBStore
-
 from tests.support.template import create_table_from_template
 
 REGION = "us-east-1"

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+
 from opstate.config import Settings
 from opstate.events import from_report, from_webhook
 from opstate.ingest import ingest
@@ -19,7 +20,6 @@ from opstate.reducer import OpRecord
 from opstate.states import State
 from opstate.store import MemoryStore, StoreUnavailableError
 from opstate.times import parse_time
-
 from tests.support.fake_gemini import FakeGemini, Request
 
 API_KEY = "test-key"

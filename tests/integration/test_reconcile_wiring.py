@@ -13,6 +13,7 @@ from typing import Any
 import boto3
 import pytest
 from moto import mock_aws
+
 from opstate import config
 from opstate.config import ConfigError, Settings
 from opstate.events import from_report
@@ -22,7 +23,6 @@ from opstate.reconcile import api_key, make_client, run_from_settings
 from opstate.states import State
 from opstate.store.sqlite import SQLiteStore
 from opstate.times import parse_time
-
 from tests.support.fake_gemini import FakeGemini
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,9 +21,9 @@ from http.client import HTTPException
 from pathlib import Path
 
 import pytest
-from opstate.server import build_event, response_parts
 from standardwebhooks.webhooks import Webhook
 
+from opstate.server import build_event, response_parts
 from tests.support.serve_process import OPSTATE, cli_env, http, run_cli, start_serve
 
 T_WEBHOOK = "2026-05-10T10:00:00Z"

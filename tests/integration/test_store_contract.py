@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from opstate.events import OpEvent
 from opstate.ingest import ingest
 from opstate.reducer import OpRecord, Reason
 from opstate.states import State
 from opstate.store.dynamodb import shard_of
 from opstate.times import MAX_NS, NS_PER_SECOND, parse_time
-
 from tests.support.stores import STORE_KINDS, Harness, harness_for
 
 NOW_NS = parse_time("2026-06-01T12:00:00.123456789Z")
@@ -265,7 +265,6 @@ def test_store_from_url_reaches_the_endpoint_named_in_the_environment(
 ) -> None:
     """boto3 keeps honouring AWS_ENDPOINT_URL_DYNAMODB: nothing in the store overrides it."""
     from opstate.store import store_from_url
-
     from tests.support.stores import shared_client, unique_table
     from tests.support.template import create_table_from_template
 

@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+from standardwebhooks.webhooks import Webhook
+
 from opstate.events import from_report, from_webhook
 from opstate.ingest import ingest
 from opstate.reducer import OpRecord
 from opstate.states import RANK, State
 from opstate.store.port import RetryableError, Store
 from opstate.times import parse_time
-from standardwebhooks.webhooks import Webhook
 
 SECRET = "whsec_" + base64.b64encode(b"opstate-reliability-secret-32byt").decode()
 BASE = datetime(2026, 6, 1, 8, 0, 0, tzinfo=UTC)

@@ -12,12 +12,12 @@ import random
 from pathlib import Path
 
 import pytest
+
 from opstate.reducer import Reason
 from opstate.states import State
 from opstate.store import MemoryStore
 from opstate.store.port import Store
 from opstate.store.sqlite import SQLiteStore
-
 from tests.reliability.support import (
     SECRET,
     Delivery,

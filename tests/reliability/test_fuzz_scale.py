@@ -17,6 +17,7 @@ from urllib.parse import quote
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from opstate.events import (
     InvalidEventError,
     OpEvent,
@@ -33,7 +34,6 @@ from opstate.states import State
 from opstate.store import MemoryStore
 from opstate.store.port import WriteOutcome
 from opstate.times import MAX_NS
-
 from tests.reliability.support import SECRET, LambdaContextStub, http_event, signed_headers
 
 HAVE_API = importlib.util.find_spec("opstate.api") is not None

@@ -21,8 +21,8 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from opstate.times import parse_time
 
+from opstate.times import parse_time
 from tests.reliability.support import (
     SECRET,
     Delivery,

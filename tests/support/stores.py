@@ -16,10 +16,10 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
+
 from opstate.store import MemoryStore, Store
 from opstate.store.dynamodb import CLIENT_CONFIG, DynamoDBStore, deserialize_item, plain
 from opstate.store.sqlite import SQLiteStore
-
 from tests.support.template import create_table_from_template
 
 STORE_KINDS = ("dynamodb-mock", "dynamodb-server", "sqlite", "memory")

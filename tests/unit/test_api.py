@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+
 from opstate.api import create_app
 from opstate.config import Settings
 from opstate.observability import SERVICE, logger, metrics
@@ -21,7 +22,6 @@ from opstate.states import State
 from opstate.store import MemoryStore
 from opstate.store.port import StoreUnavailableError, WriteOutcome
 from opstate.times import parse_time
-
 from tests.support.webhooks import (
     EVENT_TIMESTAMP,
     OTHER_SECRET,

@@ -9,13 +9,13 @@ from urllib.parse import quote
 from hypothesis import HealthCheck, given, settings
 from hypothesis import event as label
 from hypothesis import strategies as st
+
 from opstate.api import create_app
 from opstate.config import Settings
 from opstate.events import WEBHOOK_TYPES
 from opstate.signatures import StaticSecretsVerifier
 from opstate.store import MemoryStore
 from opstate.times import parse_time
-
 from tests.support.webhooks import (
     EVENT_TIMESTAMP,
     TEST_SECRET,

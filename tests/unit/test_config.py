@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from opstate.config import DEFAULT_LOCAL_STORE, ConfigError, Settings
 from opstate.store import MemoryStore, Store, store_from_url
 from opstate.store.dynamodb import DynamoDBStore

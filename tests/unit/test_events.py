@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
 from opstate.events import (
     INTERACTION_STATUSES,
     JOB_STATES,

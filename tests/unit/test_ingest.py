@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+
 from opstate.events import OpEvent
 from opstate.ingest import (
     DEFAULT_BASE_DELAY_S,

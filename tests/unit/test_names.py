@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from opstate.names import MAX_NAME_LENGTH, InvalidNameError, Kind, canonical_name, kind_of
 
 HOST = "https://generativelanguage.googleapis.com"

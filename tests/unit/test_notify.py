@@ -16,6 +16,7 @@ from botocore.exceptions import ClientError
 from botocore.stub import ANY, Stubber
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from opstate import notify
 from opstate.config import ConfigError, Settings
 from opstate.notify import (

@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from opstate.events import OpEvent, Source
 from opstate.ingest import ingest
 from opstate.reducer import OpRecord, apply_event

@@ -7,6 +7,7 @@ import sys
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from opstate.events import OpEvent
 from opstate.reconcile import Backoff, PollMemory, RunResult, classify, not_found_event
 from opstate.reducer import OpRecord, Reason, apply_event

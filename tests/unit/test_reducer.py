@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 import pytest
+
 from opstate.events import OpEvent, Source, from_batch_job, from_webhook
 from opstate.names import Kind
 from opstate.reducer import APPLIED_REASONS, Decision, OpRecord, Reason, apply_event

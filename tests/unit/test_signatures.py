@@ -16,6 +16,8 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from moto import mock_aws
+from standardwebhooks.webhooks import Webhook
+
 from opstate.config import Settings
 from opstate.signatures import (
     INVALID_SIGNATURE,
@@ -31,8 +33,6 @@ from opstate.signatures import (
     secrets_manager_provider,
     verifier_from_settings,
 )
-from standardwebhooks.webhooks import Webhook
-
 from tests.support.webhooks import OTHER_SECRET, ROTATED_SECRET, TEST_SECRET, sign
 
 NOW = 1_800_000_000
@@ -554,7 +554,6 @@ def test_webhook_verifier_dispatch(jwks: JwksServer, signers: tuple[Signer, Sign
 def test_jwt_webhook_through_the_api(jwks: JwksServer, signers: tuple[Signer, Signer]) -> None:
     from opstate.api import create_app
     from opstate.store import MemoryStore
-
     from tests.support.webhooks import webhook_event
 
     one, two = signers

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from opstate.states import RANK, TERMINAL, State, UnknownStateError, is_terminal, parse_state, rank
 
 TABLE = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 
 import pytest
+
 from opstate.times import MAX_NS, NS_PER_SECOND, InvalidTimeError, format_time, parse_time
 
 # 2026-01-01T00:00:00Z in seconds since the epoch.
