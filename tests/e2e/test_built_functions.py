@@ -1,0 +1,315 @@
+"""The ``sam build`` output, run through the real Lambda runtime interface (no Docker).
+
+Each function runs from ``.aws-sam/build`` behind aws-lambda-rie + awslambdaric (see
+``harness.py``), against a moto server on 127.0.0.1, with the environment of the built template.
+The chains tested are the deployed ones:
+
+- a signed Gemini webhook (``events/``) -> 200 and a record in the table -> the table's stream
+  records -> the built notifier -> one event on the bus -> (a consumer's rule) -> SQS;
+- a scheduled event -> the built reconciler reads its API key from Secrets Manager, polls a fake
+  Gemini server through the real google-genai client of its own build, and ingests.
+
+Test-only environment overrides, on top of the built template's variables:
+``OPSTATE_WEBHOOK_TOLERANCE_SECONDS`` (the sample events carry a fixed 2026-05-10 timestamp) and
+``GOOGLE_GEMINI_BASE_URL`` (the fake Gemini server). Nothing else is changed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+import pytest
+
+from opstate.events import OpEvent
+from opstate.ingest import ingest
+from opstate.states import State
+from opstate.store.dynamodb import DynamoDBStore
+from tests.e2e.conftest import GEMINI_TEST_KEY, STACK_NAME, Stack, StartFunction
+from tests.e2e.harness import (
+    RIE_PYTHON,
+    BuiltTemplate,
+    lambda_environment,
+    load_event,
+)
+from tests.support.fake_gemini import FakeGemini
+from tests.support.template import load_template
+from tests.support.webhooks import SAMPLE_NAME
+
+pytestmark = pytest.mark.e2e
+
+# The sample events are signed at a fixed instant (events/README.md): widen the window.
+WEBHOOK_OVERRIDES = {"OPSTATE_WEBHOOK_TOLERANCE_SECONDS": "2000000000"}
+DETAIL_TYPE = "Operation State Changed"
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def get_item(stack: Stack, name: str) -> dict[str, Any] | None:
+    item: dict[str, Any] | None = (
+        stack.client("dynamodb")
+        .get_item(TableName=stack.table, Key={"name": {"S": name}}, ConsistentRead=True)
+        .get("Item")
+    )
+    return item
+
+
+def stream_records(stack: Stack) -> list[dict[str, Any]]:
+    """Every record on the table's stream, shaped as Lambda hands them to the notifier."""
+    ddb, streams = stack.client("dynamodb"), stack.client("dynamodbstreams")
+    arn = ddb.describe_table(TableName=stack.table)["Table"]["LatestStreamArn"]
+    records: list[dict[str, Any]] = []
+    for shard in streams.describe_stream(StreamArn=arn)["StreamDescription"]["Shards"]:
+        iterator = streams.get_shard_iterator(
+            StreamArn=arn, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
+        )["ShardIterator"]
+        while iterator:
+            page = streams.get_records(ShardIterator=iterator, Limit=1000)
+            if not page["Records"]:
+                break
+            for raw in page["Records"]:
+                record = dict(raw)
+                created = record["dynamodb"].get("ApproximateCreationDateTime")
+                if created is not None and hasattr(created, "timestamp"):
+                    record["dynamodb"] = {
+                        **record["dynamodb"],
+                        "ApproximateCreationDateTime": created.timestamp(),
+                    }
+                record["eventSourceARN"] = arn  # Lambda adds it
+                records.append(record)
+            iterator = page.get("NextShardIterator")
+    # As delivered by Lambda: plain JSON.
+    delivered: list[dict[str, Any]] = json.loads(json.dumps(records, default=str))
+    return delivered
+
+
+def receive_all(stack: Stack) -> list[dict[str, Any]]:
+    sqs = stack.client("sqs")
+    got: list[dict[str, Any]] = []
+    while True:
+        page = sqs.receive_message(
+            QueueUrl=stack.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0
+        )
+        messages = page.get("Messages", [])
+        if not messages:
+            return got
+        for message in messages:
+            got.append(json.loads(message["Body"]))
+            sqs.delete_message(QueueUrl=stack.queue_url, ReceiptHandle=message["ReceiptHandle"])
+
+
+def emf_metrics(log_text: str) -> list[tuple[str, str, dict[str, str]]]:
+    """(namespace, metric name, dimensions) of every EMF blob a function printed."""
+    found: list[tuple[str, str, dict[str, str]]] = []
+    for line in log_text.splitlines():
+        start = line.find('{"_aws"')
+        if start < 0:
+            continue
+        try:
+            blob = json.loads(line[start:])
+        except ValueError:
+            continue
+        for directive in blob["_aws"]["CloudWatchMetrics"]:
+            for dimension_set in directive["Dimensions"]:
+                dims = {key: str(blob[key]) for key in dimension_set}
+                for metric in directive["Metrics"]:
+                    found.append((directive["Namespace"], metric["Name"], dims))
+    return found
+
+
+def alarm_metric(alarm: str) -> tuple[str, str, dict[str, str]]:
+    """(namespace, metric, dimensions) an alarm of template.yaml watches, resolved for the e2e
+    stack (the dimension values are Refs to the stack name)."""
+    data = load_template()
+    props = data["Resources"][alarm]["Properties"]
+    namespace = data["Mappings"]["Observability"]["Metrics"]["Namespace"]
+    assert props["Namespace"] == {"Fn::FindInMap": ["Observability", "Metrics", "Namespace"]}
+    dims: dict[str, str] = {}
+    for dim in props["Dimensions"]:
+        assert dim["Value"] == {"Ref": "AWS::StackName"}, dim
+        dims[dim["Name"]] = STACK_NAME
+    return namespace, props["MetricName"], dims
+
+
+def response_body(response: dict[str, Any]) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(response["body"])
+    return body
+
+
+# --- the environment the functions run in ----------------------------------------------------
+
+
+def test_rie_virtualenv_holds_only_the_runtime_interface_client(
+    built_template: BuiltTemplate,
+) -> None:
+    """Nothing but awslambdaric comes from .rie-venv: a dependency missing from the build or
+    the layer cannot be papered over by the test environment."""
+    probe = (
+        "import importlib.util, json; "
+        "print(json.dumps({m: importlib.util.find_spec(m) is not None for m in "
+        "['awslambdaric', 'boto3', 'botocore', 'aws_lambda_powertools', 'opstate', "
+        "'standardwebhooks', 'jwt', 'google', 'aws_xray_sdk']}))"
+    )
+    out = subprocess.run(
+        [str(RIE_PYTHON), "-c", probe],
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    found = json.loads(out.stdout)
+    assert found.pop("awslambdaric") is True
+    assert found == dict.fromkeys(found, False)
+
+
+def test_each_function_gets_only_its_own_configuration(
+    built_template: BuiltTemplate, stack: Stack
+) -> None:
+    envs = {
+        fn: lambda_environment(
+            built_template, fn, refs=stack.refs, aws_endpoint=stack.endpoint, overrides=None
+        )
+        for fn in ("WebhookFunction", "ReconcileFunction", "NotifyFunction")
+    }
+    for env in envs.values():
+        assert env["OPSTATE_TABLE_NAME"] == stack.table
+        assert env["POWERTOOLS_SERVICE_NAME"] == STACK_NAME
+        assert env["POWERTOOLS_METRICS_NAMESPACE"] == "GeminiOpstate"
+        assert env["POWERTOOLS_LOG_LEVEL"] == "INFO"
+        assert env["OPSTATE_OPEN_INDEX_SHARDS"] == "4"
+        assert env["OPSTATE_RETENTION_DAYS"] == "90"
+    assert envs["WebhookFunction"]["OPSTATE_WEBHOOK_SECRET_ARN"] == stack.webhook_secret_arn
+    assert envs["ReconcileFunction"]["OPSTATE_GEMINI_API_KEY_SECRET_ARN"] == (
+        stack.gemini_key_secret_arn
+    )
+    assert envs["NotifyFunction"]["OPSTATE_EVENT_BUS_NAME"] == stack.bus
+    # Least privilege shows in the configuration too: no function is told another's secret.
+    assert "OPSTATE_GEMINI_API_KEY_SECRET_ARN" not in envs["WebhookFunction"]
+    assert "OPSTATE_WEBHOOK_SECRET_ARN" not in envs["ReconcileFunction"]
+    assert "OPSTATE_WEBHOOK_SECRET_ARN" not in envs["NotifyFunction"]
+    assert "OPSTATE_EVENT_BUS_NAME" not in envs["WebhookFunction"]
+
+
+# --- webhook -> table -> stream -> notifier -> bus -> SQS ------------------------------------
+
+
+def test_signed_webhook_is_stored_then_announced_once_on_the_bus(
+    start: StartFunction, stack: Stack
+) -> None:
+    webhook = start("WebhookFunction", overrides=WEBHOOK_OVERRIDES)
+
+    # Not there yet: GET answers 404 (the IAM-authorised route, through the same function).
+    assert webhook.invoke(load_event("get-operation.json"))["statusCode"] == 404
+
+    response = webhook.invoke(load_event("webhook-batch-succeeded.json"))
+    assert response["statusCode"] == 200, response
+    assert response_body(response) | {"name": SAMPLE_NAME} == {
+        "applied": True,
+        "reason": "created",
+        "name": SAMPLE_NAME,
+        "state": "SUCCEEDED",
+        "version": 1,
+    }
+    item = get_item(stack, SAMPLE_NAME)
+    assert item is not None
+    assert item["state"] == {"S": "SUCCEEDED"}
+    assert item["version"] == {"N": "1"}
+    assert "open_shard" not in item  # terminal: off the open index
+    assert "expires_at" in item  # terminal: TTL set
+
+    # The same delivery again (base64 body, as API Gateway may send it): acknowledged, no write.
+    redelivery = webhook.invoke(load_event("webhook-batch-succeeded-base64.json"))
+    assert redelivery["statusCode"] == 200
+    assert response_body(redelivery)["applied"] is False
+    # A forged signature: 401, nothing written.
+    forged = webhook.invoke(load_event("webhook-bad-signature.json"))
+    assert forged["statusCode"] == 401
+    # A stale poll result reported through PUT cannot move the record back.
+    stale = webhook.invoke(load_event("report-stale.json"))
+    assert stale["statusCode"] == 200
+    assert response_body(stale)["applied"] is False
+    assert get_item(stack, SAMPLE_NAME) == item
+
+    got = webhook.invoke(load_event("get-operation.json"))
+    assert got["statusCode"] == 200
+    assert response_body(got)["state"] == "SUCCEEDED"
+
+    # The alarms watch exactly the metrics the built function emits.
+    emitted = emf_metrics(webhook.log_text())
+    assert alarm_metric("SignatureRejectedAlarm") in emitted
+
+    # The stream holds one record: the INSERT (redelivery and the stale report wrote nothing).
+    records = stream_records(stack)
+    assert [(r["eventName"], r["dynamodb"]["Keys"]["name"]["S"]) for r in records] == [
+        ("INSERT", SAMPLE_NAME)
+    ]
+
+    notify = start("NotifyFunction")
+    assert notify.invoke({"Records": records}) == {"batchItemFailures": []}
+
+    events = receive_all(stack)
+    assert len(events) == 1, events
+    event = events[0]
+    assert event["source"] == "gemini-opstate"
+    assert event["detail-type"] == DETAIL_TYPE
+    detail = event["detail"]
+    assert detail["name"] == SAMPLE_NAME
+    assert detail["state"] == "SUCCEEDED"
+    assert detail["previousState"] is None
+    assert detail["version"] == 1
+    assert detail["idempotencyKey"] == f"{SAMPLE_NAME}#1"
+    assert detail["updateTime"] == "2026-05-10T09:59:58.123456789Z"
+
+
+# --- schedule -> reconciler -> fake Gemini -> table ------------------------------------------
+
+
+def test_scheduled_reconcile_polls_gemini_with_the_secret_key_and_ingests(
+    start: StartFunction, stack: Stack
+) -> None:
+    tracked = "models/veo-3.1-generate-preview/operations/e2e-video"
+    store = DynamoDBStore(stack.table, client=stack.client("dynamodb"))
+    try:
+        created = ingest(store, OpEvent(tracked, State.PENDING, 0, "test", {}))
+        assert created.applied
+    finally:
+        store.close()
+
+    with FakeGemini() as fake:
+        # Any other key is answered 401: success proves the built function read the key from
+        # Secrets Manager (OPSTATE_GEMINI_API_KEY_SECRET_ARN of the built template).
+        fake.api_key = GEMINI_TEST_KEY
+        fake.put_batch(
+            "batches/e2e-running", "BATCH_STATE_RUNNING", update_time="2026-05-10T09:00:00Z"
+        )
+        fake.put_batch(
+            "batches/e2e-done", "BATCH_STATE_SUCCEEDED", update_time="2026-05-10T09:30:00Z"
+        )
+        fake.put_video(tracked, done=True, video_uri="https://example.invalid/e2e.mp4")
+        fake.put_webhook("wh-e2e", name="e2e", state="disabled_due_to_failed_deliveries")
+
+        reconcile = start("ReconcileFunction", overrides={"GOOGLE_GEMINI_BASE_URL": fake.base_url})
+        result = reconcile.invoke(load_event("schedule.json"))
+
+        assert fake.hits("webhooks") >= 1
+        assert fake.hits(tracked) >= 1
+
+    assert result["errors"] == 0, reconcile.log_tail()
+    assert result["discovered"] == 2
+    assert result["stopped_early"] is False
+    assert result["applied"] >= 3
+    states = {
+        name: (get_item(stack, name) or {}).get("state", {}).get("S")
+        for name in ("batches/e2e-running", "batches/e2e-done", tracked)
+    }
+    assert states == {
+        "batches/e2e-running": "RUNNING",
+        "batches/e2e-done": "SUCCEEDED",
+        tracked: "SUCCEEDED",
+    }
+    # The disabled webhook is reported in the metric the WebhooksDisabled alarm watches.
+    assert alarm_metric("WebhooksDisabledAlarm") in emf_metrics(reconcile.log_text())
+    assert "disabled_due_to_failed_deliveries" in reconcile.log_text()

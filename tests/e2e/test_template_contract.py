@@ -1,0 +1,238 @@
+"""template.yaml's contract with the code and the issue, checked on the source template.
+
+These need no build and no tools (they run in every pytest run): least-privilege policies, event
+sources, routes and their authorisation, that every environment variable the template sets is
+one ``opstate.config`` reads, and that the alarms watch metrics the code emits.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.template import load_template
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "layers" / "opstate" / "opstate"
+
+
+@pytest.fixture(scope="module")
+def template() -> dict[str, Any]:
+    return load_template()
+
+
+def resources(template: dict[str, Any], type_: str) -> dict[str, dict[str, Any]]:
+    return {k: v for k, v in template["Resources"].items() if v["Type"] == type_}
+
+
+def statements(template: dict[str, Any], function: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for policy in template["Resources"][function]["Properties"].get("Policies", []):
+        if "Statement" in policy:
+            out.extend(policy["Statement"])
+    return out
+
+
+def actions(statement: dict[str, Any]) -> set[str]:
+    value = statement["Action"]
+    return {value} if isinstance(value, str) else set(value)
+
+
+def test_webhook_function_may_only_get_and_put_items_and_read_its_secret(
+    template: dict[str, Any],
+) -> None:
+    stmts = statements(template, "WebhookFunction")
+    assert {frozenset(actions(s)) for s in stmts} == {
+        frozenset({"dynamodb:GetItem", "dynamodb:PutItem"}),
+        frozenset({"secretsmanager:GetSecretValue"}),
+    }
+    by_action = {next(iter(sorted(actions(s)))): s["Resource"] for s in stmts}
+    assert by_action["dynamodb:GetItem"] == {"Fn::GetAtt": ["OperationsTable", "Arn"]}
+    assert by_action["secretsmanager:GetSecretValue"] == {"Ref": "WebhookSigningSecret"}
+    assert len(template["Resources"]["WebhookFunction"]["Properties"]["Policies"]) == 1
+
+
+def test_reconciler_may_query_the_open_index_and_read_only_the_api_key(
+    template: dict[str, Any],
+) -> None:
+    stmts = statements(template, "ReconcileFunction")
+    table = next(s for s in stmts if "dynamodb:Query" in actions(s))
+    assert actions(table) == {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"}
+    assert table["Resource"] == [
+        {"Fn::GetAtt": ["OperationsTable", "Arn"]},
+        {"Fn::Sub": "${OperationsTable.Arn}/index/open-index"},
+    ]
+    secret = next(s for s in stmts if "secretsmanager:GetSecretValue" in actions(s))
+    assert secret["Resource"] == {"Ref": "GeminiApiKeySecret"}
+    assert len(stmts) == 2
+
+
+def test_notifier_may_only_put_events_on_its_bus(template: dict[str, Any]) -> None:
+    policies = template["Resources"]["NotifyFunction"]["Properties"]["Policies"]
+    assert policies == [{"EventBridgePutEventsPolicy": {"EventBusName": {"Ref": "EventBus"}}}]
+
+
+def test_the_open_index_named_in_the_policy_is_the_tables_gsi(template: dict[str, Any]) -> None:
+    gsis = template["Resources"]["OperationsTable"]["Properties"]["GlobalSecondaryIndexes"]
+    assert [g["IndexName"] for g in gsis] == ["open-index"]
+
+
+def test_reconciler_schedule_retries_dead_letters_and_never_overlaps(
+    template: dict[str, Any],
+) -> None:
+    props = template["Resources"]["ReconcileFunction"]["Properties"]
+    assert props["ReservedConcurrentExecutions"] == 1
+    # The run stops starting work 10 s (the default safety margin) before the end.
+    assert props["Timeout"] >= 60
+    (event,) = props["Events"].values()
+    assert event["Type"] == "ScheduleV2"
+    schedule = event["Properties"]
+    assert schedule["ScheduleExpression"] == {"Fn::Sub": "rate(${ReconcileRateMinutes} minutes)"}
+    assert template["Parameters"]["ReconcileRateMinutes"]["Default"] == 5
+    assert schedule["DeadLetterConfig"] == {
+        "Arn": {"Fn::GetAtt": ["SchedulerDeadLetterQueue", "Arn"]}
+    }
+    assert 0 < schedule["RetryPolicy"]["MaximumRetryAttempts"] <= 5
+    assert schedule["RetryPolicy"]["MaximumEventAgeInSeconds"] <= 3600
+
+
+def test_notifier_stream_source_is_bounded_and_reports_item_failures(
+    template: dict[str, Any],
+) -> None:
+    (event,) = template["Resources"]["NotifyFunction"]["Properties"]["Events"].values()
+    assert event["Type"] == "DynamoDB"
+    p = event["Properties"]
+    assert p["Stream"] == {"Fn::GetAtt": ["OperationsTable", "StreamArn"]}
+    assert p["StartingPosition"] == "TRIM_HORIZON"
+    assert 1 <= p["BatchSize"] <= 100
+    assert 0 < p["MaximumBatchingWindowInSeconds"] <= 5
+    assert p["BisectBatchOnFunctionError"] is True
+    assert 0 < p["MaximumRetryAttempts"] <= 10
+    assert 60 <= p["MaximumRecordAgeInSeconds"] <= 86400
+    assert p["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    assert p["DestinationConfig"]["OnFailure"] == {
+        "Type": "SQS",
+        "Destination": {"Fn::GetAtt": ["NotifyDeadLetterQueue", "Arn"]},
+    }
+
+
+def test_routes_webhook_public_operations_iam(template: dict[str, Any]) -> None:
+    events = template["Resources"]["WebhookFunction"]["Properties"]["Events"]
+    routes = {(e["Properties"]["Method"], e["Properties"]["Path"]): e for e in events.values()}
+    assert set(routes) == {
+        ("POST", "/gemini/webhook"),
+        ("GET", "/operations/{name+}"),
+        ("PUT", "/operations/{name+}"),
+    }
+    assert "Auth" not in routes[("POST", "/gemini/webhook")]["Properties"]
+    for key in (("GET", "/operations/{name+}"), ("PUT", "/operations/{name+}")):
+        assert routes[key]["Properties"]["Auth"] == {"Authorizer": "AWS_IAM"}
+    api = template["Resources"]["HttpApi"]["Properties"]
+    assert api["Auth"]["EnableIamAuthorizer"] is True
+    assert "DefaultAuthorizer" not in api["Auth"]
+    assert {"ThrottlingRateLimit", "ThrottlingBurstLimit"} <= set(api["DefaultRouteSettings"])
+    assert api["AccessLogSettings"]["DestinationArn"] == {
+        "Fn::GetAtt": ["ApiAccessLogGroup", "Arn"]
+    }
+
+
+def test_every_variable_the_template_sets_is_read_by_the_code(template: dict[str, Any]) -> None:
+    known = set(re.findall(r'"((?:OPSTATE|GEMINI|POWERTOOLS)_[A-Z_]+)"', _package_source()))
+    known |= {"POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE", "POWERTOOLS_LOG_LEVEL"}
+    set_by_template = set(template["Globals"]["Function"]["Environment"]["Variables"])
+    for fn in resources(template, "AWS::Serverless::Function").values():
+        set_by_template |= set(fn["Properties"].get("Environment", {}).get("Variables", {}))
+    assert set_by_template <= known, set_by_template - known
+
+
+def _package_source() -> str:
+    return "\n".join(p.read_text(encoding="utf-8") for p in sorted(PACKAGE.rglob("*.py")))
+
+
+def test_alarms_watch_metrics_the_code_emits(template: dict[str, Any]) -> None:
+    alarms = resources(template, "AWS::CloudWatch::Alarm")
+    custom = {
+        a["Properties"]["MetricName"]
+        for a in alarms.values()
+        if a["Properties"].get("Namespace")
+        == {"Fn::FindInMap": ["Observability", "Metrics", "Namespace"]}
+    }
+    assert {
+        "IngestGaveUp",
+        "SignatureRejected",
+        "WebhooksDisabled",
+        "OldestOpenAgeSeconds",
+    } <= custom
+    source = _package_source()
+    # OldestOpenAgeSeconds is the reconciler's to publish (docs/deploy.md); the others exist.
+    for metric in custom - {"OldestOpenAgeSeconds"}:
+        assert f'"{metric}"' in source, f"no code emits {metric}"
+    queues = {
+        a["Properties"]["Dimensions"][0]["Value"]["Fn::GetAtt"][0]
+        for a in alarms.values()
+        if a["Properties"].get("Namespace") == "AWS/SQS"
+    }
+    assert queues == {"NotifyDeadLetterQueue", "SchedulerDeadLetterQueue"}
+    assert any(
+        a["Properties"].get("Namespace") is None
+        and any(
+            m.get("MetricStat", {}).get("Metric", {}).get("MetricName") == "5xx"
+            for m in a["Properties"]["Metrics"]
+        )
+        for a in alarms.values()
+    )
+    for alarm in alarms.values():
+        assert alarm["Properties"]["AlarmActions"] == {
+            "Fn::If": ["HasAlarmTopic", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]
+        }
+
+
+def test_state_resources_are_encrypted_and_kept(template: dict[str, Any]) -> None:
+    table = template["Resources"]["OperationsTable"]
+    assert table["DeletionPolicy"] == table["UpdateReplacePolicy"] == "Retain"
+    props = table["Properties"]
+    assert props["BillingMode"] == "PAY_PER_REQUEST"
+    assert props["SSESpecification"] == {"SSEEnabled": True}
+    assert props["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
+    assert props["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
+    assert props["StreamSpecification"] == {"StreamViewType": "NEW_AND_OLD_IMAGES"}
+    for queue in resources(template, "AWS::SQS::Queue").values():
+        assert queue["Properties"]["SqsManagedSseEnabled"] is True
+    secrets = resources(template, "AWS::SecretsManager::Secret")
+    assert set(secrets) == {"WebhookSigningSecret", "GeminiApiKeySecret"}
+    for secret in secrets.values():
+        # Created empty: no value ever passes through CloudFormation.
+        assert not {"SecretString", "GenerateSecretString"} & set(secret["Properties"])
+
+
+def test_layer_and_dependencies_are_where_the_design_says(template: dict[str, Any]) -> None:
+    layer = template["Resources"]["OpstateLayer"]
+    assert layer["Properties"]["ContentUri"] == "layers/opstate"
+    assert layer["Metadata"]["BuildMethod"] == "python3.11"
+    assert template["Globals"]["Function"]["Runtime"] == "python3.11"
+    assert template["Globals"]["Function"]["Tracing"] == "Active"
+    layer_reqs = (ROOT / "layers/opstate/requirements.txt").read_text(encoding="utf-8").lower()
+    assert "google-genai" not in layer_reqs
+    # Powertools' Tracer imports the X-Ray SDK on construction (Tracing: Active).
+    assert re.search(r"^aws-xray-sdk==", layer_reqs, re.M)
+    assert re.search(r"^aws-lambda-powertools==", layer_reqs, re.M)
+    reconcile_reqs = (ROOT / "functions/reconcile/requirements.txt").read_text(encoding="utf-8")
+    assert re.search(r"^google-genai==", reconcile_reqs, re.M)
+    for fn in ("webhook", "notify"):
+        reqs = ROOT / "functions" / fn / "requirements.txt"
+        assert not reqs.exists() or "google-genai" not in reqs.read_text(encoding="utf-8")
+
+
+def test_outputs(template: dict[str, Any]) -> None:
+    assert {
+        "WebhookUrl",
+        "OperationsApiUrl",
+        "TableName",
+        "EventBusName",
+        "WebhookSigningSecretArn",
+        "GeminiApiKeySecretArn",
+    } <= set(template["Outputs"])
+    assert template["Outputs"]["WebhookUrl"]["Value"]["Fn::Sub"].endswith("/gemini/webhook")
