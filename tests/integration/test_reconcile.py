@@ -260,11 +260,9 @@ def test_unknown_source_state_is_dropped_not_applied(fake, client):
 def test_not_found_keeps_the_record_and_notes_it_in_details(fake, client):
     store = MemoryStore()
     before = track(store, "batches/gone", "RUNNING", T0)
-    clock = iter([parse_time("2026-05-03T00:00:00Z"), parse_time("2026-05-04T00:00:00Z")])
+    now = [parse_time("2026-05-03T00:00:00Z")]
 
-    first = run(
-        store, client, settings=settings(reconcile_max_pages=0), clock_ns=lambda: next(clock)
-    )
+    first = run(store, client, settings=settings(reconcile_max_pages=0), clock_ns=lambda: now[0])
 
     assert first.not_found == 1 and first.applied == 1 and first.errors == 0
     assert metric_values("NotFound") == [1.0]
@@ -278,9 +276,8 @@ def test_not_found_keeps_the_record_and_notes_it_in_details(fake, client):
         "count": 1,
     }
 
-    second = run(
-        store, client, settings=settings(reconcile_max_pages=0), clock_ns=lambda: next(clock)
-    )
+    now[0] = parse_time("2026-05-04T00:00:00Z")
+    second = run(store, client, settings=settings(reconcile_max_pages=0), clock_ns=lambda: now[0])
 
     assert second.not_found == 1
     again = record(store, "batches/gone")
@@ -528,3 +525,21 @@ def test_every_result_field_is_a_metric(fake, client):
         "remaining_open": 0,
         "stopped_early": False,
     }
+
+
+def test_oldest_open_age_is_published_for_the_alarm(fake, client):
+    store = MemoryStore()
+    for name, created_s in (("batches/young", 3_600), ("batches/old", 7_200)):
+        event = from_report(name, {"state": "RUNNING", "updateTime": T0}, now_ns=NOW_NS)
+        ingest(store, event, clock_ns=lambda s=created_s: NOW_NS - s * 1_000_000_000)
+        fake.put_batch(name, "BATCH_STATE_RUNNING", update_time=T0)
+
+    run(store, client, settings=settings(reconcile_max_pages=0), clock_ns=lambda: NOW_NS)
+
+    assert metric_values("OldestOpenAgeSeconds") == [7_200.0]
+
+
+def test_oldest_open_age_is_zero_when_nothing_is_open(fake, client):
+    run(MemoryStore(), client, settings=settings(reconcile_max_pages=0))
+
+    assert metric_values("OldestOpenAgeSeconds") == [0.0]

@@ -60,6 +60,8 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from aws_lambda_powertools.metrics import MetricUnit
+
 from opstate.config import ConfigError, Settings
 from opstate.events import (
     EventError,
@@ -76,6 +78,7 @@ from opstate.observability import (
     count,
     decision_fields,
     logger,
+    metrics,
     record_retry_later,
     record_unsupported,
 )
@@ -394,6 +397,7 @@ class _Run:
         self.tally = _Tally()
         self.throttle = _Throttle(backoff, clock_s)
         self.stop_reason: str | None = None
+        self.oldest_open_age_s = 0.0
         self._lock = threading.Lock()
 
     # --- budget -------------------------------------------------------------------------------
@@ -524,12 +528,22 @@ class _Run:
 
     # --- 3. polling ---------------------------------------------------------------------------
 
+    def note_oldest_open(self, records: Sequence[OpRecord]) -> None:
+        """How long the oldest listed open operation has been open (since its record was
+        created, else its server time), for the ``OldestOpenAgeSeconds`` alarm; 0 if none."""
+        starts = [r.created_ns or r.update_time_ns for r in records]
+        starts = [start for start in starts if start > 0]
+        if starts:
+            self.oldest_open_age_s = max(0.0, (self.clock_ns() - min(starts)) / 1e9)
+
     def poll_all(self, pool: ThreadPoolExecutor, skip: set[str]) -> None:
         if self.stop_reason is not None:
             records: Sequence[OpRecord] = self.store.list_open(self.settings.reconcile_open_limit)
+            self.note_oldest_open(records)
             self.tally.add(remaining_open=sum(1 for r in records if r.name not in skip))
             return
         listed = self.store.list_open(self.settings.reconcile_open_limit)
+        self.note_oldest_open(listed)
         if len(listed) >= self.settings.reconcile_open_limit:
             logger.warning(
                 "open operations reach the listing limit; raise OPSTATE_RECONCILE_OPEN_LIMIT",
@@ -627,6 +641,9 @@ class _Run:
         count("Errors", result.errors)
         count("RemainingOpen", result.remaining_open)
         count("StoppedEarly", int(result.stopped_early))
+        metrics.add_metric(
+            name="OldestOpenAgeSeconds", unit=MetricUnit.Seconds, value=self.oldest_open_age_s
+        )
         for reason, n in sorted(self.tally.applied_reasons.items()):
             count("EventsApplied", n, reason=reason)
         for reason, n in sorted(self.tally.dropped_reasons.items()):
