@@ -48,7 +48,7 @@ from opstate.observability import (
 from opstate.reducer import Decision
 from opstate.signatures import SignatureError, Verifier
 from opstate.store.port import RetryableError, Store
-from opstate.views import record_to_json
+from opstate.views import decision_to_json, record_to_json
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -90,18 +90,6 @@ def json_response(
         body=json.dumps(body, separators=(",", ":"), ensure_ascii=False),
         headers=dict(headers or {}),
     )
-
-
-def decision_to_json(decision: Decision) -> dict[str, Any]:
-    """``{applied, reason, name, state, version}``: the stored state and version after it."""
-    record = decision.record
-    return {
-        "applied": decision.applied,
-        "reason": str(decision.reason),
-        "name": decision.event.name,
-        "state": str(record.state) if record is not None else str(decision.event.state),
-        "version": record.version if record is not None else 0,
-    }
 
 
 def _reject_constant(value: str) -> Any:

@@ -39,7 +39,7 @@ from opstate.names import InvalidNameError, Kind, canonical_name
 from opstate.reducer import Decision
 from opstate.store.port import RetryableError
 from opstate.times import InvalidTimeError, format_time, parse_time
-from opstate.views import record_to_json
+from opstate.views import decision_to_json, record_to_json
 
 if TYPE_CHECKING:
     from opstate.store.port import Store
@@ -139,18 +139,6 @@ def _quiet_library_output() -> Iterator[None]:
         logger.setLevel(level)
         if has_stream:
             handler.stream = previous
-
-
-def decision_json(decision: Decision) -> dict[str, Any]:
-    """``{applied, reason, name, state, version}``: the webhook/report API's 200 body."""
-    record = decision.record
-    return {
-        "applied": decision.applied,
-        "reason": str(decision.reason),
-        "name": decision.event.name,
-        "state": str(record.state) if record is not None else str(decision.event.state),
-        "version": record.version if record is not None else 0,
-    }
 
 
 def _decision_line(decision: Decision) -> str:
@@ -278,7 +266,7 @@ def _report(args: argparse.Namespace, body: Mapping[str, Any] | None) -> int:
     with _open_store(config) as store:
         decision = _ingest(store, event, config)
     if args.json:
-        _print_json(decision_json(decision))
+        _print_json(decision_to_json(decision))
     else:
         _out(_decision_line(decision))
     return EXIT_OK

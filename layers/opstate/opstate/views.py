@@ -1,10 +1,10 @@
-"""The JSON view of a record: one shape for the API, the CLI and the docs."""
+"""The JSON views of a record and of a decision: one shape for the API, the CLI and the docs."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from opstate.reducer import OpRecord
+from opstate.reducer import Decision, OpRecord
 from opstate.times import format_time
 
 
@@ -23,4 +23,16 @@ def record_to_json(record: OpRecord) -> dict[str, Any]:
         "details": dict(record.details),
         "createdAt": format_time(record.created_ns) if record.created_ns else None,
         "appliedAt": format_time(record.applied_ns) if record.applied_ns else None,
+    }
+
+
+def decision_to_json(decision: Decision) -> dict[str, Any]:
+    """``{applied, reason, name, state, version}``: the stored state and version after it."""
+    record = decision.record
+    return {
+        "applied": decision.applied,
+        "reason": str(decision.reason),
+        "name": decision.event.name,
+        "state": str(record.state) if record is not None else str(decision.event.state),
+        "version": record.version if record is not None else 0,
     }
