@@ -27,17 +27,16 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
-
-from standardwebhooks.webhooks import Webhook
 
 from opstate.events import OpEvent, Source
 from opstate.ingest import ingest
 from opstate.reducer import OpRecord
 from opstate.states import State, rank
-from opstate.store.port import RetryableError, Store, WriteOutcome
+from opstate.store.port import RetryableError, Store
 from opstate.times import format_time
+from tests.support.lambda_context import LambdaContextStub
+from tests.support.webhooks import http_event, signed_headers
 
 SECRET = "whsec_YmVuY2htYXJrLXNlY3JldC1mb3Itb3BzdGF0ZS0zMmI="
 T0_NS = 1_780_000_000 * 1_000_000_000  # 2026-05-28
@@ -61,57 +60,13 @@ def quiet_stdout() -> Iterator[None]:
         os.close(devnull)
 
 
-# -- API Gateway events -----------------------------------------------------------------------
-
-
-def http_event(method: str, path: str, body: str, headers: dict[str, str]) -> dict[str, Any]:
-    now = datetime.now(tz=UTC)
-    return {
-        "version": "2.0",
-        "routeKey": "$default",
-        "rawPath": path,
-        "rawQueryString": "",
-        "headers": headers,
-        "requestContext": {
-            "accountId": "123456789012",
-            "apiId": "bench",
-            "domainName": "bench.local",
-            "http": {
-                "method": method,
-                "path": path,
-                "protocol": "HTTP/1.1",
-                "sourceIp": "127.0.0.1",
-                "userAgent": "bench",
-            },
-            "requestId": uuid.uuid4().hex,
-            "routeKey": "$default",
-            "stage": "$default",
-            "time": now.strftime("%d/%b/%Y:%H:%M:%S +0000"),
-            "timeEpoch": int(now.timestamp() * 1000),
-        },
-        "body": body,
-        "isBase64Encoded": False,
-    }
-
-
-class Context:
-    function_name = "bench"
-    function_version = "$LATEST"
-    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:bench"
-    memory_limit_in_mb = 512
-    aws_request_id = "bench"
-    log_group_name = "/aws/lambda/bench"
-    log_stream_name = "bench"
-
-    def get_remaining_time_in_millis(self) -> int:
-        return 30_000
+# -- API Gateway events (tests.support.webhooks) -------------------------------------------------
 
 
 def signed_webhook_events(prefix: str, n: int) -> list[dict[str, Any]]:
     """``n`` signed ``batch.succeeded`` deliveries of ``n`` new operations (signed beforehand:
     signing is the sender's cost)."""
-    hook = Webhook(SECRET)
-    now = datetime.now(tz=UTC)
+    now = int(time.time())
     events = []
     for i in range(n):
         body = json.dumps(
@@ -121,15 +76,9 @@ def signed_webhook_events(prefix: str, n: int) -> list[dict[str, Any]]:
                 "timestamp": format_time(T0_NS + i * 1_000_000),
                 "data": {"id": f"batches/{prefix}-{i:06d}", "output_file_uri": "files/out"},
             }
-        )
-        msg_id = f"msg_{prefix}_{i}"
-        headers = {
-            "content-type": "application/json",
-            "webhook-id": msg_id,
-            "webhook-timestamp": str(int(now.timestamp())),
-            "webhook-signature": hook.sign(msg_id, now, body),
-        }
-        events.append(http_event("POST", "/gemini/webhook", body, headers))
+        ).encode()
+        headers = signed_headers(body, secrets=(SECRET,), msg_id=f"msg_{prefix}_{i}", timestamp=now)
+        events.append(http_event("POST", "/gemini/webhook", body=body, headers=headers))
     return events
 
 
@@ -147,7 +96,7 @@ def make_app(store: Store) -> Any:
 
 def throughput(store: Store, label: str, n: int, rounds: int) -> dict[str, float | int]:
     app = make_app(store)
-    context = Context()
+    context = LambdaContextStub()
     handler_s: list[float] = []
     bare_s: list[float] = []
     # one unmeasured warm-up of each path
@@ -205,7 +154,7 @@ def breakdown(store: Store, label: str, n: int) -> dict[str, float]:
         fn()
         return (time.perf_counter() - started) * 1e6 / n
 
-    app, context = make_app(store), Context()
+    app, context = make_app(store), LambdaContextStub()
     whole = signed_webhook_events(f"{label}-whole", n)
 
     def handle_all() -> None:
@@ -243,44 +192,6 @@ def breakdown(store: Store, label: str, n: int) -> dict[str, float]:
 
 
 # -- counting --------------------------------------------------------------------------------
-
-
-class CountingStore:
-    """Counts port calls (get / put_if_absent / replace_if_version) on any store."""
-
-    def __init__(self, inner: Store) -> None:
-        self.inner = inner
-        self.calls: Counter[str] = Counter()
-        self._lock = threading.Lock()
-
-    def _hit(self, call: str) -> None:
-        with self._lock:
-            self.calls[call] += 1
-
-    def total(self) -> int:
-        with self._lock:
-            return sum(self.calls.values())
-
-    def get(self, name: str) -> OpRecord | None:
-        self._hit("get")
-        return self.inner.get(name)
-
-    def put_if_absent(self, record: OpRecord) -> WriteOutcome:
-        self._hit("put_if_absent")
-        return self.inner.put_if_absent(record)
-
-    def replace_if_version(self, record: OpRecord, expected_version: int) -> WriteOutcome:
-        self._hit("replace_if_version")
-        return self.inner.replace_if_version(record, expected_version)
-
-    def list_open(self, limit: int = 100) -> Sequence[OpRecord]:
-        return self.inner.list_open(limit)
-
-    def iter_all(self) -> Iterator[OpRecord]:
-        return self.inner.iter_all()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 class ApiCallCounter:

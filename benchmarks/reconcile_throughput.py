@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,38 +37,12 @@ from opstate.config import Settings  # noqa: E402
 from opstate.reconcile import make_client, reconcile_once  # noqa: E402
 from opstate.reducer import OpRecord  # noqa: E402
 from opstate.states import State  # noqa: E402
-from opstate.store import MemoryStore, Store, WriteOutcome  # noqa: E402
+from opstate.store import MemoryStore, Store  # noqa: E402
 from opstate.times import format_time, parse_time  # noqa: E402
 from tests.support.fake_gemini import FakeGemini  # noqa: E402
+from tests.support.stores import CountingStore  # noqa: E402
 
 T0 = parse_time("2026-05-01T10:00:00Z")
-
-
-class CountingStore:
-    """A store wrapper that counts every call of the port."""
-
-    def __init__(self, inner: Store) -> None:
-        self.inner = inner
-        self.calls: Counter[str] = Counter()
-
-    def get(self, name: str) -> OpRecord | None:
-        self.calls["get"] += 1
-        return self.inner.get(name)
-
-    def put_if_absent(self, record: OpRecord) -> WriteOutcome:
-        self.calls["put_if_absent"] += 1
-        return self.inner.put_if_absent(record)
-
-    def replace_if_version(self, record: OpRecord, expected_version: int) -> WriteOutcome:
-        self.calls["replace_if_version"] += 1
-        return self.inner.replace_if_version(record, expected_version)
-
-    def list_open(self, limit: int = 100) -> Sequence[OpRecord]:
-        self.calls["list_open"] += 1
-        return self.inner.list_open(limit)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def make_store(kind: str, tmp: Path) -> Store:

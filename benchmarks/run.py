@@ -136,12 +136,13 @@ def section_contention(size: dict[str, int], tmp: Path, moto: Any) -> dict[str, 
     """On DynamoDB (moto server: real round trips, so writers really interleave), with SQLite
     beside it under ``sqlite``."""
     from opstate.store.sqlite import SQLiteStore
+    from tests.support.stores import CountingStore
 
     client, new_store = moto
     counter = bench_ingest.ApiCallCounter(client)
     result = bench_ingest.contention(new_store(), "hot", size["contention_moto"], counter.total)
     result["store"] = "DynamoDBStore on moto server (DynamoDB API calls)"
-    store = bench_ingest.CountingStore(SQLiteStore(tmp / "contention.db"))
+    store = CountingStore(SQLiteStore(tmp / "contention.db"))
     try:
         sqlite = bench_ingest.contention(store, "hot", size["contention"], store.total)
     finally:

@@ -16,23 +16,29 @@ is greater than the final record's): the information was acknowledged and is gon
 from __future__ import annotations
 
 import random
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from seed_port import STATE_RANK, SeedApp, SeedEvent
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: ``tests.support`` lives at the repo root
+    sys.path.insert(0, str(ROOT))
 
-from opstate.events import OpEvent, Source
-from opstate.ingest import ingest
-from opstate.reducer import OpRecord
-from opstate.states import State
-from opstate.store.port import RetryableError, Store, WriteOutcome
-from opstate.times import parse_time
+from seed_port import STATE_RANK, SeedApp, SeedEvent  # noqa: E402
+
+from opstate.events import OpEvent, Source  # noqa: E402
+from opstate.ingest import ingest  # noqa: E402
+from opstate.reducer import OpRecord  # noqa: E402
+from opstate.states import State  # noqa: E402
+from opstate.store.port import RetryableError, Store, WriteOutcome  # noqa: E402
+from opstate.times import parse_time  # noqa: E402
+from tests.support.stores import DelegatingStore  # noqa: E402
 
 _BASE = datetime(2026, 5, 1, 12, 0, 0, tzinfo=UTC)
 _OFFSETS = [timedelta(0), timedelta(hours=9), timedelta(hours=-5), timedelta(hours=5, minutes=30)]
@@ -204,15 +210,12 @@ def make_pause(rng_seed: int, probability: float, max_s: float) -> Callable[[], 
     return pause
 
 
-class PausingStore:
+class PausingStore(DelegatingStore):
     """Our store with the same injected pause between a read and the conditional write."""
 
     def __init__(self, inner: Store, pause: Callable[[], None]) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.pause = pause
-
-    def get(self, name: str) -> OpRecord | None:
-        return self.inner.get(name)
 
     def put_if_absent(self, record: OpRecord) -> WriteOutcome:
         self.pause()
@@ -221,15 +224,6 @@ class PausingStore:
     def replace_if_version(self, record: OpRecord, expected_version: int) -> WriteOutcome:
         self.pause()
         return self.inner.replace_if_version(record, expected_version)
-
-    def list_open(self, limit: int = 100) -> Sequence[OpRecord]:
-        return self.inner.list_open(limit)
-
-    def iter_all(self) -> Iterator[OpRecord]:
-        return self.inner.iter_all()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def run_seed(

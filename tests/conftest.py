@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -34,3 +35,17 @@ def moto_server() -> Iterator[MotoServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def aws_secrets() -> Iterator[Any]:
+    """A Secrets Manager client in moto's in-process mock, with Powertools' parameter cache
+    cleared before and after."""
+    import boto3
+    from aws_lambda_powertools.utilities import parameters
+    from moto import mock_aws
+
+    parameters.clear_caches()
+    with mock_aws():
+        yield boto3.client("secretsmanager", region_name="us-east-1")
+    parameters.clear_caches()

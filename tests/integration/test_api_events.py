@@ -13,7 +13,6 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -25,6 +24,7 @@ from opstate import api as api_module
 from opstate.config import Settings, settings
 from opstate.signatures import StaticSecretsVerifier
 from opstate.store import MemoryStore
+from tests.support.lambda_context import LambdaContextStub
 from tests.support.motoserver import MotoServer
 from tests.support.template import create_table_from_template
 from tests.support.webhooks import (
@@ -40,20 +40,6 @@ from tests.support.webhooks import (
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY = ROOT / "functions" / "webhook" / "app.py"
 LAYER = ROOT / "layers" / "opstate"
-
-
-@dataclass
-class FakeContext:
-    function_name: str = "opstate-webhook"
-    function_version: str = "$LATEST"
-    memory_limit_in_mb: int = 256
-    invoked_function_arn: str = "arn:aws:lambda:us-east-1:123456789012:function:opstate-webhook"
-    aws_request_id: str = "00000000-0000-0000-0000-000000000000"
-    log_group_name: str = "/aws/lambda/opstate-webhook"
-    log_stream_name: str = "2026/05/10/[$LATEST]0"
-
-    def get_remaining_time_in_millis(self) -> int:
-        return 30_000
 
 
 def load_entry() -> ModuleType:
@@ -78,7 +64,7 @@ def lambda_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def invoke(handler: Any, file_name: str) -> tuple[int, dict[str, Any]]:
-    response = handler(load_event(file_name), FakeContext())
+    response = handler(load_event(file_name), LambdaContextStub())
     return response["statusCode"], json.loads(response["body"])
 
 

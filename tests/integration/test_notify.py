@@ -42,6 +42,7 @@ from opstate.observability import metrics as obs_metrics
 from opstate.reducer import Decision
 from opstate.states import State
 from opstate.store.dynamodb import DynamoDBStore
+from tests.support.lambda_context import LambdaContextStub
 from tests.support.template import create_table_from_template
 
 REGION = "us-east-1"
@@ -343,7 +344,7 @@ def test_lambda_entry_publishes_with_the_bus_from_settings(rig: Rig, monkeypatch
         app = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(app)
 
-        response = app.lambda_handler(lambda_event(rig.read_stream()), _Context())
+        response = app.lambda_handler(lambda_event(rig.read_stream()), LambdaContextStub())
     finally:
         config_module.settings.cache_clear()
         notify._default_notifier.cache_clear()
@@ -351,17 +352,3 @@ def test_lambda_entry_publishes_with_the_bus_from_settings(rig: Rig, monkeypatch
     assert response == {"batchItemFailures": []}
     (envelope,) = rig.receive()
     assert envelope["detail"]["idempotencyKey"] == "batches/l1#1"
-
-
-@dataclass
-class _Context:
-    function_name: str = "notify"
-    function_version: str = "$LATEST"
-    invoked_function_arn: str = "arn:aws:lambda:us-east-1:123456789012:function:notify"
-    memory_limit_in_mb: int = 256
-    aws_request_id: str = "req-int"
-    log_group_name: str = "/aws/lambda/notify"
-    log_stream_name: str = "s"
-
-    def get_remaining_time_in_millis(self) -> int:
-        return 30_000

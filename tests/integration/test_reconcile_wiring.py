@@ -5,14 +5,11 @@ from __future__ import annotations
 import importlib.util
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import boto3
 import pytest
-from moto import mock_aws
 
 from opstate import config
 from opstate.config import ConfigError, Settings
@@ -24,18 +21,9 @@ from opstate.states import State
 from opstate.store.sqlite import SQLiteStore
 from opstate.times import parse_time
 from tests.support.fake_gemini import FakeGemini
+from tests.support.lambda_context import LambdaContextStub
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def aws_secrets() -> Iterator[Any]:
-    from aws_lambda_powertools.utilities import parameters
-
-    parameters.clear_caches()
-    with mock_aws():
-        yield boto3.client("secretsmanager", region_name="us-east-1")
-    parameters.clear_caches()
 
 
 @pytest.fixture(autouse=True)
@@ -143,21 +131,6 @@ def test_run_from_settings_on_sqlite(
     }
 
 
-@dataclass
-class FakeContext:
-    remaining_ms: int = 60_000
-    function_name: str = "opstate-reconcile"
-    function_version: str = "$LATEST"
-    invoked_function_arn: str = "arn:aws:lambda:us-east-1:123456789012:function:opstate-reconcile"
-    memory_limit_in_mb: int = 512
-    aws_request_id: str = "req-1"
-    log_group_name: str = "/aws/lambda/opstate-reconcile"
-    log_stream_name: str = "stream"
-
-    def get_remaining_time_in_millis(self) -> int:
-        return self.remaining_ms
-
-
 def load_entry() -> ModuleType:
     path = ROOT / "functions" / "reconcile" / "app.py"
     spec = importlib.util.spec_from_file_location("reconcile_function_app", path)
@@ -182,10 +155,12 @@ def test_lambda_entry_runs_one_pass_within_the_context_budget(
     config.settings.cache_clear()
     try:
         entry = load_entry()
-        answer = entry.lambda_handler({"source": "aws.scheduler"}, FakeContext())
+        answer = entry.lambda_handler(
+            {"source": "aws.scheduler"}, LambdaContextStub(remaining_ms=60_000)
+        )
         # Less time left than the safety margin: nothing starts, everything is left open.
         seed_sqlite(db)
-        late = entry.lambda_handler({}, FakeContext(remaining_ms=5_000))
+        late = entry.lambda_handler({}, LambdaContextStub(remaining_ms=5_000))
     finally:
         config.settings.cache_clear()
 

@@ -8,13 +8,10 @@ import json
 import random
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
-
-from standardwebhooks.webhooks import Webhook
 
 from opstate.events import from_report, from_webhook
 from opstate.ingest import ingest
@@ -22,6 +19,8 @@ from opstate.reducer import OpRecord
 from opstate.states import RANK, State
 from opstate.store.port import RetryableError, Store
 from opstate.times import parse_time
+from tests.support.lambda_context import LambdaContextStub
+from tests.support.webhooks import http_event, signed_headers
 
 SECRET = "whsec_" + base64.b64encode(b"opstate-reliability-secret-32byt").decode()
 BASE = datetime(2026, 6, 1, 8, 0, 0, tzinfo=UTC)
@@ -100,71 +99,19 @@ def shuffled_deliveries(
     return out
 
 
-# -- API Gateway HTTP API (payload 2.0) events ---------------------------------------------------
+# -- deliveries as HTTP requests ------------------------------------------------------------------
 
 
-def signed_headers(body: str, secret: str = SECRET, msg_id: str | None = None) -> dict[str, str]:
-    msg_id = msg_id or f"msg_{uuid.uuid4().hex}"
-    now = datetime.now(tz=UTC)
-    return {
-        "content-type": "application/json",
-        "webhook-id": msg_id,
-        "webhook-timestamp": str(int(now.timestamp())),
-        "webhook-signature": Webhook(secret).sign(msg_id, now, body),
-    }
-
-
-def http_event(
-    method: str, path: str, body: str | None = None, headers: Mapping[str, str] | None = None
-) -> dict[str, Any]:
-    now = datetime.now(tz=UTC)
-    return {
-        "version": "2.0",
-        "routeKey": "$default",
-        "rawPath": path,
-        "rawQueryString": "",
-        "headers": dict(headers or {}),
-        "requestContext": {
-            "accountId": "123456789012",
-            "apiId": "reliability",
-            "domainName": "127.0.0.1",
-            "domainPrefix": "127",
-            "http": {
-                "method": method,
-                "path": path,
-                "protocol": "HTTP/1.1",
-                "sourceIp": "127.0.0.1",
-                "userAgent": "reliability-tests",
-            },
-            "requestId": uuid.uuid4().hex,
-            "routeKey": "$default",
-            "stage": "$default",
-            "time": now.strftime("%d/%b/%Y:%H:%M:%S +0000"),
-            "timeEpoch": int(now.timestamp() * 1000),
-        },
-        "body": body,
-        "isBase64Encoded": False,
-    }
-
-
-class LambdaContextStub:
-    function_name = "reliability"
-    function_version = "$LATEST"
-    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:reliability"
-    memory_limit_in_mb = 512
-    aws_request_id = "reliability"
-    log_group_name = "/aws/lambda/reliability"
-    log_stream_name = "reliability"
-
-    def get_remaining_time_in_millis(self) -> int:
-        return 30_000
+def live_headers(body: bytes) -> dict[str, str]:
+    """Signed with ``SECRET`` as a live sender signs: a fresh id, the current time."""
+    return signed_headers(body, secrets=(SECRET,), msg_id=None, timestamp=None)
 
 
 def delivery_request(d: Delivery) -> tuple[str, str, str, dict[str, str]]:
     """(method, path, body, headers) of one delivery as an HTTP request."""
     if d.webhook:
         body = json.dumps(d.webhook_body())
-        return "POST", "/gemini/webhook", body, signed_headers(body)
+        return "POST", "/gemini/webhook", body, live_headers(body.encode())
     body = json.dumps(d.report_body())
     return "PUT", f"/operations/{d.name}", body, {"content-type": "application/json"}
 
@@ -202,7 +149,8 @@ def app_sender(app: Any) -> Send:
 
     def send(d: Delivery) -> tuple[int, dict[str, Any]]:
         method, path, body, headers = delivery_request(d)
-        result = app.resolve(http_event(method, path, body, headers), context)
+        event = http_event(method, path, body=body.encode(), headers=headers)
+        result = app.resolve(event, context)
         raw = result.get("body") or "{}"
         if result.get("isBase64Encoded"):
             raw = base64.b64decode(raw).decode()

@@ -34,7 +34,9 @@ from opstate.states import State
 from opstate.store import MemoryStore
 from opstate.store.port import WriteOutcome
 from opstate.times import MAX_NS
-from tests.reliability.support import SECRET, LambdaContextStub, http_event, signed_headers
+from tests.reliability.support import SECRET, live_headers
+from tests.support.lambda_context import LambdaContextStub
+from tests.support.webhooks import http_event
 
 HAVE_API = importlib.util.find_spec("opstate.api") is not None
 SCALE = settings(
@@ -286,11 +288,10 @@ def test_signed_fuzzed_webhooks_never_5xx_never_write_on_4xx(
     app_and_store: tuple[Any, WriteCountingStore], body: Any, encode: bool
 ) -> None:
     app, store = app_and_store
-    text = _dumps(body)
-    event = http_event("POST", "/gemini/webhook", text, signed_headers(text))
-    if encode:
-        event["body"] = base64.b64encode(text.encode()).decode()
-        event["isBase64Encoded"] = True
+    raw = _dumps(body).encode()
+    event = http_event(
+        "POST", "/gemini/webhook", body=raw, headers=live_headers(raw), base64_encoded=encode
+    )
     before = store.writes
     status, answer = call(app, event)
     check_answer(status, answer, before, store)
@@ -303,12 +304,11 @@ def test_garbage_bytes_on_the_webhook_never_5xx(
 ) -> None:
     app, store = app_and_store
     try:
-        text = raw.decode()
-        headers = signed_headers(text) if signed else {"content-type": "application/json"}
-        event = http_event("POST", "/gemini/webhook", text, headers)
+        raw.decode()
+        headers = live_headers(raw) if signed else {"content-type": "application/json"}
+        event = http_event("POST", "/gemini/webhook", body=raw, headers=headers)
     except UnicodeDecodeError:  # not UTF-8: API Gateway hands such bodies over base64-encoded
-        event = http_event("POST", "/gemini/webhook", base64.b64encode(raw).decode(), {})
-        event["isBase64Encoded"] = True
+        event = http_event("POST", "/gemini/webhook", body=raw, base64_encoded=True)
     before = store.writes
     status, answer = call(app, event)
     check_answer(status, answer, before, store)
@@ -324,9 +324,10 @@ def test_fuzzed_reports_never_5xx_never_write_on_4xx(
     app, store = app_and_store
     path_name = name if isinstance(name, str) else _dumps(name)
     path = "/operations/" + quote(path_name, safe="/")
-    text = None if body is None else _dumps(body)
+    raw = None if body is None else _dumps(body).encode()
     before = store.writes
-    status, answer = call(app, http_event("PUT", path, text, {"content-type": "application/json"}))
+    event = http_event("PUT", path, body=raw, headers={"content-type": "application/json"})
+    status, answer = call(app, event)
     if status == 404 or status == 405:  # a path the router does not know (e.g. empty name)
         assert store.writes == before
         return

@@ -22,11 +22,11 @@ import random
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from opstate.reducer import OpRecord
 from opstate.store.port import Store, StoreUnavailableError, WriteOutcome
+from tests.support.stores import DelegatingStore
 
 THROTTLE = "throttle"
 TIMEOUT = "timeout"
@@ -46,7 +46,7 @@ class ChaosRates:
             raise ValueError("the fault rates must add up to less than 1")
 
 
-class ChaosStore:
+class ChaosStore(DelegatingStore):
     """Wraps ``inner`` (any store of the port) and injects faults (see the module docstring)."""
 
     def __init__(
@@ -57,7 +57,7 @@ class ChaosStore:
         seed: int = 0,
         timeout_pause_s: float = 0.001,
     ) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.rates = rates or ChaosRates()
         self.timeout_pause_s = timeout_pause_s
         self._rng = random.Random(seed)
@@ -137,12 +137,3 @@ class ChaosStore:
         if fault == LOST_RESPONSE:
             raise StoreUnavailableError("chaos: the write went through but the response was lost")
         return outcome
-
-    def list_open(self, limit: int = 100) -> Sequence[OpRecord]:
-        return self.inner.list_open(limit)
-
-    def iter_all(self) -> Iterator[OpRecord]:
-        return self.inner.iter_all()
-
-    def close(self) -> None:
-        self.inner.close()

@@ -1,4 +1,5 @@
-"""Store harnesses for tests and benchmarks: every store kind behind one small wrapper.
+"""Store harnesses for tests and benchmarks: every store kind behind one small wrapper; and
+``DelegatingStore``, the base of the store wrappers, and ``CountingStore``.
 
 A harness gives the store plus ``raw(name)``, the stored item/row as plain python values (or
 None), so tests can check what is really written (open-index keys, ``expires_at``).
@@ -7,8 +8,10 @@ None), so tests can check what is really written (open-index keys, ``expires_at`
 from __future__ import annotations
 
 import functools
+import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,12 +20,73 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from opstate.store import MemoryStore, Store
+from opstate.reducer import OpRecord
+from opstate.store import MemoryStore, Store, WriteOutcome
 from opstate.store.dynamodb import CLIENT_CONFIG, DynamoDBStore, deserialize_item, plain
 from opstate.store.sqlite import SQLiteStore
 from tests.support.template import create_table_from_template
 
 STORE_KINDS = ("dynamodb-mock", "dynamodb-server", "sqlite", "memory")
+
+
+class DelegatingStore:
+    """Hands every call of the port to ``inner``. Wrappers (counting, pausing, fault-injecting)
+    subclass it and override only the calls they change."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+
+    def get(self, name: str) -> OpRecord | None:
+        return self.inner.get(name)
+
+    def put_if_absent(self, record: OpRecord) -> WriteOutcome:
+        return self.inner.put_if_absent(record)
+
+    def replace_if_version(self, record: OpRecord, expected_version: int) -> WriteOutcome:
+        return self.inner.replace_if_version(record, expected_version)
+
+    def list_open(self, limit: int = 100) -> Sequence[OpRecord]:
+        return self.inner.list_open(limit)
+
+    def iter_all(self) -> Iterator[OpRecord]:
+        return self.inner.iter_all()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class CountingStore(DelegatingStore):
+    """Counts the port calls that do the work (get, put_if_absent, replace_if_version,
+    list_open) on any store; thread-safe."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.calls: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def _hit(self, call: str) -> None:
+        with self._lock:
+            self.calls[call] += 1
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(self.calls.values())
+
+    def get(self, name: str) -> OpRecord | None:
+        self._hit("get")
+        return self.inner.get(name)
+
+    def put_if_absent(self, record: OpRecord) -> WriteOutcome:
+        self._hit("put_if_absent")
+        return self.inner.put_if_absent(record)
+
+    def replace_if_version(self, record: OpRecord, expected_version: int) -> WriteOutcome:
+        self._hit("replace_if_version")
+        return self.inner.replace_if_version(record, expected_version)
+
+    def list_open(self, limit: int = 100) -> Sequence[OpRecord]:
+        self._hit("list_open")
+        return self.inner.list_open(limit)
 
 
 @dataclass

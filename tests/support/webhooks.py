@@ -14,6 +14,8 @@ import base64
 import hashlib
 import hmac
 import json
+import time
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -48,9 +50,18 @@ def signed_headers(
     body: bytes,
     *,
     secrets: tuple[str, ...] = (TEST_SECRET,),
-    msg_id: str = "msg_2abc0sample",
-    timestamp: int = EVENT_TIMESTAMP,
+    msg_id: str | None = "msg_2abc0sample",
+    timestamp: int | None = EVENT_TIMESTAMP,
 ) -> dict[str, str]:
+    """Standard Webhooks headers of ``body``, signed with each of ``secrets``.
+
+    The defaults are the FIXED sample id and timestamp; as a live sender does, ``msg_id=None``
+    takes a fresh random id and ``timestamp=None`` the current time (for a verifier with a clock).
+    """
+    if msg_id is None:
+        msg_id = f"msg_{uuid.uuid4().hex}"
+    if timestamp is None:
+        timestamp = int(time.time())
     return {
         "content-type": "application/json",
         "webhook-id": msg_id,

@@ -31,6 +31,7 @@ from opstate.observability import metrics as obs_metrics
 from opstate.reducer import OpRecord
 from opstate.states import State
 from opstate.store.dynamodb import item_from_record, serialize_item
+from tests.support.lambda_context import LambdaContextStub
 
 BUS = "opstate-test-bus"
 ARN = "arn:aws:dynamodb:us-east-1:123456789012:table/ops/stream/2026-01-01T00:00:00.000"
@@ -462,20 +463,6 @@ def test_bus_name_comes_from_settings() -> None:
     assert notifier_from_settings(config, client=FakeEvents()).bus_name == "my-bus"
 
 
-@dataclass
-class FakeContext:
-    function_name: str = "notify"
-    function_version: str = "$LATEST"
-    invoked_function_arn: str = "arn:aws:lambda:us-east-1:123456789012:function:notify"
-    memory_limit_in_mb: int = 256
-    aws_request_id: str = "req-1"
-    log_group_name: str = "/aws/lambda/notify"
-    log_stream_name: str = "s"
-
-    def get_remaining_time_in_millis(self) -> int:
-        return 30_000
-
-
 def load_entry() -> Any:
     path = Path(__file__).resolve().parents[2] / "functions" / "notify" / "app.py"
     spec = importlib.util.spec_from_file_location("notify_app_under_test", path)
@@ -493,7 +480,7 @@ def test_lambda_entry_returns_failures_and_emits_metrics(monkeypatch, capsys) ->
     records = [stream.insert(op(f"batches/m{i}", State.PENDING, 1)) for i in range(3)]
     app = load_entry()
 
-    response = app.lambda_handler(event(records), FakeContext())
+    response = app.lambda_handler(event(records), LambdaContextStub())
 
     assert response == {"batchItemFailures": [{"itemIdentifier": seq_of(records[1])}]}
     blobs = [json.loads(line) for line in capsys.readouterr().out.splitlines() if "_aws" in line]

@@ -11,11 +11,9 @@ from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import boto3
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
-from moto import mock_aws
 from standardwebhooks.webhooks import Webhook
 
 from opstate.config import Settings
@@ -283,16 +281,6 @@ def test_parse_secret_value(value: object, expected: tuple[str, ...]) -> None:
 def test_parse_secret_value_refuses(value: object) -> None:
     with pytest.raises(SecretsUnavailableError):
         parse_secret_value(value)
-
-
-@pytest.fixture
-def aws_secrets() -> Iterator[Any]:
-    from aws_lambda_powertools.utilities import parameters
-
-    parameters.clear_caches()
-    with mock_aws():
-        yield boto3.client("secretsmanager", region_name="us-east-1")
-    parameters.clear_caches()
 
 
 def test_secrets_manager_json_list(aws_secrets: Any) -> None:
