@@ -84,6 +84,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 	@for f in functions/*/app.py; do $(VENV)/bin/mypy --strict --follow-imports=silent "$$f" || exit 1; done
+	$(VENV)/bin/mypy --strict tests/support tests/e2e benchmarks
 
 pytest: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

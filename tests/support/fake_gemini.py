@@ -417,7 +417,7 @@ class FakeGemini:
                 for name, body in sorted(self._state.resources.items())
                 if name.startswith(prefix) and "/" not in name[len(prefix) :]
             ]
-        size = int((request.query.get(size_key) or [DEFAULT_PAGE_SIZE])[0])
+        size = int((request.query.get(size_key) or [str(DEFAULT_PAGE_SIZE)])[0])
         start = int((request.query.get(token_key) or ["0"])[0] or 0)
         page = items[start : start + size]
         body: dict[str, Any] = {items_key: page}

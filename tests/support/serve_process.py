@@ -86,14 +86,14 @@ class ServeProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                line = self._queue.get(timeout=0.1)
+                received = self._queue.get(timeout=0.1)
             except queue.Empty:
                 continue
-            if line is None:
+            if received is None:
                 break
-            self.lines.append(line)
-            if regex.search(line):
-                return line
+            self.lines.append(received)
+            if regex.search(received):
+                return received
         raise AssertionError(f"no line matching {pattern!r} in:\n{self.output()}")
 
     def send_signal(self, sig: int = signal.SIGTERM) -> None:
