@@ -423,34 +423,21 @@ class OpstateHTTPServer(HTTPServer):
         self.say(f"error: {message}")
 
 
-class AppPool:
-    """Resolver instances handed out one per in-flight request.
+class LocalApp:
+    """The API app behind the local server.
 
-    A Powertools resolver keeps the current event on itself, so one instance must never serve
-    two requests at once; apps are cheap to build and reused.
+    ``opstate.api`` serialises ``resolve`` itself (Powertools keeps the current event on the
+    router class), so one app instance serves every request thread.
     """
 
-    def __init__(self, factory: Callable[[], Any]) -> None:
-        self._factory = factory
-        self._idle: list[Any] = []
-        self._lock = threading.Lock()
-
-    def prime(self) -> None:
-        app = self._factory()
-        with self._lock:
-            self._idle.append(app)
+    def __init__(self, app: Any) -> None:
+        self._app = app
 
     def resolve(self, event: dict[str, Any], context: Any) -> Mapping[str, Any]:
-        with self._lock:
-            app = self._idle.pop() if self._idle else None
-        if app is None:
-            app = self._factory()
         try:
-            result: Mapping[str, Any] = app.resolve(event, context)
+            result: Mapping[str, Any] = self._app.resolve(event, context)
         finally:
             _clear_metrics()
-            with self._lock:
-                self._idle.append(app)
         return result
 
 
@@ -623,13 +610,10 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
         if line is not None:
             say(line)
 
-    def make_app() -> Any:
-        return create_app(
-            store=store, verifier=verifier, settings=settings, on_decision=on_decision
-        )
-
-    apps = AppPool(make_app)
-    apps.prime()  # build one now: configuration errors surface before "listening"
+    # Built now: configuration errors surface before "listening".
+    apps = LocalApp(
+        create_app(store=store, verifier=verifier, settings=settings, on_decision=on_decision)
+    )
 
     try:
         httpd = OpstateHTTPServer(
