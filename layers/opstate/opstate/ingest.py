@@ -18,8 +18,8 @@ from opstate.reducer import Decision, apply_event
 from opstate.store.port import RetryableError, Store
 
 DEFAULT_MAX_ATTEMPTS = 8
-DEFAULT_BASE_DELAY_S = 0.002
-DEFAULT_MAX_DELAY_S = 0.1
+DEFAULT_BASE_DELAY_S = 0.02
+DEFAULT_MAX_DELAY_S = 0.5
 
 
 class IngestContentionError(RetryableError):
