@@ -23,7 +23,11 @@ from pathlib import Path
 import pytest
 from standardwebhooks.webhooks import Webhook
 
+from opstate.config import Settings
+from opstate.events import from_report
+from opstate.ingest import ingest
 from opstate.server import build_event, response_parts
+from opstate.store import store_from_url
 from tests.support.serve_process import OPSTATE, cli_env, http, run_cli, start_serve
 
 T_WEBHOOK = "2026-05-10T10:00:00Z"
@@ -378,3 +382,19 @@ def test_shutdown_still_works_when_stdout_went_away(tmp_path, store_url):
         assert http("GET", f"{again.url}/operations/batches/pipe-2")[0] == 200
     finally:
         again.kill()
+
+
+def test_terminal_records_past_their_retention_are_purged_at_start(serve, store_url):
+    three_days_ago = time.time_ns() - 3 * 86_400 * 10**9
+    store = store_from_url(store_url, Settings(retention_days=1))
+    for name, state in (("batches/old-done", "SUCCEEDED"), ("batches/old-open", "RUNNING")):
+        body = {"state": state, "updateTime": "2026-01-01T00:00:00Z"}
+        event = from_report(name, body, now_ns=three_days_ago)
+        assert ingest(store, event, clock_ns=lambda: three_days_ago).applied
+    store.close()
+
+    proc = serve()
+
+    assert "retention: removed 1 terminal record(s) past their expires_at" in proc.output()
+    assert http("GET", f"{proc.url}/operations/batches/old-done")[0] == 404
+    assert http("GET", f"{proc.url}/operations/batches/old-open")[0] == 200

@@ -604,6 +604,13 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
         verifier = StaticSecretsVerifier(source.secrets, tolerance_s=settings.webhook_tolerance_s)
 
     store = store_from_url(store_url, settings)
+    # SQLite has no TTL of its own: terminal records past their expires_at (applied time +
+    # OPSTATE_RETENTION_DAYS when written) are removed at start-up.
+    purge_expired = getattr(store, "purge_expired", None)
+    if callable(purge_expired):
+        purged = purge_expired()
+        if purged:
+            say(f"retention: removed {purged} terminal record(s) past their expires_at")
 
     def on_decision(decision: Decision) -> None:
         line = change_line(decision)
