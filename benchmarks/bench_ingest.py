@@ -32,10 +32,10 @@ from typing import Any
 from opstate.events import OpEvent, Source
 from opstate.ingest import ingest
 from opstate.reducer import OpRecord
+from opstate.server import LocalLambdaContext
 from opstate.states import State, rank
 from opstate.store.port import RetryableError, Store
 from opstate.times import format_time
-from tests.support.lambda_context import LambdaContextStub
 from tests.support.webhooks import http_event, signed_headers
 
 SECRET = "whsec_YmVuY2htYXJrLXNlY3JldC1mb3Itb3BzdGF0ZS0zMmI="
@@ -96,7 +96,7 @@ def make_app(store: Store) -> Any:
 
 def throughput(store: Store, label: str, n: int, rounds: int) -> dict[str, float | int]:
     app = make_app(store)
-    context = LambdaContextStub()
+    context = LocalLambdaContext()
     handler_s: list[float] = []
     bare_s: list[float] = []
     # one unmeasured warm-up of each path
@@ -154,7 +154,7 @@ def breakdown(store: Store, label: str, n: int) -> dict[str, float]:
         fn()
         return (time.perf_counter() - started) * 1e6 / n
 
-    app, context = make_app(store), LambdaContextStub()
+    app, context = make_app(store), LocalLambdaContext()
     whole = signed_webhook_events(f"{label}-whole", n)
 
     def handle_all() -> None:

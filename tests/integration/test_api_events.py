@@ -22,9 +22,9 @@ import pytest
 
 from opstate import api as api_module
 from opstate.config import Settings, settings
+from opstate.server import LocalLambdaContext
 from opstate.signatures import StaticSecretsVerifier
 from opstate.store import MemoryStore
-from tests.support.lambda_context import LambdaContextStub
 from tests.support.motoserver import MotoServer
 from tests.support.template import create_table_from_template
 from tests.support.webhooks import (
@@ -64,7 +64,7 @@ def lambda_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def invoke(handler: Any, file_name: str) -> tuple[int, dict[str, Any]]:
-    response = handler(load_event(file_name), LambdaContextStub())
+    response = handler(load_event(file_name), LocalLambdaContext())
     return response["statusCode"], json.loads(response["body"])
 
 

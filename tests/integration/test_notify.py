@@ -40,9 +40,9 @@ from opstate.ingest import ingest
 from opstate.notify import DETAIL_TYPE, SOURCE, Notifier
 from opstate.observability import metrics as obs_metrics
 from opstate.reducer import Decision
+from opstate.server import LocalLambdaContext
 from opstate.states import State
 from opstate.store.dynamodb import DynamoDBStore
-from tests.support.lambda_context import LambdaContextStub
 from tests.support.template import create_table_from_template
 
 REGION = "us-east-1"
@@ -344,7 +344,7 @@ def test_lambda_entry_publishes_with_the_bus_from_settings(rig: Rig, monkeypatch
         app = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(app)
 
-        response = app.lambda_handler(lambda_event(rig.read_stream()), LambdaContextStub())
+        response = app.lambda_handler(lambda_event(rig.read_stream()), LocalLambdaContext())
     finally:
         config_module.settings.cache_clear()
         notify._default_notifier.cache_clear()

@@ -17,11 +17,11 @@ from opstate.events import from_report
 from opstate.ingest import ingest
 from opstate.observability import metrics
 from opstate.reconcile import api_key, make_client, run_from_settings
+from opstate.server import LocalLambdaContext
 from opstate.states import State
 from opstate.store.sqlite import SQLiteStore
 from opstate.times import parse_time
 from tests.support.fake_gemini import FakeGemini
-from tests.support.lambda_context import LambdaContextStub
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -156,11 +156,11 @@ def test_lambda_entry_runs_one_pass_within_the_context_budget(
     try:
         entry = load_entry()
         answer = entry.lambda_handler(
-            {"source": "aws.scheduler"}, LambdaContextStub(remaining_ms=60_000)
+            {"source": "aws.scheduler"}, LocalLambdaContext(remaining_ms=60_000)
         )
         # Less time left than the safety margin: nothing starts, everything is left open.
         seed_sqlite(db)
-        late = entry.lambda_handler({}, LambdaContextStub(remaining_ms=5_000))
+        late = entry.lambda_handler({}, LocalLambdaContext(remaining_ms=5_000))
     finally:
         config.settings.cache_clear()
 

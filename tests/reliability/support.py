@@ -16,10 +16,10 @@ from typing import Any
 from opstate.events import from_report, from_webhook
 from opstate.ingest import ingest
 from opstate.reducer import OpRecord
+from opstate.server import LocalLambdaContext
 from opstate.states import RANK, State
 from opstate.store.port import RetryableError, Store
 from opstate.times import parse_time
-from tests.support.lambda_context import LambdaContextStub
 from tests.support.webhooks import http_event, signed_headers
 
 SECRET = "whsec_" + base64.b64encode(b"opstate-reliability-secret-32byt").decode()
@@ -145,7 +145,7 @@ def ingest_sender(store: Store) -> Send:
 
 def app_sender(app: Any) -> Send:
     """Through the API app (``create_app(...).resolve``), as API Gateway would call it."""
-    context = LambdaContextStub()
+    context = LocalLambdaContext()
 
     def send(d: Delivery) -> tuple[int, dict[str, Any]]:
         method, path, body, headers = delivery_request(d)

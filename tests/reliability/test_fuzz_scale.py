@@ -30,12 +30,12 @@ from opstate.events import (
 )
 from opstate.names import canonical_name
 from opstate.reducer import OpRecord
+from opstate.server import LocalLambdaContext
 from opstate.states import State
 from opstate.store import MemoryStore
 from opstate.store.port import WriteOutcome
 from opstate.times import MAX_NS
 from tests.reliability.support import SECRET, live_headers
-from tests.support.lambda_context import LambdaContextStub
 from tests.support.webhooks import http_event
 
 HAVE_API = importlib.util.find_spec("opstate.api") is not None
@@ -258,7 +258,7 @@ def app_and_store() -> tuple[Any, WriteCountingStore]:
 
 
 def call(app: Any, event: dict[str, Any]) -> tuple[int, Any]:
-    result = app.resolve(event, LambdaContextStub())
+    result = app.resolve(event, LocalLambdaContext())
     raw = result.get("body") or ""
     if result.get("isBase64Encoded"):
         raw = base64.b64decode(raw).decode()

@@ -29,9 +29,9 @@ from opstate.notify import (
 )
 from opstate.observability import metrics as obs_metrics
 from opstate.reducer import OpRecord
+from opstate.server import LocalLambdaContext
 from opstate.states import State
 from opstate.store.dynamodb import item_from_record, serialize_item
-from tests.support.lambda_context import LambdaContextStub
 
 BUS = "opstate-test-bus"
 ARN = "arn:aws:dynamodb:us-east-1:123456789012:table/ops/stream/2026-01-01T00:00:00.000"
@@ -480,7 +480,7 @@ def test_lambda_entry_returns_failures_and_emits_metrics(monkeypatch, capsys) ->
     records = [stream.insert(op(f"batches/m{i}", State.PENDING, 1)) for i in range(3)]
     app = load_entry()
 
-    response = app.lambda_handler(event(records), LambdaContextStub())
+    response = app.lambda_handler(event(records), LocalLambdaContext())
 
     assert response == {"batchItemFailures": [{"itemIdentifier": seq_of(records[1])}]}
     blobs = [json.loads(line) for line in capsys.readouterr().out.splitlines() if "_aws" in line]

@@ -150,7 +150,10 @@ def resolve_secrets(settings: Settings, secret_file: Path) -> SecretSource:
 
 @dataclasses.dataclass(frozen=True)
 class LocalLambdaContext:
-    """The few Lambda context attributes the app and Powertools read."""
+    """The few Lambda context attributes the app and Powertools read.
+
+    ``get_remaining_time_in_millis`` answers ``remaining_ms`` (tests set it to try a budget).
+    """
 
     function_name: str = "opstate-local"
     function_version: str = "$LATEST"
@@ -159,9 +162,10 @@ class LocalLambdaContext:
     aws_request_id: str = ""
     log_group_name: str = "/aws/lambda/opstate-local"
     log_stream_name: str = "local"
+    remaining_ms: int = 30_000
 
     def get_remaining_time_in_millis(self) -> int:
-        return 30_000
+        return self.remaining_ms
 
 
 def _route_key(method: str, path: str) -> tuple[str, dict[str, str] | None]:
