@@ -324,6 +324,9 @@ def test_429_500_and_timeouts_leave_operations_for_the_next_run(fake, client):
     # The SDK itself never retried: one request per operation.
     assert fake.hits("batches/op0") == 1 and fake.hits("interactions/busy") == 1
     assert metric_values("Errors") == [5.0]
+    # The dashboard's 429 line and its open-operations line.
+    assert metric_values("Throttled") == [2.0]
+    assert metric_values("OpenOperations") == [9.0]
 
     for name in ["batches/op0", "batches/op1", "batches/op2", "interactions/busy"]:
         fake.clear_fault(name)

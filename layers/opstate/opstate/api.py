@@ -44,6 +44,7 @@ from opstate.observability import (
     record_retry_later,
     record_signature_rejected,
     record_unsupported,
+    record_webhook_outcome,
 )
 from opstate.reducer import Decision
 from opstate.signatures import SignatureError, Verifier
@@ -203,6 +204,18 @@ def create_app(
 
     @app.post(WEBHOOK_PATH)
     def webhook() -> Response[str]:
+        try:
+            response, applied = receive_webhook()
+        except ApiError as exc:
+            record_webhook_outcome(_error_outcome(exc.status))
+            raise
+        except Exception:
+            record_webhook_outcome("error")
+            raise
+        record_webhook_outcome("applied" if applied else "dropped")
+        return response
+
+    def receive_webhook() -> tuple[Response[str], bool]:
         event = app.current_event.raw_event
         raw = raw_body(event, max_bytes)
         headers = _headers(event)
@@ -233,9 +246,9 @@ def create_app(
             return json_response(
                 200,
                 {"applied": False, "reason": exc.reason, "name": name, "state": None, "version": 0},
-            )
+            ), False
         decision = run_ingest(op_event, webhook_id=webhook_id)
-        return json_response(200, decision_to_json(decision))
+        return json_response(200, decision_to_json(decision)), decision.applied
 
     @app.get(OPERATIONS_ROUTE)
     def get_operation() -> Response[str]:
@@ -283,6 +296,15 @@ def create_app(
         return json_response(500, {"error": "internal-error", "message": "internal error"})
 
     return app
+
+
+def _error_outcome(status: int) -> str:
+    """The ``WebhookDeliveries`` outcome of a webhook answered with an error ``status``."""
+    if status == 401:
+        return "rejected"
+    if status == 503:
+        return "retry-later"
+    return "invalid" if 400 <= status < 500 else "error"
 
 
 def _unavailable(exc: BaseException, **context: object) -> ApiError:
