@@ -19,7 +19,7 @@ SAM := SAM_CLI_TELEMETRY=0 $(TOOLS_VENV)/bin/sam
 CFN_LINT := $(TOOLS_VENV)/bin/cfn-lint
 
 .PHONY: help run test lint typecheck pytest venv bench bench-quick clean \
-	tools rie-venv template-check build e2e
+	tools rie-venv template-check build e2e dashboard
 
 help:
 	@echo "make run    - set up .venv if needed, then serve the app on http://127.0.0.1:3000"
@@ -28,6 +28,7 @@ help:
 	@echo "make bench  - benchmarks (not part of make test); make bench-quick for a short run"
 	@echo "make template-check - sam validate --lint and cfn-lint (+ serverless rules) on template.yaml"
 	@echo "make build  - sam build (cached, parallel) into .aws-sam/build"
+	@echo "make dashboard - regenerate template.yaml's dashboard and saved queries (scripts/)"
 	@echo "make e2e    - the built functions through the Lambda runtime interface (no Docker)"
 
 # The environment: recreated when missing or built by another python, refreshed when the
@@ -67,6 +68,10 @@ template-check: $(TOOLS_STAMP)
 	$(SAM) validate --lint
 	$(CFN_LINT) --append-rules cfn_lint_serverless.rules -- template.yaml
 
+# The dashboard and the saved Logs Insights queries are generated from opstate's metric table.
+dashboard: $(STAMP)
+	$(PY) scripts/observability_block.py --write
+
 # Always run: with --cached SAM itself rebuilds only what changed (about 8 s when nothing did).
 build: $(TOOLS_STAMP)
 	$(SAM) build --cached --parallel
@@ -84,7 +89,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 	@for f in functions/*/app.py; do $(VENV)/bin/mypy --strict --follow-imports=silent "$$f" || exit 1; done
-	$(VENV)/bin/mypy --strict tests/support tests/e2e benchmarks
+	$(VENV)/bin/mypy --strict tests/support tests/e2e benchmarks scripts
 
 pytest: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
