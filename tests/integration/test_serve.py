@@ -26,7 +26,7 @@ from standardwebhooks.webhooks import Webhook
 from opstate.config import Settings
 from opstate.events import from_report
 from opstate.ingest import ingest
-from opstate.server import build_event, response_parts
+from opstate.local.apigw import build_event, response_parts
 from opstate.store import store_from_url
 from tests.support.serve_process import OPSTATE, cli_env, http, run_cli, start_serve
 
@@ -299,7 +299,7 @@ def test_without_secrets_one_is_generated_once_with_mode_0600(tmp_path, store_ur
 
 
 def test_secret_file_changes_are_picked_up_without_a_restart(tmp_path, store_url):
-    from opstate.server import write_secret_file
+    from opstate.local.secret_file import write_secret_file
 
     path = tmp_path / ".opstate" / "webhook-secret"
     write_secret_file(path, [SECRET])

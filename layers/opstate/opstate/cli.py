@@ -511,7 +511,7 @@ class FileSecretTarget:
         self.description = f"the local file {path}"
 
     def read(self) -> list[str]:
-        from opstate.server import read_secret_file
+        from opstate.local.secret_file import read_secret_file
 
         try:
             return read_secret_file(self.path)
@@ -521,7 +521,7 @@ class FileSecretTarget:
             raise CliError(f"cannot read {self.path}: {exc.strerror or exc}") from None
 
     def write(self, secrets: Sequence[str]) -> None:
-        from opstate.server import write_secret_file
+        from opstate.local.secret_file import write_secret_file
 
         write_secret_file(self.path, secrets)
 
@@ -825,7 +825,7 @@ def cmd_webhooks_rotate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from opstate.server import ServeError, ServeOptions, serve
+    from opstate.local.serve import ServeError, ServeOptions, serve
 
     config = _settings(args)
     options = ServeOptions(
@@ -875,7 +875,8 @@ def _port(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from opstate.server import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_SECRET_FILE
+    from opstate.local.secret_file import DEFAULT_SECRET_FILE
+    from opstate.local.serve import DEFAULT_HOST, DEFAULT_PORT
 
     store = _Parser(add_help=False)
     store.add_argument(
