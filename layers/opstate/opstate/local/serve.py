@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import shlex
 import signal
@@ -30,7 +31,6 @@ from typing import Any, TextIO
 
 from opstate.config import Settings
 from opstate.local.apigw import WEBHOOK_PATH
-from opstate.local.http_server import OpstateHTTPServer
 from opstate.local.reconcile_loop import ReconcileLoop, start_reconciler
 from opstate.local.secret_file import (
     DEFAULT_SECRET_FILE,
@@ -195,16 +195,27 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
         create_app(store=store, verifier=verifier, settings=settings, on_decision=on_decision)
     )
 
+    # waitress is imported here: the CLI builds its parser from this module's defaults.
     try:
-        httpd = OpstateHTTPServer(
-            (options.host, options.port), apps.resolve, say=say, verbose=options.verbose
-        )
+        from opstate.local.http_server import ApiGatewayApp, LocalHTTPServer
+    except ImportError as exc:
+        store.close()
+        raise ServeError(
+            f"opstate serve needs waitress ({exc}); install it with "
+            "pip install 'gemini-opstate[local]'"
+        ) from None
+    if not options.verbose:
+        logging.getLogger("waitress").setLevel(logging.ERROR)  # queue depth, cancelled tasks
+
+    wsgi_app = ApiGatewayApp(apps.resolve, say=say, verbose=options.verbose)
+    try:
+        httpd = LocalHTTPServer(options.host, options.port, wsgi_app)
     except OSError as exc:
         store.close()
         raise ServeError(
             f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc}"
         ) from None
-    host, port = str(httpd.server_address[0]), int(httpd.server_address[1])
+    host, port = httpd.host, httpd.port
     base_url = f"http://{host}:{port}"
 
     say(f"opstate serve: store {store_url}")
@@ -236,19 +247,14 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
     # Installed for the rest of the process: a repeated signal during shutdown changes nothing.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
-    worker = threading.Thread(
-        target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, name="opstate-http"
-    )
-    worker.start()
+    httpd.start()
     say(f"listening on {base_url}")
     try:
         while not stopping.wait(0.5):
             pass
     finally:
         say("stopping: finishing in-flight requests")
-        httpd.shutdown()  # the accept loop ends
-        worker.join()
-        httpd.server_close()  # closes the socket, joins every request thread
+        httpd.shutdown()  # stops accepting, finishes in-flight requests, closes connections
         if loop is not None:
             loop.stop()
         store.close()
