@@ -21,6 +21,7 @@ served with a strict Content-Security-Policy (same origin only, no inline script
 
 from __future__ import annotations
 
+import hmac
 import json
 import threading
 import time
@@ -59,6 +60,20 @@ _COMMON_HEADERS = [
     ("X-Content-Type-Options", "nosniff"),
     ("Referrer-Policy", "no-referrer"),
 ]
+
+
+def bearer_authorizer(token: str) -> Authorizer:
+    """The check ``Authorization: Bearer <token>`` (constant time; an empty token never
+    matches), as ``authorized(headers) -> bool`` for ``Console``."""
+    expected = f"bearer {token}".encode()
+
+    def authorized(headers: Mapping[str, str]) -> bool:
+        value = headers.get("authorization", "").strip()
+        scheme, _, presented = value.partition(" ")
+        given = f"{scheme.lower()} {presented.strip()}".encode("utf-8", "surrogatepass")
+        return bool(token) and hmac.compare_digest(given, expected)
+
+    return authorized
 
 
 class DecisionLog:

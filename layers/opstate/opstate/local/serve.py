@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import secrets
 import shlex
 import signal
 import sys
@@ -31,6 +32,7 @@ from typing import Any, TextIO
 
 from opstate.config import Settings
 from opstate.local.apigw import WEBHOOK_PATH
+from opstate.local.console import Console, DecisionLog, bearer_authorizer
 from opstate.local.reconcile_loop import ReconcileLoop, start_reconciler
 from opstate.local.secret_file import (
     DEFAULT_SECRET_FILE,
@@ -185,7 +187,13 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
         if purged:
             say(f"retention: removed {purged} terminal record(s) past their expires_at")
 
+    # The operations page (opstate.local.console) shows the decisions this server took.
+    decisions = DecisionLog()
+    # The page's data needs a bearer token: one per start, printed in the page's URL.
+    page_token = secrets.token_urlsafe(32)
+
     def on_decision(decision: Decision) -> None:
+        decisions.add(decision)
         line = change_line(decision)
         if line is not None:
             say(line)
@@ -208,8 +216,11 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
         logging.getLogger("waitress").setLevel(logging.ERROR)  # queue depth, cancelled tasks
 
     wsgi_app = ApiGatewayApp(apps.resolve, say=say, verbose=options.verbose)
+    page = Console(
+        wsgi_app, store=store, decisions=decisions, authorized=bearer_authorizer(page_token)
+    )
     try:
-        httpd = LocalHTTPServer(options.host, options.port, wsgi_app)
+        httpd = LocalHTTPServer(options.host, options.port, page)
     except OSError as exc:
         store.close()
         raise ServeError(
@@ -232,6 +243,7 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
     say("signed test webhook (paste into a shell):")
     say(curl_example(base_url, source))
     say(f"track a job: curl -sS -X PUT {base_url}/operations/batches/<id>")
+    say(f"operations page: {base_url}/#token={page_token}")
 
     loop: ReconcileLoop | None = None
     if settings.gemini_api_key or settings.gemini_api_key_secret_arn:

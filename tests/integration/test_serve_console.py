@@ -1,0 +1,68 @@
+"""``opstate serve`` serves the operations page and its token-protected data (no browser)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+from standardwebhooks.webhooks import Webhook
+
+from tests.support.serve_process import http, start_serve
+
+SECRET = "whsec_" + base64.b64encode(b"opstate-console-test-secret-32by").decode()
+
+
+def test_serve_prints_the_page_url_and_guards_its_data(tmp_path: Path) -> None:
+    proc = start_serve(
+        ["--store", f"sqlite:///{tmp_path / 'ops.db'}"],
+        cwd=tmp_path,
+        env={"OPSTATE_WEBHOOK_SECRETS": SECRET},
+    )
+    try:
+        line = proc.wait_for_line(r"operations page: ")
+        match = re.search(r"operations page: (http://\S+)/#token=(\S+)", line)
+        assert match is not None and match.group(1) == proc.url
+        token = match.group(2)
+
+        status, headers, page = http("GET", proc.url + "/")
+        assert status == 200 and "<title>opstate · operations</title>" in page
+        assert "script-src 'self'" in headers["Content-Security-Policy"]
+
+        raw = json.dumps(
+            {"type": "batch.succeeded", "timestamp": "2026-11-30T10:00:00Z", "data": {"id": "b1"}}
+        )
+        msg_id, now = f"msg_{uuid.uuid4().hex}", datetime.now(UTC)
+        headers = {
+            "content-type": "application/json",
+            "webhook-id": msg_id,
+            "webhook-timestamp": str(int(now.timestamp())),
+            "webhook-signature": Webhook(SECRET).sign(msg_id, now, raw),
+        }
+        for _ in range(2):  # the delivery and its redelivery
+            assert http("POST", proc.url + "/gemini/webhook", raw.encode(), headers)[0] == 200
+
+        assert http("GET", proc.url + "/ui/api/operations")[0] == 401
+        bad = {"authorization": "Bearer not-the-token"}
+        assert http("GET", proc.url + "/ui/api/operations", headers=bad)[0] == 401
+        auth = {"authorization": f"Bearer {token}"}
+        status, _, listing = http("GET", proc.url + "/ui/api/operations", headers=auth)
+        assert status == 200
+        assert [(o["name"], o["state"]) for o in listing["operations"]] == [
+            ("batches/b1", "SUCCEEDED")
+        ]
+        status, _, detail = http(
+            "GET", proc.url + "/ui/api/operation?name=batches%2Fb1", headers=auth
+        )
+        assert status == 200
+        assert [(d["applied"], d["reason"]) for d in detail["decisions"]] == [
+            (True, "created"),
+            (False, "stale-or-equal-update-time"),
+        ]
+        # The API's own routes are still the API's.
+        assert http("GET", proc.url + "/operations/batches/b1", headers=auth)[0] == 200
+    finally:
+        assert proc.terminate() == 0
