@@ -119,6 +119,20 @@ def emf_metrics(log_text: str) -> list[tuple[str, str, dict[str, str]]]:
     return found
 
 
+def assert_metrics_as_catalogued(emitted: list[tuple[str, str, dict[str, str]]]) -> None:
+    """Every custom metric a built function printed is in ``METRICS`` (the dashboard's source)
+    with exactly its dimensions, ``service`` being the stack name."""
+    from opstate.observability import METRICS
+
+    namespace = load_template()["Mappings"]["Observability"]["Metrics"]["Namespace"]
+    custom = [(name, dims) for ns, name, dims in emitted if ns == namespace]
+    assert custom
+    for name, dims in custom:
+        assert name in METRICS, name
+        assert set(dims) == {"service", *METRICS[name].dimensions}, (name, dims)
+        assert dims["service"] == STACK_NAME
+
+
 def alarm_metric(alarm: str) -> tuple[str, str, dict[str, str]]:
     """(namespace, metric, dimensions) an alarm of template.yaml watches, resolved for the e2e
     stack (the dimension values are Refs to the stack name)."""
@@ -240,6 +254,10 @@ def test_signed_webhook_is_stored_then_announced_once_on_the_bus(
     # The alarms watch exactly the metrics the built function emits.
     emitted = emf_metrics(webhook.log_text())
     assert alarm_metric("SignatureRejectedAlarm") in emitted
+    # ... and the dashboard's: each metric with the dimensions METRICS (its source) names.
+    assert_metrics_as_catalogued(emitted)
+    outcomes = {d.get("outcome") for _, m, d in emitted if m == "WebhookDeliveries"}
+    assert {"applied", "dropped", "rejected"} <= outcomes
 
     # The stream holds one record: the INSERT (redelivery and the stale report wrote nothing).
     records = stream_records(stack)
@@ -312,4 +330,5 @@ def test_scheduled_reconcile_polls_gemini_with_the_secret_key_and_ingests(
     }
     # The disabled webhook is reported in the metric the WebhooksDisabled alarm watches.
     assert alarm_metric("WebhooksDisabledAlarm") in emf_metrics(reconcile.log_text())
+    assert_metrics_as_catalogued(emf_metrics(reconcile.log_text()))
     assert "disabled_due_to_failed_deliveries" in reconcile.log_text()
