@@ -252,3 +252,45 @@ def test_screenshot(page: Any, server: ServeProcess, token: str, page_url: str) 
     if os.environ.get("OPSTATE_WRITE_DOCS_SCREENSHOT") == "1":
         DOCS_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(shot, DOCS_SCREENSHOT)
+
+
+def _luminance(rgb: str) -> float:
+    r, g, b = (int(x) / 255 for x in re.findall(r"\d+", rgb)[:3])
+
+    def channel(c: float) -> float:
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+
+    return 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b)
+
+
+def contrast(fg: str, bg: str) -> float:
+    lighter, darker = sorted((_luminance(fg), _luminance(bg)), reverse=True)
+    return (lighter + 0.05) / (darker + 0.05)
+
+
+def test_text_contrast_meets_wcag_aa(page: Any, server: ServeProcess, page_url: str) -> None:
+    open_page(page, page_url)
+    page.get_by_role("button", name="Show batches/stale-1").click()
+    page.locator("#detail").wait_for()
+    pairs = page.evaluate(
+        """() => {
+          const out = [];
+          const bg = (el) => {
+            for (let e = el; e; e = e.parentElement) {
+              const c = getComputedStyle(e).backgroundColor;
+              if (c && c !== 'rgba(0, 0, 0, 0)' && c !== 'transparent') return c;
+            }
+            return 'rgb(255, 255, 255)';
+          };
+          const sel = '.badge, td, th, label, #status, #count, .op-link, dt, dd, h1, h2, h3';
+          for (const el of document.querySelectorAll(sel)) {
+            if (!el.offsetParent || !el.textContent.trim()) continue;
+            out.push([el.className + ' ' + el.textContent.trim().slice(0, 30),
+                      getComputedStyle(el).color, bg(el)]);
+          }
+          return out;
+        }"""
+    )
+    assert len(pairs) > 40
+    low = [(what, round(contrast(fg, bg), 2)) for what, fg, bg in pairs if contrast(fg, bg) < 4.5]
+    assert not low, low
