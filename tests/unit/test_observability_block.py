@@ -59,14 +59,34 @@ class Site:
     where: str
 
 
-def _names(node: ast.expr) -> list[str] | None:
-    """The metric name(s) an argument can be: a literal, or either branch of ``a if c else b``."""
+def _names(node: ast.expr, tables: dict[str, list[str]]) -> list[str] | None:
+    """The metric name(s) an argument can be: a literal, either branch of ``a if c else b``, or
+    any value of a module-level dict of literals (``count(_NAMES[key], n)``)."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return [node.value]
     if isinstance(node, ast.IfExp):
-        body, orelse = _names(node.body), _names(node.orelse)
+        body, orelse = _names(node.body, tables), _names(node.orelse, tables)
         return None if body is None or orelse is None else body + orelse
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+        return tables.get(node.value.id)
     return None
+
+
+def _literal_tables(tree: ast.Module) -> dict[str, list[str]]:
+    """Module-level ``NAME = {key: "Literal", ...}`` dicts whose values are all strings."""
+    tables: dict[str, list[str]] = {}
+    for statement in tree.body:
+        if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+            target, value = statement.targets[0], statement.value
+        elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
+            target, value = statement.target, statement.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and isinstance(value, ast.Dict):
+            names = [v.value for v in value.values if isinstance(v, ast.Constant)]
+            if names and len(names) == len(value.values) and all(isinstance(n, str) for n in names):
+                tables[target.id] = [str(n) for n in names]
+    return tables
 
 
 def emission_sites() -> tuple[list[Site], list[str]]:
@@ -75,6 +95,7 @@ def emission_sites() -> tuple[list[Site], list[str]]:
     unresolved: list[str] = []
     for path in sorted(PACKAGE.rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
+        tables = _literal_tables(tree)
         for func in ast.walk(tree):
             if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
@@ -104,7 +125,7 @@ def emission_sites() -> tuple[list[Site], list[str]]:
                     forwarding = False
                 else:
                     continue
-                names = _names(name_node) if name_node is not None else None
+                names = _names(name_node, tables) if name_node is not None else None
                 if names is None or forwarding:
                     if (path.name, func.name) not in FORWARDERS:
                         unresolved.append(where)
@@ -122,6 +143,25 @@ def test_every_metric_call_names_a_metric_of_the_table_with_its_dimensions_and_u
         assert spec is not None, f"{site.where} emits {site.metric}, missing from METRICS"
         assert site.dimensions == set(spec.dimensions), site
         assert site.unit == spec.unit, site
+
+
+def test_the_scanner_reads_literals_branches_and_literal_tables() -> None:
+    tree = ast.parse(
+        "_N = {'a': 'Alpha', 'b': 'Beta'}\n"
+        "def f(k, x):\n"
+        "    count('Gamma', reason=x)\n"
+        "    count('Delta' if x else 'Epsilon')\n"
+        "    count(_N[k], 2)\n"
+        "    count(k)\n"
+    )
+    tables = _literal_tables(tree)
+    calls = [c for c in ast.walk(tree) if isinstance(c, ast.Call)]
+    assert [_names(c.args[0], tables) for c in calls] == [
+        ["Gamma"],
+        ["Delta", "Epsilon"],
+        ["Alpha", "Beta"],
+        None,
+    ]
 
 
 def test_every_metric_of_the_table_is_emitted_somewhere() -> None:
