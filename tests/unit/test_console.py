@@ -250,3 +250,16 @@ def test_the_decision_log_is_bounded() -> None:
     assert log.cursor == 7
     with pytest.raises(ValueError):
         DecisionLog(per_operation=0)
+
+
+def test_bearer_authorizer() -> None:
+    from opstate.local.console import bearer_authorizer
+
+    check = bearer_authorizer(TOKEN)
+    assert check({"authorization": f"Bearer {TOKEN}"})
+    assert check({"authorization": f"  bearer   {TOKEN} "})
+    assert not check({"authorization": f"Basic {TOKEN}"})
+    assert not check({"authorization": f"Bearer {TOKEN}x"})
+    assert not check({"authorization": TOKEN})
+    assert not check({})
+    assert not bearer_authorizer("")({"authorization": "Bearer "})
