@@ -37,7 +37,6 @@ is settled normally.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -58,6 +57,7 @@ from opstate.config import ConfigError, Settings, settings
 from opstate.observability import count, logger
 from opstate.reducer import OpRecord
 from opstate.store.dynamodb import record_from_item
+from opstate.strict_json import dumps
 from opstate.times import format_time
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ def event_detail(record: OpRecord, previous_state: str | None) -> dict[str, Any]
 
 
 def _dumps(detail: Mapping[str, Any]) -> str:
-    return json.dumps(detail, separators=(",", ":"), ensure_ascii=False)
+    return dumps(detail, compact=True)
 
 
 def entry_size(entry: PutEventsRequestEntryTypeDef) -> int:
