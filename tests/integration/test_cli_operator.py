@@ -685,6 +685,30 @@ def test_documented_json_shapes_are_what_the_commands_print(cli, tmp_path, monke
     assert stopped.code == 1 and same_shape(keys(shapes["replay"]), keys(stopped.json()))
 
 
+def test_documented_reconcile_and_webhook_shapes(cli, tmp_path, fake_gemini) -> None:
+    from tests.support.fake_gemini_webhooks import FakeGeminiWebhooks
+
+    shapes = documented_shapes()
+    fake_gemini.put_batch("batches/found", "BATCH_STATE_SUCCEEDED", update_time=T1)
+    env = {"GEMINI_API_KEY": "k", "GOOGLE_GEMINI_BASE_URL": fake_gemini.base_url}
+    run = cli("reconcile", "--once", "--store", sqlite_url(tmp_path / "r.db"), env=env)
+    assert run.code == 0, run.err
+    assert same_shape(keys(shapes["reconcile"]), keys(run.json())), run.out
+
+    hooks = FakeGeminiWebhooks().start()
+    try:
+        env = {"GEMINI_API_KEY": "k", "GOOGLE_GEMINI_BASE_URL": hooks.url}
+        url = "https://hooks.example.test/gemini/webhook"
+        registered = cli("webhooks", "register", "--url", url, "--json", env=env)
+        assert registered.code == 0, registered.err
+        assert same_shape(keys(shapes["webhooks-register"]), keys(registered.json()))
+        status = cli("webhooks", "status", "--json", env=env)
+        documented = {k: v for k, v in shapes["webhooks-register"].items() if k != "secretStoredIn"}
+        assert same_shape([keys(documented)], keys(status.json())), status.out
+    finally:
+        hooks.stop()
+
+
 def test_documented_bad_line_errors_are_the_ones_replay_produces(cli, tmp_path) -> None:
     text = " ".join((ROOT / "docs" / "cli.md").read_text(encoding="utf-8").split())
     listed = text.split("`badLines[].error` is one of", 1)[1].split(";", 1)[0]
