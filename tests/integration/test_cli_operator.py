@@ -232,6 +232,15 @@ def test_a_transient_failure_stops_at_its_line_with_a_summary_and_a_rerun_resume
     assert names == [f"batches/t{i}" for i in range(1, 6)]
 
 
+def test_ctrl_c_stops_a_replay_at_its_line_with_the_summary(cli, tmp_path, monkeypatch):
+    path = five_lines(tmp_path)
+    FlakyStore(monkeypatch, {"batches/t4": KeyboardInterrupt()})
+    result = cli("replay", str(path), "--json", "--store", sqlite_url(tmp_path / "c.db"))
+    assert result.code == 130
+    assert (result.json()["stoppedAtLine"], result.json()["applied"]) == (4, 3)
+    assert_one_sentence(Result(130, "", result.err), 130, "interrupted", "--from-line 4")
+
+
 def test_text_summary_is_printed_when_a_replay_stops(cli, tmp_path, monkeypatch):
     path = five_lines(tmp_path)
     FlakyStore(monkeypatch, {"batches/t2": StoreUnavailableError("DynamoDB put failed")})
