@@ -516,6 +516,14 @@ MISCONFIGURATIONS = [
         setup=_corrupt_db,
     ),
     Misconfiguration(
+        "reconcile-sqlite-corrupt-file",
+        ("reconcile", "--once", "--store", "sqlite:///corrupt.db"),
+        1,
+        ("corrupt.db", "not an SQLite database"),
+        env=(("GEMINI_API_KEY", "k"), ("GOOGLE_GEMINI_BASE_URL", "http://127.0.0.1:9")),
+        setup=_corrupt_db,
+    ),
+    Misconfiguration(
         "sqlite-directory",
         ("list", "--store", "sqlite:///."),
         1,
