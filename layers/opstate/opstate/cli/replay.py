@@ -26,8 +26,8 @@ import stat
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
-from typing import IO, Any, BinaryIO
+from collections.abc import Callable, Iterator
+from typing import IO, TYPE_CHECKING, Any, BinaryIO
 
 from opstate.cli.common import (
     EXIT_FAILURE,
@@ -48,6 +48,10 @@ from opstate.events import (
 )
 from opstate.store.port import RetryableError
 from opstate.strict_json import InvalidJSONError, loads
+
+if TYPE_CHECKING:
+    from opstate.config import Settings
+    from opstate.store.port import Store
 
 EXIT_INTERRUPTED = 130
 # A report line without ``updateTime`` has no server time: older than any real observation.
@@ -245,10 +249,10 @@ def store_refusal(exc: BaseException) -> str | None:
 def _one_line(
     lineno: int,
     raw: bytes,
-    store: Any,
-    config: Any,
+    store: Store,
+    config: Settings,
     summary: ReplaySummary,
-    bad: Any,
+    bad: Callable[[int, str, str], None],
 ) -> str | None:
     """Handle one non-blank line; returns why the replay must stop here, else None."""
     try:
@@ -292,7 +296,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             stream.close()
 
 
-def _replay(args: argparse.Namespace, config: Any, stream: BinaryIO, label: str) -> int:
+def _replay(args: argparse.Namespace, config: Settings, stream: BinaryIO, label: str) -> int:
     interactive = sys.stderr.isatty() and not args.no_progress
     total = _count_lines(stream, args.from_line) if interactive else None
     progress = Progress(total, sys.stderr, interactive)
