@@ -362,3 +362,11 @@ def test_a_secret_that_never_stops_changing_is_a_clear_error(aws_secrets: Any) -
     with pytest.raises(SecretConflictError, match="kept changing"):
         update_secrets_manager(Busy(), arn, rotation_change(K2), attempts=3)
     assert K2 not in json.loads(aws_secrets.get_secret_value(SecretId=arn)["SecretString"])
+
+
+def test_rotation_change_decides_the_drop_on_the_keys_at_write_time() -> None:
+    change = rotation_change(K4, listed_before=[truncated(K1)], listed_after=[truncated(K4)])
+    # K3 was added by someone else between our read and our write: kept; K1 revoked: dropped.
+    assert change([K1, K3]) == [K4, K3]
+    assert change([K1]) == [K4]
+    assert rotation_change(K4)([K1, K2]) == [K4, K1, K2]

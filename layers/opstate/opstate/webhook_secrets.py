@@ -233,11 +233,15 @@ def revoked_by_rotation(
     return dropped
 
 
-def rotation_change(new: str, drop: Iterable[str] = ()) -> Callable[[Sequence[str]], list[str]]:
-    """The change a register / rotate applies to the keys read right before writing."""
-    dropped = frozenset(drop)
+def rotation_change(
+    new: str, *, listed_before: Sequence[str] = (), listed_after: Sequence[str] = ()
+) -> Callable[[Sequence[str]], list[str]]:
+    """The change a register / rotate applies to the keys read right before writing: ``new``
+    first, minus what ``revoked_by_rotation`` says this rotation made useless (decided on the
+    keys as they are at write time, so a key another writer added meanwhile is kept)."""
 
     def change(current: Sequence[str]) -> list[str]:
+        dropped = revoked_by_rotation(current, new, listed_before, listed_after)
         return merge_new(new, [k for k in current if k not in dropped])
 
     return change
