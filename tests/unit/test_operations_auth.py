@@ -229,3 +229,25 @@ def test_api_token_setting() -> None:
         with pytest.raises(ConfigError, match="OPSTATE_API_TOKEN") as info:
             Settings.from_env({"OPSTATE_API_TOKEN": weak})
         assert weak not in str(info.value)
+
+
+def test_sam_local_is_the_one_place_without_the_iam_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SAM CLI's API emulator has no AWS_IAM authorizer; it sets AWS_SAM_LOCAL=true."""
+    from opstate import api
+    from opstate.config import settings
+
+    monkeypatch.setenv("OPSTATE_STORE", "memory://")
+    monkeypatch.setenv("OPSTATE_WEBHOOK_SECRETS", TEST_SECRET)
+    monkeypatch.delenv("OPSTATE_WEBHOOK_SECRET_ARN", raising=False)
+    event = _without_iam(load_event("get-operation.json"))
+    for value, status in (("true", 404), ("false", 403), ("", 403)):
+        monkeypatch.setenv("AWS_SAM_LOCAL", value)
+        settings.cache_clear()
+        api.reset_default_app()
+        try:
+            assert api.handle(event, None)["statusCode"] == status, value  # type: ignore[arg-type]
+        finally:
+            api.reset_default_app()
+            settings.cache_clear()
+    assert Settings.from_env({"AWS_SAM_LOCAL": "true"}).sam_local
+    assert not Settings.from_env({}).sam_local

@@ -197,6 +197,20 @@ def require_bearer_token(token: str) -> OperationsAuth:
     return check
 
 
+def _sam_local_open(event: Mapping[str, Any]) -> None:
+    """``sam local`` (``AWS_SAM_LOCAL=true``): SAM does not emulate AWS_IAM, so no check."""
+
+
+def lambda_operations_auth(config: Settings) -> OperationsAuth:
+    """The Lambda's rule: ``require_iam_caller``, except under ``sam local``, whose API emulator
+    has no AWS_IAM authorizer and never adds its context (``AWS_SAM_LOCAL`` is set by SAM CLI
+    inside its containers; a deployment never sets it)."""
+    if config.sam_local:
+        logger.warning("AWS_SAM_LOCAL=true: the operations routes are not IAM-checked")
+        return _sam_local_open
+    return require_iam_caller
+
+
 class _Resolver(APIGatewayHttpResolver):
     def resolve(self, event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
         with _RESOLVE_LOCK:
@@ -367,6 +381,7 @@ def default_app() -> APIGatewayHttpResolver:
                 store=store_from_url(config.store_url, config),
                 verifier=verifier_from_settings(config),
                 settings=config,
+                operations_auth=lambda_operations_auth(config),
             )
         return _app
 

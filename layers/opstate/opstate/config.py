@@ -113,6 +113,9 @@ class Settings:
     jwt_email: str | None = None
     # Local server: the bearer token of the operations routes (else generated into a file).
     api_token: str | None = None
+    # AWS_SAM_LOCAL=true (set by SAM CLI in sam local containers, never in a deployment): SAM
+    # does not emulate the AWS_IAM authorizer, so the Lambda's IAM-context check is skipped.
+    sam_local: bool = False
     # Reconciler
     gemini_api_key_secret_arn: str | None = None
     gemini_api_key: str | None = None
@@ -150,6 +153,7 @@ class Settings:
             jwt_subject=_str(env, "OPSTATE_JWT_SUBJECT"),
             jwt_email=_str(env, "OPSTATE_JWT_EMAIL"),
             api_token=_api_token(env),
+            sam_local=(env.get("AWS_SAM_LOCAL") or "").strip().lower() == "true",
             gemini_api_key_secret_arn=_str(env, "OPSTATE_GEMINI_API_KEY_SECRET_ARN"),
             gemini_api_key=_str(env, "GEMINI_API_KEY"),
             reconcile_workers=_int(env, "OPSTATE_RECONCILE_WORKERS", 8, minimum=1),
