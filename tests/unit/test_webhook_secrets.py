@@ -370,3 +370,10 @@ def test_rotation_change_decides_the_drop_on_the_keys_at_write_time() -> None:
     assert change([K1, K3]) == [K4, K3]
     assert change([K1]) == [K4]
     assert rotation_change(K4)([K1, K2]) == [K4, K1, K2]
+
+
+def test_an_update_that_changes_nothing_writes_no_version(aws_secrets: Any) -> None:
+    arn = _secret(aws_secrets, "opstate/no-op", json.dumps([K1, K2]))
+    before = aws_secrets.describe_secret(SecretId=arn)["VersionIdsToStages"]
+    assert update_secrets_manager(aws_secrets, arn, lambda keys: list(keys)) == [K1, K2]
+    assert aws_secrets.describe_secret(SecretId=arn)["VersionIdsToStages"] == before

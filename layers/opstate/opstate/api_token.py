@@ -3,8 +3,9 @@
 ``opstate serve`` requires ``Authorization: Bearer <token>`` on ``GET`` / ``PUT
 /operations/...`` (and on anything else that shows or changes records). The token is
 ``OPSTATE_API_TOKEN`` when set, otherwise generated on first start into a file beside the
-webhook secret file (``.opstate/api-token``, mode 0600) and read from there by later starts and
-by the CLI. The webhook route never needs it: Gemini's deliveries are authenticated by their
+webhook secret file (``.opstate/api-token``, mode 0600) and read from there by later starts
+(and by anything else that needs it: ``opstate.local.secret_file.api_token_for``). The webhook
+route never needs it: Gemini's deliveries are authenticated by their
 signature.
 
 ``bearer_token_ok`` is the one check: constant-time, and it refuses an empty expected token.

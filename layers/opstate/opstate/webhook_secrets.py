@@ -457,6 +457,8 @@ def update_secrets_manager(
         parsed, based_on = read_secrets_manager(client, secret_id)
         base = list(parsed.keys) + [k for k in carried if k not in parsed.keys]
         keys = require_keys(change(base))
+        if keys == list(parsed.keys):
+            return keys  # nothing to change: no new version
         try:
             if _version_with(_describe_stages(client, secret_id), "AWSCURRENT") != based_on:
                 continue  # changed while we computed: read it again
