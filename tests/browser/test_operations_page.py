@@ -36,6 +36,7 @@ from playwright.sync_api import expect  # noqa: E402
 from tests.support.serve_process import ServeProcess, http, start_serve  # noqa: E402
 
 SECRET = "whsec_" + base64.b64encode(b"opstate-browser-test-secret-32by").decode()
+TOKEN = "browser-test-api-token-0123456789abcdef"
 DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "operations-page.png"
 # The page polls every second; the issue's bound for a webhook to show up without a reload.
 APPEARS_WITHIN_MS = 2000
@@ -47,7 +48,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, chromium: Any) -> Iterator[
     proc = start_serve(
         ["--store", f"sqlite:///{home / 'ops.db'}"],
         cwd=home,
-        env={"OPSTATE_WEBHOOK_SECRETS": SECRET},
+        env={"OPSTATE_WEBHOOK_SECRETS": SECRET, "OPSTATE_API_TOKEN": TOKEN},
     )
     try:
         yield proc
@@ -57,15 +58,15 @@ def server(tmp_path_factory: pytest.TempPathFactory, chromium: Any) -> Iterator[
 
 @pytest.fixture(scope="module")
 def page_url(server: ServeProcess) -> str:
-    line = server.wait_for_line(r"operations page: http://\S+/#token=\S+")
-    match = re.search(r"(http://\S+/#token=\S+)", line)
-    assert match is not None
-    return match.group(1)
+    """The page with the API token in its fragment, as serve's hint builds it."""
+    line = server.wait_for_line(r"operations page: http://\S+/$")
+    assert line.split(": ", 1)[1].strip() == server.url + "/"
+    return f"{server.url}/#token={TOKEN}"
 
 
 @pytest.fixture(scope="module")
-def token(page_url: str) -> str:
-    return page_url.split("#token=", 1)[1]
+def token() -> str:
+    return TOKEN
 
 
 def webhook(server: ServeProcess, event_type: str, name: str, when: str, **data: Any) -> dict:

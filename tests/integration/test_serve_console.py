@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,19 +13,22 @@ from standardwebhooks.webhooks import Webhook
 from tests.support.serve_process import http, start_serve
 
 SECRET = "whsec_" + base64.b64encode(b"opstate-console-test-secret-32by").decode()
+TOKEN = "console-serve-test-token-0123456789abcdef"
 
 
 def test_serve_prints_the_page_url_and_guards_its_data(tmp_path: Path) -> None:
     proc = start_serve(
         ["--store", f"sqlite:///{tmp_path / 'ops.db'}"],
         cwd=tmp_path,
-        env={"OPSTATE_WEBHOOK_SECRETS": SECRET},
+        env={"OPSTATE_WEBHOOK_SECRETS": SECRET, "OPSTATE_API_TOKEN": TOKEN},
     )
     try:
         line = proc.wait_for_line(r"operations page: ")
-        match = re.search(r"operations page: (http://\S+)/#token=(\S+)", line)
-        assert match is not None and match.group(1) == proc.url
-        token = match.group(2)
+        assert line.strip() == f"operations page: {proc.url}/"
+        hint = proc.wait_for_line(r"it asks for the API token")
+        assert f'"{proc.url}/#token=${{OPSTATE_API_TOKEN}}"' in hint
+        assert TOKEN not in proc.output()  # the token itself is never printed
+        token = TOKEN
 
         status, headers, page = http("GET", proc.url + "/")
         assert status == 200 and "<title>opstate · operations</title>" in page

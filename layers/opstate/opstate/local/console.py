@@ -15,13 +15,13 @@ page polls, and hands every other request to the API unchanged.
   server has taken for it (``DecisionLog``: applied and dropped, with reasons).
 
 Both data endpoints require what the operations routes require: ``authorized(headers)`` is the
-one check (the serve wiring passes the API token's). Answers are ``no-store`` and the page is
-served with a strict Content-Security-Policy (same origin only, no inline script).
+one check (the serve wiring passes ``opstate.api_token.bearer_token_ok`` with the API token).
+Answers are ``no-store`` and the page is served with a strict Content-Security-Policy (same
+origin only, no inline script).
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import threading
 import time
@@ -60,20 +60,6 @@ _COMMON_HEADERS = [
     ("X-Content-Type-Options", "nosniff"),
     ("Referrer-Policy", "no-referrer"),
 ]
-
-
-def bearer_authorizer(token: str) -> Authorizer:
-    """The check ``Authorization: Bearer <token>`` (constant time; an empty token never
-    matches), as ``authorized(headers) -> bool`` for ``Console``."""
-    expected = f"bearer {token}".encode()
-
-    def authorized(headers: Mapping[str, str]) -> bool:
-        value = headers.get("authorization", "").strip()
-        scheme, _, presented = value.partition(" ")
-        given = f"{scheme.lower()} {presented.strip()}".encode("utf-8", "surrogatepass")
-        return bool(token) and hmac.compare_digest(given, expected)
-
-    return authorized
 
 
 class DecisionLog:
