@@ -33,10 +33,14 @@ if _LACKING is not None:
 
 from playwright.sync_api import expect  # noqa: E402
 
-from tests.support.serve_process import ServeProcess, http, start_serve  # noqa: E402
+from tests.support.serve_process import (  # noqa: E402
+    TEST_API_TOKEN,
+    ServeProcess,
+    http,
+    start_serve,
+)
 
 SECRET = "whsec_" + base64.b64encode(b"opstate-browser-test-secret-32by").decode()
-TOKEN = "browser-test-api-token-0123456789abcdef"
 DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "operations-page.png"
 # The page polls every second; the issue's bound for a webhook to show up without a reload.
 APPEARS_WITHIN_MS = 2000
@@ -48,7 +52,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, chromium: Any) -> Iterator[
     proc = start_serve(
         ["--store", f"sqlite:///{home / 'ops.db'}"],
         cwd=home,
-        env={"OPSTATE_WEBHOOK_SECRETS": SECRET, "OPSTATE_API_TOKEN": TOKEN},
+        env={"OPSTATE_WEBHOOK_SECRETS": SECRET},  # OPSTATE_API_TOKEN: TEST_API_TOKEN
     )
     try:
         yield proc
@@ -61,12 +65,12 @@ def page_url(server: ServeProcess) -> str:
     """The page with the API token in its fragment, as serve's hint builds it."""
     line = server.wait_for_line(r"operations page: http://\S+/$")
     assert line.split(": ", 1)[1].strip() == server.url + "/"
-    return f"{server.url}/#token={TOKEN}"
+    return f"{server.url}/#token={TEST_API_TOKEN}"
 
 
 @pytest.fixture(scope="module")
 def token() -> str:
-    return TOKEN
+    return TEST_API_TOKEN
 
 
 def webhook(server: ServeProcess, event_type: str, name: str, when: str, **data: Any) -> dict:
@@ -93,8 +97,8 @@ def redeliver(server: ServeProcess, raw_event: tuple[str, str, str, dict[str, An
 
 def report(server: ServeProcess, token: str, name: str, state: str, when: str) -> None:
     body = json.dumps({"state": state, "updateTime": when}).encode()
-    headers = {"content-type": "application/json", "authorization": f"Bearer {token}"}
-    status, _, answer = http("PUT", f"{server.url}/operations/{name}", body, headers)
+    headers = {"content-type": "application/json"}
+    status, _, answer = http("PUT", f"{server.url}/operations/{name}", body, headers, token=token)
     assert status == 200, answer
 
 

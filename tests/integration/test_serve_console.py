@@ -10,27 +10,25 @@ from pathlib import Path
 
 from standardwebhooks.webhooks import Webhook
 
-from tests.support.serve_process import http, start_serve
+from tests.support.serve_process import TEST_API_TOKEN, http, start_serve
 
 SECRET = "whsec_" + base64.b64encode(b"opstate-console-test-secret-32by").decode()
-TOKEN = "console-serve-test-token-0123456789abcdef"
 
 
 def test_serve_prints_the_page_url_and_guards_its_data(tmp_path: Path) -> None:
     proc = start_serve(
         ["--store", f"sqlite:///{tmp_path / 'ops.db'}"],
         cwd=tmp_path,
-        env={"OPSTATE_WEBHOOK_SECRETS": SECRET, "OPSTATE_API_TOKEN": TOKEN},
+        env={"OPSTATE_WEBHOOK_SECRETS": SECRET},  # OPSTATE_API_TOKEN: TEST_API_TOKEN
     )
     try:
         line = proc.wait_for_line(r"operations page: ")
         assert line.strip() == f"operations page: {proc.url}/"
         hint = proc.wait_for_line(r"it asks for the API token")
         assert f'"{proc.url}/#token=${{OPSTATE_API_TOKEN}}"' in hint
-        assert TOKEN not in proc.output()  # the token itself is never printed
-        token = TOKEN
+        assert TEST_API_TOKEN not in proc.output()  # the token itself is never printed
 
-        status, headers, page = http("GET", proc.url + "/")
+        status, headers, page = http("GET", proc.url + "/", token=None)
         assert status == 200 and "<title>opstate · operations</title>" in page
         assert "script-src 'self'" in headers["Content-Security-Policy"]
 
@@ -47,24 +45,21 @@ def test_serve_prints_the_page_url_and_guards_its_data(tmp_path: Path) -> None:
         for _ in range(2):  # the delivery and its redelivery
             assert http("POST", proc.url + "/gemini/webhook", raw.encode(), headers)[0] == 200
 
-        assert http("GET", proc.url + "/ui/api/operations")[0] == 401
-        bad = {"authorization": "Bearer not-the-token"}
-        assert http("GET", proc.url + "/ui/api/operations", headers=bad)[0] == 401
-        auth = {"authorization": f"Bearer {token}"}
-        status, _, listing = http("GET", proc.url + "/ui/api/operations", headers=auth)
+        assert http("GET", proc.url + "/ui/api/operations", token=None)[0] == 401
+        assert http("GET", proc.url + "/ui/api/operations", token="not-the-token")[0] == 401
+        status, _, listing = http("GET", proc.url + "/ui/api/operations")
         assert status == 200
         assert [(o["name"], o["state"]) for o in listing["operations"]] == [
             ("batches/b1", "SUCCEEDED")
         ]
-        status, _, detail = http(
-            "GET", proc.url + "/ui/api/operation?name=batches%2Fb1", headers=auth
-        )
+        status, _, detail = http("GET", proc.url + "/ui/api/operation?name=batches%2Fb1")
         assert status == 200
         assert [(d["applied"], d["reason"]) for d in detail["decisions"]] == [
             (True, "created"),
             (False, "stale-or-equal-update-time"),
         ]
         # The API's own routes are still the API's.
-        assert http("GET", proc.url + "/operations/batches/b1", headers=auth)[0] == 200
+        assert http("GET", proc.url + "/operations/batches/b1")[0] == 200
+        assert http("GET", proc.url + "/operations/batches/b1", token=None)[0] == 401
     finally:
         assert proc.terminate() == 0
