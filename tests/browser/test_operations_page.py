@@ -188,9 +188,9 @@ def test_filters_and_search(page: Any, server: ServeProcess, token: str, page_ur
     assert page.locator("#search").input_value() == ""
 
 
-def test_detail_view_shows_details_and_the_drop_reason_of_a_stale_redelivery(
-    page: Any, server: ServeProcess, page_url: str
-) -> None:
+@pytest.fixture(scope="module")
+def stale_one(server: ServeProcess) -> str:
+    """batches/stale-1: a delivery and Gemini's retry of it (dropped as stale), once."""
     delivery = (
         "batch.succeeded",
         "batches/stale-1",
@@ -200,7 +200,12 @@ def test_detail_view_shows_details_and_the_drop_reason_of_a_stale_redelivery(
     assert redeliver(server, delivery)["applied"] is True
     again = redeliver(server, delivery)  # Gemini retries the same event
     assert (again["applied"], again["reason"]) == (False, "stale-or-equal-update-time")
+    return "batches/stale-1"
 
+
+def test_detail_view_shows_details_and_the_drop_reason_of_a_stale_redelivery(
+    page: Any, page_url: str, stale_one: str
+) -> None:
     open_page(page, page_url)
     page.get_by_role("button", name="Show batches/stale-1").click()
     detail = page.locator("#detail")
@@ -217,7 +222,7 @@ def test_detail_view_shows_details_and_the_drop_reason_of_a_stale_redelivery(
     assert oldest[1:3] == ["applied", "created"]
 
 
-def test_keyboard_only(page: Any, server: ServeProcess, page_url: str) -> None:
+def test_keyboard_only(page: Any, page_url: str, stale_one: str) -> None:
     open_page(page, page_url)
     page.wait_for_selector("tr[data-name='batches/stale-1']")
     page.keyboard.press("/")
@@ -236,15 +241,17 @@ def test_keyboard_only(page: Any, server: ServeProcess, page_url: str) -> None:
     assert page.evaluate("document.activeElement.textContent") == "batches/stale-1"
 
 
-def test_screenshot(page: Any, server: ServeProcess, token: str, page_url: str) -> None:
+def test_screenshot(
+    page: Any, server: ServeProcess, token: str, page_url: str, stale_one: str
+) -> None:
     """The page with a few operations and one detail open, saved as a test artifact
     (``OPSTATE_WRITE_DOCS_SCREENSHOT=1`` also refreshes the README's copy)."""
-    report(
-        server,
-        token,
-        "models/veo-3.1-generate-preview/operations/demo-video",
-        "RUNNING",
-        "2026-11-30T12:30:00Z",
+    video = "models/veo-3.1-generate-preview/operations/demo-video"
+    report(server, token, video, "RUNNING", "2026-11-30T12:30:00Z")
+    report(server, token, "batches/nightly-embeddings", "PENDING", "2026-11-30T12:40:00Z")
+    webhook(server, "batch.failed", "batches/eval-run-7", "2026-11-30T11:20:00Z", error_code=3)
+    webhook(
+        server, "interaction.requires_action", "interactions/support-42", "2026-11-30T12:45:00Z"
     )
     page.set_viewport_size({"width": 1280, "height": 860})
     open_page(page, page_url)
@@ -273,7 +280,7 @@ def contrast(fg: str, bg: str) -> float:
     return (lighter + 0.05) / (darker + 0.05)
 
 
-def test_text_contrast_meets_wcag_aa(page: Any, server: ServeProcess, page_url: str) -> None:
+def test_text_contrast_meets_wcag_aa(page: Any, page_url: str, stale_one: str) -> None:
     open_page(page, page_url)
     page.get_by_role("button", name="Show batches/stale-1").click()
     page.locator("#detail").wait_for()
