@@ -6,7 +6,7 @@ lean: it never imports google.genai (the reconciler's dependency) - a test asser
 Cold start: init runs with the cyclic garbage collector paused, then freezes what it built.
 Everything init allocates (modules, classes, Powertools' and botocore's tables) lives as long
 as the process, so a collection during init finds next to nothing, yet the full collection that
-these allocations would set off costs about a tenth of the init (benchmarks/cold_start.py).
+these allocations would set off costs about a tenth of the init (benchmarks/bench_cold.py).
 ``gc.freeze()`` moves those objects out of the collector's reach, so later collections (the
 first request builds the boto3 client) do not walk them again; garbage made after init is
 collected as usual.
