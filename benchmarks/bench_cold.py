@@ -158,22 +158,30 @@ def probe_once(kind: str) -> tuple[float, float, float, bool]:
     raise RuntimeError(f"cold-start probe {kind!r} failed:\n{proc.stderr[-2000:]}")
 
 
-def measure(rounds: int, probes: tuple[str, ...] = SECTION_PROBES) -> dict[str, Any]:
-    """Medians of ``rounds`` interleaved rounds of ``probes`` (the ``cold_start`` section)."""
-    samples: dict[str, list[tuple[float, float, float, bool]]] = {kind: [] for kind in probes}
+Sample = tuple[float, float, float, bool]  # wall ms, CPU ms, GC ms, google.genai loaded
+
+
+def _sample(rounds: int, probes: tuple[str, ...]) -> tuple[dict[str, list[Sample]], dict[str, str]]:
+    """One warm-up round (bytecode caches, page cache), then ``rounds`` interleaved rounds."""
+    samples: dict[str, list[Sample]] = {kind: [] for kind in probes}
     errors: dict[str, str] = {}
-    for kind in probes:  # warm-up: bytecode caches, page cache
+    for kind in probes:
         try:
             probe_once(kind)
         except RuntimeError as exc:
             errors[kind] = str(exc).splitlines()[-1] if str(exc) else "failed"
     for _ in range(rounds):
-        for kind in probes:
-            if kind not in errors:
-                samples[kind].append(probe_once(kind))
+        for kind in (k for k in probes if k not in errors):
+            samples[kind].append(probe_once(kind))
+    return samples, errors
+
+
+def measure(rounds: int, probes: tuple[str, ...] = SECTION_PROBES) -> dict[str, Any]:
+    """Medians of ``rounds`` interleaved rounds of ``probes`` (the ``cold_start`` section)."""
+    samples, errors = _sample(rounds, probes)
 
     def median(kind: str, column: int) -> float:
-        values = [sample[column] for sample in samples.get(kind, [])]
+        values = [sample[column] for sample in samples[kind]]
         return statistics.median(values) if values else float("nan")
 
     result: dict[str, Any] = {}
@@ -181,17 +189,14 @@ def measure(rounds: int, probes: tuple[str, ...] = SECTION_PROBES) -> dict[str, 
         result[f"{kind}_ms"] = round(median(kind, 0), 1)
         result[f"{kind}_cpu_ms"] = round(median(kind, 1), 1)
         result[f"{kind}_gc_ms"] = round(median(kind, 2), 1)
-    if "baseline" in probes:
-        for kind in probes:
-            if kind != "baseline":
-                result[f"{kind}_ratio"] = round(median(kind, 0) / median("baseline", 0), 2)
-                result[f"{kind}_cpu_ratio"] = round(median(kind, 1) / median("baseline", 1), 2)
+    for kind in (k for k in probes if k != "baseline" and "baseline" in probes):
+        result[f"{kind}_ratio"] = round(median(kind, 0) / median("baseline", 0), 2)
+        result[f"{kind}_cpu_ratio"] = round(median(kind, 1) / median("baseline", 1), 2)
     result["webhook_loads_google_genai"] = any(
         sample[3] for kind in probes if kind.startswith("webhook") for sample in samples[kind]
     )
     result["rounds"] = rounds
-    for kind, message in errors.items():
-        result[f"{kind}_error"] = message
+    result.update({f"{kind}_error": message for kind, message in errors.items()})
     return result
 
 
