@@ -24,6 +24,7 @@ from aws_lambda_powertools.logging import correlation_paths  # noqa: E402
 from aws_lambda_powertools.utilities.typing import LambdaContext  # noqa: E402
 
 from opstate.api import handle  # noqa: E402
+from opstate.config import settings  # noqa: E402
 from opstate.observability import logger, metrics, tracer  # noqa: E402
 
 
@@ -36,3 +37,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
 
 gc.freeze()
 gc.enable()
+
+# Read the configuration during the init: a bad value fails the init, naming the variable,
+# instead of failing every invocation later.
+settings()
