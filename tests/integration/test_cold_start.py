@@ -102,3 +102,18 @@ def test_building_the_app_keeps_a_disabled_gc_disabled() -> None:
         OPSTATE_STORE="memory://",
     )
     assert answer == {"enabled": False}
+
+
+def test_a_bad_setting_fails_the_init_with_the_gc_back_on() -> None:
+    answer = run(
+        "from opstate.config import ConfigError\n"
+        "try:\n"
+        "    load_entry()\n"
+        "except ConfigError as exc:\n"
+        "    error = str(exc)\n"
+        "print(json.dumps({'enabled': gc.isenabled(), 'error': error}))\n",
+        OPSTATE_STORE="memory://",
+        OPSTATE_RECONCILE_SAFETY_MARGIN_SECONDS="nan",
+    )
+    assert answer["enabled"] is True
+    assert "OPSTATE_RECONCILE_SAFETY_MARGIN_SECONDS" in str(answer["error"])

@@ -32,6 +32,7 @@ DOMAIN = (
     "opstate.reducer",
     "opstate.model",
     "opstate.views",
+    "opstate.strict_json",
 )
 # (layer name, module prefixes): "opstate.store" places opstate.store and opstate.store.*.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [

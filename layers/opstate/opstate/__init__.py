@@ -3,9 +3,9 @@
 Owns, in layers (a module imports its own layer and the ones below, never above; no cycles;
 tests/unit/test_layers.py checks both):
 
-0. the domain - ``states``, ``times``, ``names``, ``events``, ``reducer``, ``views`` - and the
-   settings, ``config``. The domain is pure: no AWS, HTTP or Gemini code, no clock
-   (tests/unit/test_purity.py);
+0. the domain - ``states``, ``times``, ``names``, ``events``, ``reducer``, ``views``,
+   ``strict_json`` - and the settings, ``config``. The domain is pure: no AWS, HTTP or Gemini
+   code, no clock (tests/unit/test_purity.py);
 1. ``store`` (the port and its DynamoDB, SQLite and memory stores), ``signatures`` (webhook
    authenticity), ``observability`` (logs, metrics, tracing), ``ingest`` (the one ingest path);
 2. ``api`` (the HTTP API), ``notify`` (announcing state changes), ``reconcile`` (polling
