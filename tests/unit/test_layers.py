@@ -4,7 +4,8 @@ what it owns and what it may import.
 Layers, bottom up (a module may import its own layer and the ones below, never above):
 
 0. the domain (pure: no AWS, HTTP or Gemini code; test_purity.py checks that) and settings;
-1. the store, signatures, observability and ingest;
+1. the store, webhook authenticity (signatures, secrets, the local API token), observability and
+   ingest;
 2. the API, the notifier and the reconciler;
 3. the local server and the CLI.
 
@@ -38,8 +39,15 @@ DOMAIN = (
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("domain and settings", (*DOMAIN, "opstate.config", "opstate.settings")),
     (
-        "store, signatures, observability, ingest",
-        ("opstate.store", "opstate.signatures", "opstate.observability", "opstate.ingest"),
+        "store, signatures, secrets, observability, ingest",
+        (
+            "opstate.store",
+            "opstate.signatures",
+            "opstate.webhook_secrets",
+            "opstate.api_token",
+            "opstate.observability",
+            "opstate.ingest",
+        ),
     ),
     ("api, notify, reconcile", ("opstate.api", "opstate.notify", "opstate.reconcile")),
     ("local, cli", ("opstate.local", "opstate.cli")),
@@ -179,7 +187,7 @@ def test_the_checks_can_fail() -> None:
     assert upward_arrows(bad) == [
         "opstate.api (api, notify, reconcile) imports opstate.cli.app (local, cli)",
         "opstate.reducer (domain and settings) imports opstate.store.port "
-        "(store, signatures, observability, ingest)",
+        "(store, signatures, secrets, observability, ingest)",
     ]
     assert cycles(bad) == [
         ["opstate.api", "opstate.cli.app"],

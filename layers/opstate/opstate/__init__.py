@@ -7,7 +7,9 @@ tests/unit/test_layers.py checks both):
    ``strict_json`` - and the settings, ``config``. The domain is pure: no AWS, HTTP or Gemini
    code, no clock (tests/unit/test_purity.py);
 1. ``store`` (the port and its DynamoDB, SQLite and memory stores), ``signatures`` (webhook
-   authenticity), ``observability`` (logs, metrics, tracing), ``ingest`` (the one ingest path);
+   authenticity), ``webhook_secrets`` (reading and writing the signing secrets), ``api_token``
+   (the local server's operations token), ``observability`` (logs, metrics, tracing),
+   ``ingest`` (the one ingest path);
 2. ``api`` (the HTTP API), ``notify`` (announcing state changes), ``reconcile`` (polling
    Gemini; the only importer of google-genai);
 3. ``local`` (``opstate serve``) and ``cli`` (the ``opstate`` command).
