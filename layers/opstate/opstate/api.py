@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import gc
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -385,6 +387,22 @@ _app: APIGatewayHttpResolver | None = None
 _app_lock = threading.Lock()
 
 
+@contextmanager
+def _built_for_life() -> Iterator[None]:
+    """Build objects that live as long as the process with the cyclic GC paused, then freeze
+    them out of its reach (``gc.freeze``). Building the app imports boto3 and loads botocore's
+    service model: a full collection set off by those allocations would find nothing to free
+    and cost about a tenth of the cold start (benchmarks/bench_cold.py)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+        gc.freeze()
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def default_app() -> APIGatewayHttpResolver:
     """The app the Lambda serves, built once from ``settings()``: the store named by
     ``OPSTATE_STORE`` / ``OPSTATE_TABLE_NAME`` and the configured webhook verifier."""
@@ -394,13 +412,14 @@ def default_app() -> APIGatewayHttpResolver:
             from opstate.signatures import verifier_from_settings
             from opstate.store import store_from_url
 
-            config = settings()
-            _app = create_app(
-                store=store_from_url(config.store_url, config),
-                verifier=verifier_from_settings(config),
-                settings=config,
-                operations_auth=lambda_operations_auth(config),
-            )
+            with _built_for_life():
+                config = settings()
+                _app = create_app(
+                    store=store_from_url(config.store_url, config),
+                    verifier=verifier_from_settings(config),
+                    settings=config,
+                    operations_auth=lambda_operations_auth(config),
+                )
         return _app
 
 
