@@ -37,6 +37,7 @@ def test_reasons_are_exactly_the_architecture_list() -> None:
         "terminal-conflict",
         "lower-rank",
         "stale-or-equal-update-time",
+        "store-rejected",  # set by ingest after the reducer, never by apply_event
     }
     assert {r.value for r in APPLIED_REASONS} == {"created", "advanced", "refreshed"}
 
@@ -140,7 +141,7 @@ def test_decision_table(
 
 
 def test_every_reason_appears_in_the_table() -> None:
-    assert {row[-1] for row in TABLE} | {Reason.CREATED} == set(Reason)
+    assert {row[-1] for row in TABLE} | {Reason.CREATED, Reason.STORE_REJECTED} == set(Reason)
 
 
 def test_seed_stale_running_after_succeeded_is_dropped() -> None:

@@ -9,6 +9,9 @@ Two kinds of refusal:
 - ``InvalidEventError`` (``code`` = ``invalid-body``, ``missing-field``, ``invalid-name``,
   ``invalid-time``, ``invalid-state``, ``invalid-details``): the input is malformed; answer
   400 and write nothing.
+  A report's details are checked strictly (``details.check``): what no store can hold is
+  ``invalid-details``. Other sources' details are normalised by the reducer instead, so
+  Gemini's state always applies.
 - ``UnsupportedEventError`` (``reason`` = ``unsupported-event-type`` or ``unknown-state``): a
   well-formed input that this system deliberately does not turn into a state (a source added a
   type or state). It must never roll anything back; webhooks answer 200 with ``applied: false``.
@@ -22,9 +25,11 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from opstate.details import InvalidDetailsError
+from opstate.details import check as check_details
 from opstate.names import InvalidNameError, Kind, canonical_name, kind_of
 from opstate.states import State, UnknownStateError, parse_state
-from opstate.times import InvalidTimeError, parse_time
+from opstate.times import InvalidTimeError, check_ns, parse_time
 
 
 class Source(StrEnum):
@@ -42,6 +47,10 @@ class OpEvent:
     update_time_ns: int
     source: str
     details: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # A time no store can render must never reach one (e.g. a marker 1 ns past year 9999).
+        check_ns(self.update_time_ns)
 
     @property
     def kind(self) -> Kind:
@@ -328,4 +337,8 @@ def from_report(
         details = {}
     if not isinstance(details, Mapping):
         raise InvalidEventError("invalid-details", "'details' must be a JSON object")
-    return OpEvent(canonical, state, update_ns, Source.REPORT, dict(details))
+    try:
+        checked = check_details(details)
+    except InvalidDetailsError as exc:
+        raise InvalidEventError("invalid-details", str(exc)) from None
+    return OpEvent(canonical, state, update_ns, Source.REPORT, checked)

@@ -4,6 +4,12 @@ Every source (webhooks, the reconciler, reports, replays) goes through ``ingest`
 acknowledged only when it was applied or deliberately dropped; otherwise a ``RetryableError``
 escapes (``IngestContentionError`` after the bound, ``StoreUnavailableError`` on a store fault),
 and the caller must answer "retry later", never "ok".
+
+A store that refuses the record itself (``RecordRejectedError``: a ``ValidationException``, details
+no store can hold) is a permanent refusal, never a retry: the write is tried once more with the
+record's details emptied (the state change always goes through), and if that is refused too the
+event is dropped with reason ``store-rejected``, logged and counted. Details the reducer had to
+normalise or drop (``Decision.details_problems``) are logged as a warning and counted.
 """
 
 from __future__ import annotations
@@ -14,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from opstate.events import OpEvent
-from opstate.reducer import Decision, apply_event
-from opstate.store.port import RetryableError, Store
+from opstate.observability import count, logger
+from opstate.reducer import Decision, OpRecord, Reason, apply_event
+from opstate.store.port import RecordRejectedError, RetryableError, Store, WriteOutcome
 
 DEFAULT_MAX_ATTEMPTS = 8
 DEFAULT_BASE_DELAY_S = 0.02
@@ -58,13 +65,55 @@ def ingest(
             return replace(decision, attempts=attempt, conflicts=conflicts)
         record = decision.record
         assert record is not None
-        if current is None:
-            outcome = store.put_if_absent(record)
-        else:
-            outcome = store.replace_if_version(record, current.version)
+        try:
+            outcome = _write(store, record, current)
+        except RecordRejectedError as first:
+            try:
+                record = replace(record, details={})
+                outcome = _write(store, record, current)
+            except RecordRejectedError as exc:
+                _log_rejected(event, str(exc), dropped=True)
+                return Decision(
+                    False, Reason.STORE_REJECTED, event, current, current, attempt, conflicts
+                )
+            _log_rejected(event, str(first), dropped=False)
+            decision = replace(
+                decision,
+                record=record,
+                details_problems=(*decision.details_problems, "$: dropped: the store refused"),
+            )
         if outcome.ok:
+            _log_problems(decision)
             return replace(decision, attempts=attempt, conflicts=conflicts)
         current = outcome.current
         if attempt < max_attempts:
             sleep(jitter() * min(max_delay_s, base_delay_s * (2 ** (attempt - 1))))
     raise IngestContentionError(event.name, max_attempts)
+
+
+def _write(store: Store, record: OpRecord, current: OpRecord | None) -> WriteOutcome:
+    if current is None:
+        return store.put_if_absent(record)
+    return store.replace_if_version(record, current.version)
+
+
+def _log_rejected(event: OpEvent, message: str, *, dropped: bool) -> None:
+    logger.error(
+        "store refused the record" + ("; event dropped" if dropped else "; written without details"),
+        extra={"operation": event.name, "state": str(event.state), "error": message[:500]},
+    )
+    count("StoreRejected")
+
+
+def _log_problems(decision: Decision) -> None:
+    if not decision.details_problems:
+        return
+    logger.warning(
+        "details normalised",
+        extra={
+            "operation": decision.event.name,
+            "source": str(decision.event.source),
+            "problems": list(decision.details_problems[:20]),
+        },
+    )
+    count("DetailsNormalised")
