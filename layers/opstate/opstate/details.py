@@ -187,7 +187,9 @@ def sanitize(details: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[Problem,
     cleaned = walk.mapping(details, "$", 0)
     fitted, dropped = fit(cleaned)
     problems = list(walk.problems)
-    problems.extend(Problem(f"$.{key[:40]}", "dropped: details over the size cap") for key in dropped)
+    problems.extend(
+        Problem(f"$.{key[:40]}", "dropped: details over the size cap") for key in dropped
+    )
     return fitted, tuple(problems)
 
 

@@ -99,7 +99,8 @@ def _write(store: Store, record: OpRecord, current: OpRecord | None) -> WriteOut
 
 def _log_rejected(event: OpEvent, message: str, *, dropped: bool) -> None:
     logger.error(
-        "store refused the record" + ("; event dropped" if dropped else "; written without details"),
+        "store refused the record"
+        + ("; event dropped" if dropped else "; written without details"),
         extra={"operation": event.name, "state": str(event.state), "error": message[:500]},
     )
     count("StoreRejected")

@@ -170,9 +170,7 @@ def apply_event(current: OpRecord | None, event: OpEvent, *, now_ns: int = 0) ->
         return _drop(Reason.STALE_OR_EQUAL_UPDATE_TIME, current, event)
 
     reason = Reason.REFRESHED if event.state == current.state else Reason.ADVANCED
-    details, problems = next_details(
-        current.details, reason is Reason.ADVANCED, event.details
-    )
+    details, problems = next_details(current.details, reason is Reason.ADVANCED, event.details)
     record = OpRecord(
         name=current.name,
         state=event.state,
