@@ -34,6 +34,8 @@ from opstate.times import NS_PER_SECOND
 T0 = 1_767_225_600 * NS_PER_SECOND  # 2026-01-01T00:00:00Z
 TS = "2026-01-01T00:00:00Z"
 VEO = "models/veo-3.1-generate-preview/operations/abc123"
+VEO_KEY = "models/-/operations/abc123"  # the model is kept in details, not in the key
+MODEL = {"model": "veo-3.1-generate-preview"}
 
 
 def _body(event_type: str, **data: Any) -> dict[str, Any]:
@@ -57,7 +59,9 @@ def _body(event_type: str, **data: Any) -> dict[str, Any]:
             {"reason": "expired"},
         ),
         ("batch.cancelled", "batches/b1", "batches/b1", State.CANCELLED, Kind.BATCH, {}),
-        ("video.generated", VEO, VEO, State.SUCCEEDED, Kind.VIDEO, {}),
+        ("video.generated", VEO, VEO_KEY, State.SUCCEEDED, Kind.VIDEO, MODEL),
+        # Gemini's docs show bare ids: the same record as the full name
+        ("video.generated", "abc123", VEO_KEY, State.SUCCEEDED, Kind.VIDEO, {}),
         (
             "interaction.completed",
             "int_1",
@@ -227,8 +231,6 @@ def test_unsupported_webhook_types_are_dropped(body: dict[str, Any]) -> None:
         ({"type": "batch.succeeded", "data": {"id": "batches/../x"}}, "invalid-name"),
         ({"type": "batch.succeeded", "data": {"id": "b 1"}}, "invalid-name"),
         ({"type": "batch.succeeded", "data": {"id": 42}}, "invalid-name"),
-        # a video operation has no collection a bare id could belong to
-        ({"type": "video.generated", "data": {"id": "abc123"}}, "invalid-name"),
         (
             {"type": "batch.succeeded", "timestamp": "yesterday", "data": {"id": "b1"}},
             "invalid-time",
@@ -476,7 +478,7 @@ def test_malformed_batch_jobs(job: dict[str, Any], code: str) -> None:
 )
 def test_operation_mapping(op: dict[str, Any], state: State, details: dict[str, Any]) -> None:
     event = from_operation(op)
-    assert event == OpEvent(VEO, state, 0, Source.POLL, details)
+    assert event == OpEvent(VEO_KEY, state, 0, Source.POLL, {**MODEL, **details})
     assert event.kind is Kind.VIDEO
 
 
@@ -491,7 +493,7 @@ def test_operation_update_time_comes_from_metadata() -> None:
 
 def test_operation_name_spellings() -> None:
     url = f"https://generativelanguage.googleapis.com/v1beta/{VEO}?alt=json"
-    assert from_operation({"name": url}).name == VEO
+    assert from_operation({"name": url}).name == VEO_KEY
 
 
 def test_google_genai_generate_videos_operation() -> None:
@@ -499,7 +501,7 @@ def test_google_genai_generate_videos_operation() -> None:
 
     ops = types.GenerateVideosOperation
     running = ops.model_validate({"name": VEO})
-    assert from_operation(running) == OpEvent(VEO, State.RUNNING, 0, Source.POLL, {})
+    assert from_operation(running) == OpEvent(VEO_KEY, State.RUNNING, 0, Source.POLL, MODEL)
     done = ops.model_validate(
         {
             "name": VEO,
@@ -509,7 +511,7 @@ def test_google_genai_generate_videos_operation() -> None:
     )
     assert isinstance(done.response, types.GenerateVideosResponse)
     assert from_operation(done) == OpEvent(
-        VEO, State.SUCCEEDED, 0, Source.POLL, {"video_uri": "files/video-1"}
+        VEO_KEY, State.SUCCEEDED, 0, Source.POLL, {**MODEL, "video_uri": "files/video-1"}
     )
     cancelled = ops.model_validate(
         {"name": VEO, "done": True, "error": {"code": 1, "message": "CANCELLED"}}

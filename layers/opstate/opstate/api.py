@@ -36,8 +36,15 @@ from opstate.events import (
     from_report,
     from_webhook,
 )
-from opstate.ingest import IngestContentionError, ingest
-from opstate.names import InvalidNameError, Kind, canonical_name
+from opstate.ingest import IngestContentionError, find_record, ingest
+from opstate.names import (
+    VIDEO_DETAIL,
+    InvalidNameError,
+    Kind,
+    ParsedName,
+    canonical_name,
+    parse_name,
+)
 from opstate.observability import (
     logger,
     record_decision,
@@ -147,7 +154,7 @@ def _best_effort_name(body: object) -> str | None:
     raw = data.get("id") or data.get("name")
     event_type = body.get("type")
     family = event_type.split(".", 1)[0] if isinstance(event_type, str) else ""
-    hint = {"batch": Kind.BATCH, "interaction": Kind.INTERACTION}.get(family)
+    hint = {"batch": Kind.BATCH, "interaction": Kind.INTERACTION, "video": Kind.VIDEO}.get(family)
     try:
         return canonical_name(raw, hint)
     except InvalidNameError:
@@ -239,9 +246,13 @@ def create_app(
 
     @app.get(OPERATIONS_ROUTE)
     def get_operation() -> Response[str]:
-        name = _path_name(app.current_event.path)
+        parsed = _path_parsed(app.current_event.path)
+        name = parsed.key
         try:
-            record = store.get(name)
+            # A video operation tracked before its key dropped the model is still found.
+            record = find_record(
+                store, name, {VIDEO_DETAIL: parsed.model} if parsed.model else None
+            )
         except RetryableError as exc:
             raise _unavailable(exc, name=name) from None
         if record is None:
@@ -299,9 +310,9 @@ def _raw_path_name(path: str) -> str:
     return unquote(path[len(OPERATIONS_PREFIX) :])
 
 
-def _path_name(path: str) -> str:
+def _path_parsed(path: str) -> ParsedName:
     try:
-        return canonical_name(_raw_path_name(path))
+        return parse_name(_raw_path_name(path))
     except InvalidNameError as exc:
         raise ApiError(400, "invalid-name", str(exc)) from None
 

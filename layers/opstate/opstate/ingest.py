@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from opstate.events import OpEvent
+from opstate.names import legacy_names
 from opstate.observability import count, logger
 from opstate.reducer import Decision, OpRecord, Reason, apply_event
 from opstate.store.port import RecordRejectedError, RetryableError, Store, WriteOutcome
@@ -57,7 +59,7 @@ def ingest(
     """
     if max_attempts < 1:
         raise ValueError("max_attempts must be at least 1")
-    current = store.get(event.name)
+    current, event = find_current(store, event)
     for attempt in range(1, max_attempts + 1):
         conflicts = attempt - 1
         decision = apply_event(current, event, now_ns=clock_ns())
@@ -89,6 +91,30 @@ def ingest(
         if attempt < max_attempts:
             sleep(jitter() * min(max_delay_s, base_delay_s * (2 ** (attempt - 1))))
     raise IngestContentionError(event.name, max_attempts)
+
+
+def find_record(
+    store: Store, name: str, details: Mapping[str, Any] | None = None
+) -> OpRecord | None:
+    """The record of canonical ``name``, or of the key an earlier release stored it under
+    (``names.legacy_names``: a video operation keyed by its full name), or None."""
+    record = store.get(name)
+    if record is not None:
+        return record
+    for legacy in legacy_names(name, details or {}):
+        record = store.get(legacy)
+        if record is not None:
+            return record
+    return None
+
+
+def find_current(store: Store, event: OpEvent) -> tuple[OpRecord | None, OpEvent]:
+    """The current record of ``event``'s operation, and the event renamed to that record's key
+    when the record was stored under an older key (the record keeps its key for its life)."""
+    current = find_record(store, event.name, event.details)
+    if current is not None and current.name != event.name:
+        event = replace(event, name=current.name)
+    return current, event
 
 
 def _write(store: Store, record: OpRecord, current: OpRecord | None) -> WriteOutcome:
