@@ -9,7 +9,9 @@ Routes:
 
 Response contract (JSON): 200 ``{applied, reason, name, state, version}`` when the event was
 applied or deliberately dropped; 400 ``{error, message}`` for malformed input (nothing
-written); 401 ``invalid-signature``; 413 ``payload-too-large``; 503 with ``Retry-After`` when
+written), never for a webhook that passed the signature check: one we cannot read is kept in
+the quarantine and answered 200 ``reason: quarantined`` (``opstate.quarantine``); 401
+``invalid-signature``; 413 ``payload-too-large``; 503 with ``Retry-After`` when
 the event was neither applied nor dropped (contention, store or secrets unavailable) - never
 200 then; 404 ``not-found`` for unknown records and routes.
 """
@@ -46,12 +48,14 @@ from opstate.names import (
     parse_name,
 )
 from opstate.observability import (
+    count,
     logger,
     record_decision,
     record_retry_later,
     record_signature_rejected,
     record_unsupported,
 )
+from opstate.quarantine import Delivery, LogQuarantine, Quarantine
 from opstate.reducer import Decision
 from opstate.signatures import SignatureError, Verifier
 from opstate.store.port import RetryableError, Store
@@ -180,10 +184,51 @@ def create_app(
     settings: Settings,
     clock_ns: Callable[[], int] = time.time_ns,
     on_decision: Callable[[Decision], None] | None = None,
+    quarantine: Quarantine | None = None,
 ) -> APIGatewayHttpResolver:
-    """The API's resolver over ``store``; ``on_decision`` sees every decision taken."""
+    """The API's resolver over ``store``; ``on_decision`` sees every decision taken; signed
+    webhooks that cannot be read are kept in ``quarantine`` (default: logged whole)."""
     app = _Resolver()
     max_bytes = settings.max_body_bytes
+    kept_in: Quarantine = quarantine if quarantine is not None else LogQuarantine()
+
+    def keep(
+        raw: bytes, code: str, message: str, body: object, webhook_id: str | None
+    ) -> Response[str]:
+        """A signed delivery we cannot read: kept, answered 200 (never a 4xx: Gemini would
+        retry it for a day, then disable the endpoint), counted; 503 if it cannot be kept."""
+        delivery = Delivery.new(
+            raw, webhook_id=webhook_id, reason=code, message=message, received_ns=clock_ns()
+        )
+        try:
+            kept_in.put(delivery)
+        except RetryableError as exc:
+            raise _unavailable(exc, webhook_id=webhook_id) from None
+        name = _best_effort_name(body)
+        logger.warning(
+            "webhook quarantined",
+            extra={
+                "reason": "quarantined",
+                "error": code,
+                "detail": message[:300],
+                "operation": name,
+                "webhook_id": webhook_id,
+                "quarantine_id": delivery.id,
+            },
+        )
+        count("WebhooksQuarantined")
+        return json_response(
+            200,
+            {
+                "applied": False,
+                "reason": "quarantined",
+                "name": name,
+                "state": None,
+                "version": 0,
+                "error": code,
+                "quarantineId": delivery.id,
+            },
+        )
 
     def run_ingest(event: OpEvent, **context: object) -> Decision:
         try:
@@ -221,11 +266,14 @@ def create_app(
             raise ApiError(401, "invalid-signature", "invalid signature") from None
         except RetryableError as exc:
             raise _unavailable(exc, webhook_id=webhook_id) from None
-        body = parse_json(raw)
+        try:
+            body = parse_json(raw)
+        except ApiError as exc:
+            return keep(raw, exc.code, exc.message, None, webhook_id)
         try:
             op_event = from_webhook(body)
         except InvalidEventError as exc:
-            raise ApiError(400, exc.code, exc.message) from None
+            return keep(raw, exc.code, exc.message, body, webhook_id)
         except UnsupportedEventError as exc:
             name = _best_effort_name(body)
             event_type = body.get("type") if isinstance(body, Mapping) else None
@@ -329,6 +377,7 @@ def default_app() -> APIGatewayHttpResolver:
     global _app
     with _app_lock:
         if _app is None:
+            from opstate.quarantine import quarantine_from_settings
             from opstate.signatures import verifier_from_settings
             from opstate.store import store_from_url
 
@@ -337,6 +386,7 @@ def default_app() -> APIGatewayHttpResolver:
                 store=store_from_url(config.store_url, config),
                 verifier=verifier_from_settings(config),
                 settings=config,
+                quarantine=quarantine_from_settings(config.quarantine_queue_url),
             )
         return _app
 
