@@ -95,12 +95,14 @@ class ApiError(Exception):
 def json_response(
     status: int, body: Mapping[str, Any], headers: Mapping[str, str] | None = None
 ) -> Response[str]:
-    return Response(
-        status_code=status,
-        content_type=JSON,
-        body=json.dumps(body, separators=(",", ":"), ensure_ascii=False),
-        headers=dict(headers or {}),
-    )
+    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate (e.g. in a record an earlier release stored) cannot be UTF-8: the
+        # ASCII form escapes it as \udXXX, still JSON, so a response can always be sent.
+        text = json.dumps(body, separators=(",", ":"))
+    return Response(status_code=status, content_type=JSON, body=text, headers=dict(headers or {}))
 
 
 def _reject_constant(value: str) -> Any:

@@ -275,6 +275,24 @@ class SQLiteQuarantine:
         return int(n)
 
 
+DEFAULT_LOCAL_QUARANTINE = Path(".opstate") / "quarantine.db"
+
+
+def local_quarantine_path(store_url: str) -> Path:
+    """Where ``opstate serve`` keeps quarantined deliveries: a ``quarantine`` table in the
+    SQLite store's own file (``sqlite:///PATH``), else ``.opstate/quarantine.db``."""
+    scheme, sep, rest = store_url.strip().partition("://")
+    if sep and scheme.lower() == "sqlite" and rest.startswith("/") and len(rest) > 1:
+        return Path(rest[1:]).expanduser()
+    return DEFAULT_LOCAL_QUARANTINE
+
+
+def local_quarantine(store_url: str) -> SQLiteQuarantine:
+    path = local_quarantine_path(store_url)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return SQLiteQuarantine(path)
+
+
 def quarantine_from_settings(queue_url: str | None) -> Quarantine:
     """The quarantine the Lambda uses: the SQS queue when configured, else the log."""
     if queue_url:

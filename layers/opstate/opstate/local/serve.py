@@ -38,6 +38,7 @@ from opstate.local.secret_file import (
     SecretSource,
     resolve_secrets,
 )
+from opstate.quarantine import local_quarantine
 from opstate.reducer import Decision
 from opstate.times import format_time
 
@@ -192,7 +193,14 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
 
     # Built now: configuration errors surface before "listening".
     apps = LocalApp(
-        create_app(store=store, verifier=verifier, settings=settings, on_decision=on_decision)
+        create_app(
+            store=store,
+            verifier=verifier,
+            settings=settings,
+            on_decision=on_decision,
+            # Signed webhooks that cannot be read are kept here (opstate replay --quarantine).
+            quarantine=local_quarantine(store_url),
+        )
     )
 
     # waitress is imported here: the CLI builds its parser from this module's defaults.
