@@ -252,3 +252,39 @@ def test_canonical_text_sorts_like_instants() -> None:
 def test_format_time_rejects_non_instants(ns: object) -> None:
     with pytest.raises(InvalidTimeError):
         format_time(ns)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("soon", "invalid time 'soon': not an RFC3339 date-time (YYYY-MM-DDTHH:MM:SS[.f]Z|±HH:MM)"),
+        (
+            "2026-01-01T00:00:00.1234567891Z",
+            "invalid time '2026-01-01T00:00:00.1234567891Z': more than 9 fractional digits",
+        ),
+        (
+            "2026-01-01T00:00:00+24:00",
+            "invalid time '2026-01-01T00:00:00+24:00': offset out of range",
+        ),
+        (
+            "2026-02-30T00:00:00Z",
+            "invalid time '2026-02-30T00:00:00Z': impossible date or time (day is out of range "
+            "for month)",
+        ),
+        (
+            "1969-12-31T23:59:59Z",
+            "invalid time '1969-12-31T23:59:59Z': before 1970-01-01T00:00:00Z",
+        ),
+        (
+            "9999-12-31T23:59:59Z",
+            "invalid time '9999-12-31T23:59:59Z': after 9999-12-31T23:59:58.999999999Z (the last "
+            "second is reserved)",
+        ),
+        (5, "invalid time 5: expected an RFC3339 string or a timezone-aware datetime"),
+    ],
+)
+def test_time_error_messages_users_see(value: object, message: str) -> None:
+    with pytest.raises(InvalidTimeError) as info:
+        parse_time(value)  # type: ignore[arg-type]
+    assert str(info.value) == message
+    assert info.value.value == value and info.value.why in message
