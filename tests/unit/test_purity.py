@@ -8,7 +8,14 @@ import sys
 
 import pytest
 
-DOMAIN = ["opstate.states", "opstate.times", "opstate.names", "opstate.events", "opstate.reducer"]
+DOMAIN = [
+    "opstate.states",
+    "opstate.times",
+    "opstate.names",
+    "opstate.events",
+    "opstate.reducer",
+    "opstate.details",
+]
 FORBIDDEN = [
     "boto3",
     "botocore",
