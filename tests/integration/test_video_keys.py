@@ -18,6 +18,7 @@ from opstate.reducer import OpRecord
 from opstate.signatures import StaticSecretsVerifier
 from opstate.states import State
 from opstate.store.dynamodb import serialize_item
+from opstate.store.sqlite import SQLiteStore
 from opstate.times import parse_time
 from tests.support.stores import Harness, harness_for
 from tests.support.webhooks import (
@@ -133,3 +134,20 @@ def test_polling_an_old_record_advances_it_under_its_old_key(harness: Harness) -
     assert decision.applied and decision.record is not None
     assert decision.record.name == FULL and decision.record.version == 3
     assert harness.store.get(KEY) is None
+
+
+def test_the_cli_tracks_with_the_model_and_reads_old_records(tmp_path: Path) -> None:
+    from opstate.cli.app import main
+
+    db = tmp_path / "ops.db"
+    store_url = f"sqlite:///{db}"
+    assert main(["track", FULL, "--store", store_url]) == 0
+    store = SQLiteStore(db)
+    record = store.get(KEY)
+    assert record is not None and record.details == {"model": MODEL}
+    # a record an earlier release keyed by the full name of another operation
+    old_full = f"models/{MODEL}/operations/old"
+    store.put_if_absent(OpRecord(old_full, State.RUNNING, 1, 1, "poll", {}))
+    store.close()
+    assert main(["get", old_full, "--store", store_url]) == 0
+    assert main(["get", "models/-/operations/missing", "--store", store_url]) == 1
