@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -59,6 +58,7 @@ from opstate.quarantine import Delivery, LogQuarantine, Quarantine
 from opstate.reducer import Decision
 from opstate.signatures import SignatureError, Verifier
 from opstate.store.port import RetryableError, Store
+from opstate.strict_json import InvalidJSONError, dumps, loads
 from opstate.views import decision_to_json, record_to_json
 
 if TYPE_CHECKING:
@@ -95,25 +95,19 @@ class ApiError(Exception):
 def json_response(
     status: int, body: Mapping[str, Any], headers: Mapping[str, str] | None = None
 ) -> Response[str]:
-    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        # A lone surrogate (e.g. in a record an earlier release stored) cannot be UTF-8: the
-        # ASCII form escapes it as \udXXX, still JSON, so a response can always be sent.
-        text = json.dumps(body, separators=(",", ":"))
-    return Response(status_code=status, content_type=JSON, body=text, headers=dict(headers or {}))
-
-
-def _reject_constant(value: str) -> Any:
-    raise ValueError(f"{value} is not valid JSON")
+    return Response(
+        status_code=status,
+        content_type=JSON,
+        body=dumps(body, compact=True),
+        headers=dict(headers or {}),
+    )
 
 
 def parse_json(raw: bytes) -> Any:
-    """JSON from raw bytes, or a 400 ``malformed-json`` (NaN/Infinity are refused too)."""
+    """JSON from raw bytes by the one rule (``strict_json``), or a 400 ``malformed-json``."""
     try:
-        return json.loads(raw, parse_constant=_reject_constant)
-    except (ValueError, RecursionError, UnicodeDecodeError):
+        return loads(raw)
+    except InvalidJSONError:
         raise ApiError(400, "malformed-json", "the body is not valid JSON") from None
 
 

@@ -13,18 +13,25 @@ from opstate.times import format_time
 
 
 class ReconcileLoop:
-    """Runs one reconciler pass now and then every ``every_s`` seconds until stopped."""
+    """Runs one reconciler pass now and then every ``every_s`` seconds until stopped.
+
+    ``request_stop`` (the server's SIGINT/SIGTERM) ends the running pass's time budget at once:
+    requests to Gemini already in flight finish and their results are written, nothing new
+    starts, and no further pass begins. ``stop`` then waits for the thread.
+    """
 
     def __init__(
         self,
         run_once: Callable[[], Mapping[str, Any]],
         every_s: float,
         say: Callable[[str], None],
+        stop_event: threading.Event | None = None,
     ) -> None:
         self._run_once = run_once
         self._every_s = every_s
         self._say = say
-        self._stop = threading.Event()
+        # Shared with the pass's time budget (``start_reconciler``): set = no budget left.
+        self._stop = stop_event if stop_event is not None else threading.Event()
         self._in_pass = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="opstate-reconcile", daemon=True)
 
@@ -45,6 +52,10 @@ class ReconcileLoop:
                 self._in_pass.clear()
             if self._stop.wait(self._every_s):
                 return
+
+    def request_stop(self) -> None:
+        """End the current pass's budget and start no other pass (returns at once)."""
+        self._stop.set()
 
     def stop(self, timeout_s: float | None = None) -> None:
         self._stop.set()
@@ -133,12 +144,17 @@ def start_reconciler(
 
     announcing = AnnouncingStore(store, on_write)
 
+    stop_requested = threading.Event()
+
     def run_once() -> Mapping[str, Any]:
         if not client_box:
             client_box.append(reconcile.make_client(settings))
         deadline = time.monotonic() + budget_s
 
         def remaining_ms() -> int:
+            # A stop request ends the budget: no new request starts, those in flight finish.
+            if stop_requested.is_set():
+                return 0
             return int((deadline - time.monotonic()) * 1000)
 
         result = reconcile.reconcile_once(
@@ -147,7 +163,7 @@ def start_reconciler(
         summary: Mapping[str, Any] = result.as_dict()
         return summary
 
-    loop = ReconcileLoop(run_once, every_s, say)
+    loop = ReconcileLoop(run_once, every_s, say, stop_event=stop_requested)
     loop.start()
     say(f"reconciler: every {every_s:g} s")
     return loop
