@@ -36,6 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "layers" / "opstate" / "opstate"
+# What a test run needs, copied once at start: edits made while the run goes on change nothing.
+SNAPSHOT_PARTS = ("layers/opstate/opstate", "tests", "events", "pyproject.toml", "template.yaml")
 
 # Module -> the tests that pin it (the unit tests and the ingest-conflict tests).
 TARGETS: dict[str, list[str]] = {
@@ -231,24 +233,37 @@ def _swap_loop(tree: ast.Module, node: ast.AST) -> ast.Module:
     return ast.fix_missing_locations(out)
 
 
-def mutants_of(module: str) -> list[Mutant]:
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+def snapshot(into: Path) -> Path:
+    """A copy of what the tests need; returns its root."""
+    for part in SNAPSHOT_PARTS:
+        source, target = ROOT / part, into / part
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        elif source.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    return into
+
+
+def mutants_of(module: str, root: Path = ROOT) -> list[Mutant]:
+    tree = ast.parse((root / "layers" / "opstate" / "opstate" / f"{module}.py").read_text())
     return [
         Mutant(module, i, getattr(node, "lineno", 0), _describe(node, kind, slot))
         for i, (node, kind, slot) in enumerate(_points(tree))
     ]
 
 
-def run_mutant(mutant: Mutant, timeout_s: float) -> bool:
+def run_mutant(mutant: Mutant, timeout_s: float, root: Path = ROOT) -> bool:
     """True when the tests killed the mutant (index -1: the module unmutated, the baseline)."""
-    tree = ast.parse((PACKAGE / f"{mutant.module}.py").read_text())
+    source = root / "layers" / "opstate" / "opstate"
+    tree = ast.parse((source / f"{mutant.module}.py").read_text())
     mutated = tree if mutant.index < 0 else _apply(tree, mutant.index)[0]
     with tempfile.TemporaryDirectory(prefix="opstate-mutant-") as scratch:
         package = Path(scratch) / "opstate"
-        shutil.copytree(PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(source, package, ignore=shutil.ignore_patterns("__pycache__"))
         (package / f"{mutant.module}.py").write_text(ast.unparse(mutated) + "\n")
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([scratch, str(ROOT)])
+        env["PYTHONPATH"] = os.pathsep.join([scratch, str(root)])
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         command = [
             sys.executable,
@@ -263,7 +278,7 @@ def run_mutant(mutant: Mutant, timeout_s: float) -> bool:
         ]
         try:
             done = subprocess.run(
-                command, cwd=ROOT, env=env, capture_output=True, timeout=timeout_s, check=False
+                command, cwd=root, env=env, capture_output=True, timeout=timeout_s, check=False
             )
         except subprocess.TimeoutExpired:
             return True
@@ -285,14 +300,26 @@ def main(argv: list[str] | None = None) -> int:
         for m in mutants:
             print(f"{m.module}.py:{m.line}: #{m.index} {m.description}")
         return 0
+    with tempfile.TemporaryDirectory(prefix="opstate-mutate-") as frozen:
+        return _run(args, modules, mutants, snapshot(Path(frozen)))
+
+
+def _run(args: argparse.Namespace, modules: list[str], mutants: list[Mutant], root: Path) -> int:
     started = time.monotonic()
     for module in modules:  # the tests must pass on the unmutated copy, or nothing is learnt
-        if run_mutant(Mutant(module, -1, 0, "baseline"), args.timeout):
+        if run_mutant(Mutant(module, -1, 0, "baseline"), args.timeout, root):
             print(f"the tests of {module} fail without any mutation: fix them first")
             return 2
     print(f"{len(mutants)} mutants in {', '.join(modules)}; {args.jobs} at a time", flush=True)
+
+    def one(m: Mutant) -> tuple[Mutant, bool]:
+        killed = run_mutant(m, args.timeout, root)
+        if not killed:
+            print(f"  survived {m.module}.py:{m.line}: #{m.index} {m.description}", flush=True)
+        return m, killed
+
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(lambda m: (m, run_mutant(m, args.timeout)), mutants))
+        results = list(pool.map(one, mutants))
     survivors = [m for m, killed in results if not killed]
     for module in modules:
         mine = [killed for m, killed in results if m.module == module]
