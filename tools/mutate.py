@@ -10,7 +10,8 @@ when they pass: a survivor is behaviour no test pins down, or an equivalent muta
 
 Mutations: comparison operators (``<``/``<=``, ``>``/``>=``, ``==``/``!=``, ``in``/``not in``,
 ``is``/``is not``), ``+``/``-``, ``and``/``or``, ``not x`` -> ``x``, integer constants ``n`` ->
-``n + 1``, ``True``/``False``, ``split``/``rsplit`` and ``strip``/``lstrip``, ``if`` conditions
+``n + 1``, ``True``/``False``, ``split``/``rsplit`` (with a maxsplit: without one they agree)
+and ``strip``/``lstrip``, ``if`` conditions
 negated, ``break``/``continue``, and the message strings of ``raise`` statements. Annotations
 and docstrings are never mutated.
 
@@ -112,6 +113,13 @@ def _points(tree: ast.AST) -> Iterator[tuple[ast.AST, str, int]]:
     """(node, kind, slot) for every mutation point, in a stable order."""
     skip = _skipped_nodes(tree)
     messages = _raise_strings(tree)
+    bounded_splits = {
+        id(call.func)
+        for call in ast.walk(tree)
+        if isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and (len(call.args) >= 2 or any(k.arg == "maxsplit" for k in call.keywords))
+    }
     for node in ast.walk(tree):
         if id(node) in skip:
             continue
@@ -133,6 +141,8 @@ def _points(tree: ast.AST) -> Iterator[tuple[ast.AST, str, int]]:
             elif isinstance(node.value, str) and id(node) in messages:
                 yield node, "message", 0
         elif isinstance(node, ast.Attribute) and node.attr in _METHOD_SWAP:
+            if node.attr in ("split", "rsplit") and id(node) not in bounded_splits:
+                continue  # without maxsplit, split and rsplit agree: an equivalent mutant
             yield node, "method", 0
         elif isinstance(node, ast.If):
             yield node, "if", 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from opstate.names import (
@@ -330,3 +332,11 @@ def test_error_messages_users_see(raw: object, hint: str | None, message: str) -
     with pytest.raises(InvalidNameError) as info:
         canonical_name(raw, hint)
     assert str(info.value) == message
+
+
+def test_a_parsed_name_is_an_immutable_value() -> None:
+    parsed = parse_name(VEO)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        parsed.key = "x"  # type: ignore[misc]
+    assert not hasattr(parsed, "__dict__")  # slots
+    assert parsed == ParsedName(VEO_KEY, "veo-3.1-generate-preview")

@@ -288,3 +288,19 @@ def test_time_error_messages_users_see(value: object, message: str) -> None:
         parse_time(value)  # type: ignore[arg-type]
     assert str(info.value) == message
     assert info.value.value == value and info.value.why in message
+
+
+def test_datetime_and_ns_error_messages() -> None:
+    naive = datetime(2026, 1, 1)
+    with pytest.raises(InvalidTimeError) as info:
+        parse_time(naive)
+    assert str(info.value) == f"invalid time {naive!r}: naive datetime (no timezone)"
+    early = datetime(1969, 12, 31, 23, 59, 59, tzinfo=UTC)
+    with pytest.raises(InvalidTimeError) as info:
+        parse_time(early)
+    assert str(info.value) == f"invalid time {early!r}: before 1970-01-01T00:00:00Z"
+    with pytest.raises(InvalidTimeError) as info:
+        format_time(-1)
+    assert str(info.value) == (
+        "invalid time -1: expected an int of nanoseconds between 0 and year 9999"
+    )
