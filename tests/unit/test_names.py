@@ -340,3 +340,38 @@ def test_a_parsed_name_is_an_immutable_value() -> None:
         parsed.key = "x"  # type: ignore[misc]
     assert not hasattr(parsed, "__dict__")  # slots
     assert parsed == ParsedName(VEO_KEY, "veo-3.1-generate-preview")
+
+
+def test_messages_show_up_to_80_characters_of_the_value() -> None:
+    for length, shown in ((80, "b" * 80), (81, "b" * 77 + "...")):
+        with pytest.raises(InvalidNameError) as info:
+            canonical_name("b" * length)
+        assert str(info.value).startswith(f"invalid operation name {shown!r}: ")
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("/?a", "invalid operation name '/?a': empty"),
+        ("v1beta/:get", "invalid operation name 'v1beta/:get': empty"),
+        (
+            "models/veo!/operations/x",
+            "invalid operation name 'models/veo!/operations/x': only A-Z a-z 0-9 . _ ~ - and / "
+            "are allowed",
+        ),
+        (
+            "batches/" + "a" * 505,
+            "invalid operation name '" + ("batches/" + "a" * 505)[:77] + "...': longer than 512 "
+            "characters",
+        ),
+    ],
+)
+def test_more_messages_users_see(raw: str, message: str) -> None:
+    with pytest.raises(InvalidNameError) as info:
+        canonical_name(raw)
+    assert str(info.value) == message
+
+
+def test_a_two_segment_veo_name_is_a_video() -> None:
+    assert kind_of("models/veo-3") is Kind.VIDEO
+    assert kind_of("models") is Kind.OPERATION
