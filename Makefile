@@ -18,13 +18,14 @@ RIE_STAMP := $(RIE_VENV)/.installed
 SAM := SAM_CLI_TELEMETRY=0 $(TOOLS_VENV)/bin/sam
 CFN_LINT := $(TOOLS_VENV)/bin/cfn-lint
 
-.PHONY: help run test lint typecheck pytest venv bench bench-quick clean \
+.PHONY: help run test unit lint typecheck pytest venv bench bench-quick clean \
 	tools rie-venv template-check build e2e mutate
 
 help:
 	@echo "make run    - set up .venv if needed, then serve the app on http://127.0.0.1:3000"
 	@echo "make test   - set up .venv (and .tools-venv, .rie-venv) if needed, then ruff, mypy,"
 	@echo "              the template checks, sam build and the whole pytest suite (incl. e2e)"
+	@echo "make unit   - the inner loop: the domain and unit tests only (tests/unit, under 30 s)"
 	@echo "make bench  - benchmarks (not part of make test); make bench-quick for a short run"
 	@echo "make mutate - mutation testing of the domain modules and signatures.py (not part of"
 	@echo "              make test; slow: lists the surviving mutants)"
@@ -90,6 +91,11 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The inner loop: tests/unit (the domain and the modules around it; no servers, no AWS, no
+# build), under 30 s. A unit test marked `slow` leaves this loop; `make test` still runs it.
+unit: $(STAMP)
+	$(PY) -m pytest tests/unit -q -m "not slow" $(PYTEST_ARGS)
 
 # The template checks and the build come first: the e2e tests (part of pytest) run the build.
 test: lint typecheck template-check build rie-venv pytest

@@ -31,7 +31,14 @@ from opstate.events import from_report
 from opstate.ingest import ingest
 from opstate.local.apigw import build_event, response_parts
 from opstate.store import store_from_url
-from tests.support.serve_process import OPSTATE, cli_env, http, run_cli, start_serve
+from tests.support.serve_process import (
+    OPSTATE,
+    TEST_API_TOKEN,
+    cli_env,
+    http,
+    run_cli,
+    start_serve,
+)
 
 T_WEBHOOK = "2026-05-10T10:00:00Z"
 SECRET = "whsec_" + base64.b64encode(b"opstate-serve-test-secret-32byte").decode()
@@ -434,6 +441,7 @@ def raw_exchange(url: str, head: bytes, pieces: list[bytes], timeout: float = 10
 def chunked_head(name: str) -> bytes:
     return (
         f"PUT /operations/{name} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        f"Authorization: Bearer {TEST_API_TOKEN}\r\n"
         "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
     ).encode()
 

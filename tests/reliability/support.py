@@ -149,7 +149,10 @@ def app_sender(app: Any) -> Send:
 
     def send(d: Delivery) -> tuple[int, dict[str, Any]]:
         method, path, body, headers = delivery_request(d)
-        event = http_event(method, path, body=body.encode(), headers=headers)
+        # Operations routes carry the IAM authorizer's context, as API Gateway adds it.
+        event = http_event(
+            method, path, body=body.encode(), headers=headers, iam=path.startswith("/operations/")
+        )
         result = app.resolve(event, context)
         raw = result.get("body") or "{}"
         if result.get("isBase64Encoded"):

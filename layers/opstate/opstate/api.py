@@ -7,6 +7,11 @@ Routes:
 - ``PUT /operations/{name+}``: a report from the user's own producer; no body = "track this
   job" (PENDING now).
 
+Who may call the operations routes is decided by ``operations_auth`` before anything else: in
+Lambda, ``require_iam_caller`` (403 unless API Gateway's AWS_IAM authorizer vouched for the
+caller, so a route deployed without it cannot open the table); in ``opstate serve``,
+``require_bearer_token`` (401 without ``Authorization: Bearer <token>``).
+
 Response contract (JSON): 200 ``{applied, reason, name, state, version}`` when the event was
 applied or deliberately dropped; 400 ``{error, message}`` for malformed input (nothing
 written), never for a webhook that passed the signature check: one we cannot read is kept in
@@ -20,9 +25,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import gc
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -73,6 +80,9 @@ OPERATIONS_ROUTE = OPERATIONS_PREFIX + ".+"
 RETRY_AFTER_CONTENTION_S = 1
 RETRY_AFTER_UNAVAILABLE_S = 5
 MAX_LOGGED_ID = 128
+
+# Decides whether an operations request may proceed: returns, or raises ``ApiError``.
+OperationsAuth = Callable[[Mapping[str, Any]], None]
 
 # Powertools keeps the current event on the router class, shared by every resolver instance:
 # resolve() is serialised so a threaded local server cannot mix two requests up.
@@ -167,6 +177,49 @@ def _clip(text: str | None) -> str | None:
     return text if len(text) <= MAX_LOGGED_ID else text[: MAX_LOGGED_ID - 3] + "..."
 
 
+def require_iam_caller(event: Mapping[str, Any]) -> None:
+    """403 unless the event carries ``requestContext.authorizer.iam``, which API Gateway adds
+    only on routes with the AWS_IAM authorizer, after checking the caller's SigV4 signature."""
+    context = event.get("requestContext")
+    authorizer = context.get("authorizer") if isinstance(context, Mapping) else None
+    iam = authorizer.get("iam") if isinstance(authorizer, Mapping) else None
+    if not isinstance(iam, Mapping) or not iam:
+        raise ApiError(403, "forbidden", "this route requires AWS IAM (SigV4) authorization")
+
+
+def require_bearer_token(token: str) -> OperationsAuth:
+    """401 unless the request carries ``Authorization: Bearer <token>`` (constant-time check)."""
+    from opstate.api_token import bearer_token_ok
+
+    if not token:
+        raise ValueError("the API token may not be empty")
+
+    def check(event: Mapping[str, Any]) -> None:
+        if not bearer_token_ok(_headers(event).get("authorization"), token):
+            raise ApiError(
+                401,
+                "unauthorized",
+                "this route requires 'Authorization: Bearer <token>' (the opstate API token)",
+                {"WWW-Authenticate": 'Bearer realm="opstate"'},
+            )
+
+    return check
+
+
+def _sam_local_open(event: Mapping[str, Any]) -> None:
+    """``sam local`` (``AWS_SAM_LOCAL=true``): SAM does not emulate AWS_IAM, so no check."""
+
+
+def lambda_operations_auth(config: Settings) -> OperationsAuth:
+    """The Lambda's rule: ``require_iam_caller``, except under ``sam local``, whose API emulator
+    has no AWS_IAM authorizer and never adds its context (``AWS_SAM_LOCAL`` is set by SAM CLI
+    inside its containers; a deployment never sets it)."""
+    if config.sam_local:
+        logger.warning("AWS_SAM_LOCAL=true: the operations routes are not IAM-checked")
+        return _sam_local_open
+    return require_iam_caller
+
+
 class _Resolver(APIGatewayHttpResolver):
     def resolve(self, event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
         with _RESOLVE_LOCK:
@@ -181,8 +234,10 @@ def create_app(
     clock_ns: Callable[[], int] = time.time_ns,
     on_decision: Callable[[Decision], None] | None = None,
     quarantine: Quarantine | None = None,
+    operations_auth: OperationsAuth = require_iam_caller,
 ) -> APIGatewayHttpResolver:
-    """The API's resolver over ``store``; ``on_decision`` sees every decision taken; signed
+    """The API's resolver over ``store``; ``on_decision`` sees every decision taken;
+    ``operations_auth`` admits or refuses each operations request (default: AWS IAM); signed
     webhooks that cannot be read are kept in ``quarantine`` (default: logged whole)."""
     app = _Resolver()
     max_bytes = settings.max_body_bytes
@@ -290,6 +345,7 @@ def create_app(
 
     @app.get(OPERATIONS_ROUTE)
     def get_operation() -> Response[str]:
+        operations_auth(app.current_event.raw_event)
         parsed = _path_parsed(app.current_event.path)
         name = parsed.key
         try:
@@ -305,6 +361,7 @@ def create_app(
 
     @app.put(OPERATIONS_ROUTE)
     def put_operation() -> Response[str]:
+        operations_auth(app.current_event.raw_event)
         raw_name = _raw_path_name(app.current_event.path)
         raw = raw_body(app.current_event.raw_event, max_bytes)
         body = None if not raw.strip() else parse_json(raw)
@@ -367,6 +424,22 @@ _app: APIGatewayHttpResolver | None = None
 _app_lock = threading.Lock()
 
 
+@contextmanager
+def _built_for_life() -> Iterator[None]:
+    """Build objects that live as long as the process with the cyclic GC paused, then freeze
+    them out of its reach (``gc.freeze``). Building the app imports boto3 and loads botocore's
+    service model: a full collection set off by those allocations would find nothing to free
+    and cost about a tenth of the cold start (benchmarks/bench_cold.py)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+        gc.freeze()
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def default_app() -> APIGatewayHttpResolver:
     """The app the Lambda serves, built once from ``settings()``: the store named by
     ``OPSTATE_STORE`` / ``OPSTATE_TABLE_NAME`` and the configured webhook verifier."""
@@ -377,13 +450,15 @@ def default_app() -> APIGatewayHttpResolver:
             from opstate.signatures import verifier_from_settings
             from opstate.store import store_from_url
 
-            config = settings()
-            _app = create_app(
-                store=store_from_url(config.store_url, config),
-                verifier=verifier_from_settings(config),
-                settings=config,
-                quarantine=quarantine_from_settings(config.quarantine_queue_url),
-            )
+            with _built_for_life():
+                config = settings()
+                _app = create_app(
+                    store=store_from_url(config.store_url, config),
+                    verifier=verifier_from_settings(config),
+                    settings=config,
+                    operations_auth=lambda_operations_auth(config),
+                    quarantine=quarantine_from_settings(config.quarantine_queue_url),
+                )
         return _app
 
 

@@ -1,159 +1,111 @@
 """Where ``opstate webhooks`` keeps the signing secrets: the local file ``opstate serve`` reads,
-or a Secrets Manager secret; merging a new secret in and pruning revoked ones."""
+or a Secrets Manager secret.
+
+Parsing, merging and the concurrency-safe writes are ``opstate.webhook_secrets``' (one rule for
+every reader and writer); this module adapts them to the CLI: errors become ``CliError``
+sentences, ignored entries one warning each on stderr, and each target can say which options
+name it (``--secret-file PATH`` / ``--secret-arn ARN``) so a recovery hint repeats exactly the
+destination that was used.
+"""
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Sequence
-from datetime import datetime
+import shlex
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from opstate.cli.common import CliError
+from opstate.cli.common import CliError, err
+from opstate.webhook_secrets import (
+    ParsedSecrets,
+    SecretStoreError,
+    read_secret_file,
+    read_secrets_manager,
+    update_secret_file,
+    update_secrets_manager,
+)
 
-# A stored secret list never grows beyond this many entries (newest kept).
-MAX_STORED_SECRETS = 8
+Change = Callable[[Sequence[str]], Sequence[str]]
 
 
 class SecretTarget(Protocol):
     description: str
 
-    def read(self) -> list[str]: ...
+    def read(self) -> list[str]:
+        """The stored keys, newest first (ignored entries are warned about on stderr)."""
+        ...
 
-    def write(self, secrets: Sequence[str]) -> None: ...
+    def update(self, change: Change) -> list[str]:
+        """Re-read, apply ``change`` and write, safe against a concurrent update; the keys
+        written. Raises ``CliError`` (or the store's own error) when it cannot."""
+        ...
+
+    def options(self) -> list[str]:
+        """The command-line options that name this destination."""
+        ...
+
+
+def _warn(parsed: ParsedSecrets, where: str) -> list[str]:
+    for warning in parsed.warnings(where):
+        err(f"warning: {warning}")
+    return list(parsed.keys)
 
 
 class FileSecretTarget:
-    """The local secret file ``opstate serve`` reads (one secret per line, newest first)."""
+    """The local secret file ``opstate serve`` reads (one key per line, newest first)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.description = f"the local file {path}"
 
     def read(self) -> list[str]:
-        from opstate.local.secret_file import read_secret_file
-
         try:
-            return read_secret_file(self.path)
+            parsed = read_secret_file(self.path)
         except FileNotFoundError:
             return []
         except OSError as exc:
             raise CliError(f"cannot read {self.path}: {exc.strerror or exc}") from None
+        return _warn(parsed, self.description)
 
-    def write(self, secrets: Sequence[str]) -> None:
-        from opstate.local.secret_file import write_secret_file
+    def update(self, change: Change) -> list[str]:
+        try:
+            return update_secret_file(self.path, change)
+        except OSError as exc:
+            raise CliError(f"cannot write {self.path}: {exc.strerror or exc}") from None
 
-        write_secret_file(self.path, secrets)
+    def options(self) -> list[str]:
+        return ["--secret-file", str(self.path)]
 
 
 class SecretsManagerTarget:
-    """A Secrets Manager secret whose value is a JSON list of ``whsec_`` secrets, newest first."""
+    """A Secrets Manager secret whose value is a JSON list of ``whsec_`` keys, newest first."""
 
-    def __init__(self, secret_id: str) -> None:
-        import boto3
+    def __init__(self, secret_id: str, client: Any = None) -> None:
+        if client is None:
+            import boto3
 
+            client = boto3.client("secretsmanager")
         self.secret_id = secret_id
         self.description = f"Secrets Manager secret {secret_id}"
-        self._client = boto3.client("secretsmanager")
+        self._client = client
 
     def read(self) -> list[str]:
-        from botocore.exceptions import BotoCoreError, ClientError
-
         try:
-            value = self._client.get_secret_value(SecretId=self.secret_id)
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            if code == "ResourceNotFoundException" and self._exists():
-                return []  # the secret exists but has no value yet
+            parsed, _ = read_secrets_manager(self._client, self.secret_id)
+        except SecretStoreError as exc:
+            raise CliError(str(exc)) from None
+        except Exception as exc:  # credentials, endpoint: botocore's own errors
             raise CliError(f"cannot read {self.description}: {exc}") from None
-        except BotoCoreError as exc:
-            raise CliError(f"cannot read {self.description}: {exc}") from None
-        return parse_stored_secrets(value.get("SecretString") or "")
+        return _warn(parsed, self.description)
 
-    def _exists(self) -> bool:
-        from botocore.exceptions import BotoCoreError, ClientError
-
+    def update(self, change: Change) -> list[str]:
         try:
-            self._client.describe_secret(SecretId=self.secret_id)
-        except (ClientError, BotoCoreError):
-            return False
-        return True
+            return update_secrets_manager(self._client, self.secret_id, change)
+        except SecretStoreError as exc:
+            raise CliError(str(exc)) from None
 
-    def write(self, secrets: Sequence[str]) -> None:
-        self._client.put_secret_value(SecretId=self.secret_id, SecretString=json.dumps(secrets))
-
-
-def parse_stored_secrets(text: str) -> list[str]:
-    """A stored value: a JSON list, or whitespace-separated secrets; non-``whsec_`` entries
-    (placeholders) are ignored."""
-    stripped = text.strip()
-    items: list[Any]
-    if stripped.startswith("["):
-        try:
-            loaded = json.loads(stripped)
-        except ValueError:
-            loaded = []
-        items = loaded if isinstance(loaded, list) else []
-    else:
-        items = stripped.split()
-    return [i.strip() for i in items if isinstance(i, str) and i.strip().startswith("whsec_")]
-
-
-def merge_secrets(new: str, existing: Sequence[str]) -> list[str]:
-    """The new secret first, then the previous ones (deduplicated), at most MAX_STORED_SECRETS."""
-    merged = [new]
-    for secret in existing:
-        if secret not in merged:
-            merged.append(secret)
-    return merged[:MAX_STORED_SECRETS]
-
-
-_TRUNCATION = re.compile(r"\.{2,}|…|\*+")
-
-
-def secret_matches(secret: str, truncated: str) -> bool:
-    """Whether a full secret is the one a truncated form (``whsec_AbC...xYz``) shows."""
-    if not truncated:
-        return False
-    parts = _TRUNCATION.split(truncated)
-    if len(parts) == 1:
-        return secret == truncated
-    head, tail = parts[0], parts[-1]
-    if not head and not tail:
-        return False
-    for candidate in (secret, secret.removeprefix("whsec_")):
-        if (
-            candidate.startswith(head)
-            and candidate.endswith(tail)
-            and len(candidate) >= len(head) + len(tail)
-        ):
-            return True
-    return False
-
-
-def prune_secrets(
-    secrets: Sequence[str], new: str, webhooks: Sequence[Any], now: datetime
-) -> list[str]:
-    """Drop stored secrets Gemini no longer lists (revoked or expired).
-
-    Only when the answer is trustworthy: Gemini lists truncated secrets and the new secret
-    matches one of them. Otherwise everything is kept (a secret kept too long is harmless; a
-    secret dropped too early loses deliveries).
-    """
-    live: list[str] = []
-    for webhook in webhooks:
-        for entry in getattr(webhook, "signing_secrets", None) or ():
-            truncated = getattr(entry, "truncated_secret", None)
-            expires = getattr(entry, "expire_time", None)
-            if not truncated:
-                continue
-            if isinstance(expires, datetime) and expires.tzinfo is not None and expires <= now:
-                continue
-            live.append(truncated)
-    if not any(secret_matches(new, t) for t in live):
-        return list(secrets)
-    return [s for s in secrets if s == new or any(secret_matches(s, t) for t in live)]
+    def options(self) -> list[str]:
+        return ["--secret-arn", self.secret_id]
 
 
 def secret_target(secret_arn: str | None, secret_file: Path) -> SecretTarget:
@@ -161,3 +113,8 @@ def secret_target(secret_arn: str | None, secret_file: Path) -> SecretTarget:
     if secret_arn:
         return SecretsManagerTarget(secret_arn)
     return FileSecretTarget(secret_file)
+
+
+def rotate_command(webhook_id: str, target: SecretTarget) -> str:
+    """The exact ``opstate webhooks rotate`` that stores a fresh secret where ``target`` is."""
+    return shlex.join(["opstate", "webhooks", "rotate", "--id", webhook_id, *target.options()])

@@ -19,10 +19,11 @@ from opstate.cli.common import (
     require_gemini_key,
     settings_for,
 )
-from opstate.cli.webhook_secrets import SecretTarget, merge_secrets, prune_secrets, secret_target
+from opstate.cli.webhook_secrets import SecretTarget, rotate_command, secret_target
 from opstate.config import Settings
 from opstate.events import WEBHOOK_TYPES
 from opstate.times import format_time, parse_time
+from opstate.webhook_secrets import rotation_change
 
 # The event types `webhooks register` subscribes to by default (those the Gemini API documents).
 DEFAULT_WEBHOOK_EVENTS = (
@@ -155,7 +156,7 @@ def cmd_webhooks_register(args: argparse.Namespace) -> int:
     if not args.url.startswith(("https://", "http://")):
         raise UsageError(f"--url must be an http(s) URL, got {args.url!r}")
     target = _secret_target(args, config)
-    existing = target.read()  # fails before the webhook exists if the target is unusable
+    target.read()  # fails before the webhook exists if the target is unusable
     client = _gemini(config)
     webhook = _call(
         "create the webhook",
@@ -165,11 +166,14 @@ def cmd_webhooks_register(args: argparse.Namespace) -> int:
     if not secret:
         raise CliError(f"Gemini created webhook {webhook.id} but returned no signing secret")
     try:
-        target.write(merge_secrets(secret, existing))
+        # Re-read and merge right before writing (under a lock / version check): a secret
+        # stored meanwhile by another command is kept.
+        target.update(rotation_change(secret))
     except Exception as exc:
+        reason = exc.message if isinstance(exc, CliError) else str(exc)
         raise CliError(
             f"webhook {webhook.id} was created but its signing secret could not be stored in "
-            f"{target.description} ({exc}); run `opstate webhooks rotate --id {webhook.id}` "
+            f"{target.description} ({reason}); run `{rotate_command(webhook.id, target)}` "
             "to get a new one"
         ) from None
     view = webhook_json(webhook)
@@ -203,21 +207,51 @@ def cmd_webhooks_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _listed_secrets(hooks: list[Any], webhook_id: str, now: datetime | None = None) -> list[str]:
+    """The truncated secrets Gemini lists for ``webhook_id``; with ``now``, only those it still
+    honours then (an entry whose ``expire_time`` has passed no longer counts as listed)."""
+    listed: list[str] = []
+    for hook in hooks:
+        if hook.id != webhook_id:
+            continue
+        for entry in getattr(hook, "signing_secrets", None) or ():
+            truncated = getattr(entry, "truncated_secret", None)
+            expires = getattr(entry, "expire_time", None)
+            if not truncated:
+                continue
+            if (
+                now is not None
+                and isinstance(expires, datetime)
+                and expires.tzinfo is not None
+                and expires <= now
+            ):
+                continue
+            listed.append(truncated)
+    return listed
+
+
 def cmd_webhooks_rotate(args: argparse.Namespace) -> int:
     config = settings_for(args)
     target = _secret_target(args, config)
-    stored = target.read()
+    target.read()  # fails before anything changes at Gemini if the target is unusable
     client = _gemini(config)
     webhook_id = args.id
+    try:
+        before_hooks = _list_webhooks(client)
+    except CliError:
+        if webhook_id is None:
+            raise
+        before_hooks = []  # nothing known about what this webhook listed: nothing is pruned
     if webhook_id is None:
-        hooks = _list_webhooks(client)
-        if len(hooks) != 1:
+        if len(before_hooks) != 1:
             raise UsageError(
-                f"there are {len(hooks)} webhooks; name the one to rotate with --id"
-                if hooks
+                f"there are {len(before_hooks)} webhooks; name the one to rotate with --id"
+                if before_hooks
                 else "there is no webhook to rotate"
             )
-        webhook_id = hooks[0].id
+        webhook_id = before_hooks[0].id
+    # Everything Gemini lists for this webhook, expired or not, is known to be its own.
+    listed_before = _listed_secrets(before_hooks, webhook_id)
     behavior = REVOKE_NOW if args.revoke_now else REVOKE_AFTER_24H
     answer = _call(
         f"rotate the signing secret of {webhook_id}",
@@ -226,33 +260,35 @@ def cmd_webhooks_rotate(args: argparse.Namespace) -> int:
     secret = answer.secret
     if not secret:
         raise CliError(f"Gemini rotated webhook {webhook_id} but returned no secret")
-
-    merged = merge_secrets(secret, stored)
     try:
-        after = _list_webhooks(client)
+        listed_after = _listed_secrets(_list_webhooks(client), webhook_id, datetime.now(UTC))
     except CliError:
-        after = []
-    merged = prune_secrets(merged, secret, after, datetime.now(UTC))
+        listed_after = []  # untrusted answer: nothing is pruned
+    # Re-read, merge and write under a lock (file) or a version check (Secrets Manager): only
+    # what this webhook listed before the rotation and no longer lists is dropped.
+    change = rotation_change(secret, listed_before=listed_before, listed_after=listed_after)
     try:
-        target.write(merged)
+        stored = target.update(change)
     except Exception as exc:
+        reason = exc.message if isinstance(exc, CliError) else str(exc)
         raise CliError(
             f"the secret of webhook {webhook_id} was rotated but could not be stored in "
-            f"{target.description} ({exc}); rotate again once it is writable"
+            f"{target.description} ({reason}); run `{rotate_command(webhook_id, target)}` "
+            "once it is writable"
         ) from None
     result = {
         "id": webhook_id,
         "revocation": behavior,
         "secretStoredIn": target.description,
-        "storedSecrets": len(merged),
+        "storedSecrets": len(stored),
     }
     if args.json:
         print_json(result)
     else:
         out(f"rotated the signing secret of webhook {webhook_id}")
         out(
-            f"  {target.description} now holds {len(merged)} secret(s): the new one and those "
-            "Gemini still honours"
+            f"  {target.description} now holds {len(stored)} secret(s): the new one and those "
+            "still valid"
         )
         if behavior == REVOKE_AFTER_24H:
             out("  Gemini keeps signing with the previous secret for up to 24 hours too")

@@ -1,112 +1,74 @@
-"""The local webhook secret file: generated once, read on change, rewritten atomically.
+"""The local webhook secret and API token of ``opstate serve``: where they come from.
 
-``opstate serve`` reads it (``resolve_secrets``, ``SecretFileProvider``); the CLI's
-``webhooks register`` / ``rotate`` write it (``write_secret_file``).
+The secret file (``.opstate/webhook-secret``) is read, generated and written by
+``opstate.webhook_secrets`` (one rule for every reader: only ``whsec_`` keys of at least 24
+bytes count, ``#`` lines are comments). The API token that guards the operations routes lives
+beside it (``.opstate/api-token``, ``opstate.api_token``) unless ``OPSTATE_API_TOKEN`` is set.
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import dataclasses
-import os
-import secrets as secrets_module
-import threading
-import uuid
-from collections.abc import Sequence
 from pathlib import Path
 
+from opstate.api_token import ApiToken, resolve_api_token, token_file_beside
 from opstate.config import Settings
+from opstate.webhook_secrets import (
+    KEY_RULE,
+    SecretFileReader,
+    create_secret_file,
+    generate_secret,
+    parse_stored,
+    read_secret_file,
+    write_secret_file,
+)
 
 DEFAULT_SECRET_FILE = Path(".opstate") / "webhook-secret"
-SECRET_PREFIX = "whsec_"
 
-
-def generate_secret() -> str:
-    """A Standard Webhooks secret: ``whsec_`` + base64 of 32 random bytes."""
-    return SECRET_PREFIX + base64.b64encode(secrets_module.token_bytes(32)).decode("ascii")
-
-
-def read_secret_file(path: Path) -> list[str]:
-    """The secrets in a local secret file: one per line (or whitespace-separated), newest first."""
-    text = path.read_text(encoding="utf-8")
-    return [token for token in text.split() if token and not token.startswith("#")]
-
-
-def write_secret_file(path: Path, secrets: Sequence[str]) -> None:
-    """Write ``secrets`` (newest first) atomically, readable by the owner only (mode 0600)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write("".join(f"{s}\n" for s in secrets))
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
-
-
-class SecretFileProvider:
-    """The secrets of a local file, re-read when the file changes on disk.
-
-    ``opstate webhooks register`` / ``rotate`` rewrite the file while ``opstate serve`` runs;
-    the next request sees the new secrets without a restart. If the file vanishes or cannot be
-    read, the last secrets read stay in use.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._lock = threading.Lock()
-        self._stamp: tuple[int, int] | None = None
-        self._secrets: tuple[str, ...] = tuple(read_secret_file(path))
-
-    def __call__(self) -> tuple[str, ...]:
-        with self._lock:
-            try:
-                stat = self._path.stat()
-                stamp = (stat.st_mtime_ns, stat.st_size)
-                if stamp != self._stamp:
-                    found = tuple(read_secret_file(self._path))
-                    if found:
-                        self._secrets = found
-                    self._stamp = stamp
-            except OSError:
-                pass
-            return self._secrets
+__all__ = [
+    "DEFAULT_SECRET_FILE",
+    "SecretFileReader",
+    "SecretSource",
+    "api_token_for",
+    "generate_secret",
+    "resolve_secrets",
+    "write_secret_file",
+]
 
 
 @dataclasses.dataclass(frozen=True)
 class SecretSource:
     """Where the webhook secrets come from, for the start-up banner."""
 
-    secrets: tuple[str, ...]
+    secrets: tuple[str, ...]  # the usable keys, newest first
     origin: str  # "env" or "file"
     path: Path | None
     generated: bool
+    warnings: tuple[str, ...] = ()  # one per ignored entry: its position, never its value
 
 
 def resolve_secrets(settings: Settings, secret_file: Path) -> SecretSource:
-    """``OPSTATE_WEBHOOK_SECRETS`` if set; else the secret file, generated once if missing."""
+    """``OPSTATE_WEBHOOK_SECRETS`` if set; else the secret file, generated once if missing.
+
+    ``ValueError`` when no usable key is found (the server would answer every webhook 503).
+    """
     if settings.webhook_secrets:
-        return SecretSource(tuple(settings.webhook_secrets), "env", None, False)
-    path = secret_file.resolve()
-    generated = False
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        secret = generate_secret()
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            pass  # another process created it first: use theirs
-        else:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(secret + "\n")
-            os.chmod(path, 0o600)
-            generated = True
-    found = read_secret_file(path)
-    if not found:
-        raise ValueError(f"the webhook secret file {path} holds no secret")
-    return SecretSource(tuple(found), "file", path, generated)
+        parsed = parse_stored(settings.webhook_secrets)
+        where = "OPSTATE_WEBHOOK_SECRETS"
+        path: Path | None = None
+        generated = False
+    else:
+        path = secret_file.resolve()
+        generated = create_secret_file(path)
+        parsed = read_secret_file(path)
+        where = f"the webhook secret file {path}"
+    if not parsed.keys:
+        raise ValueError(f"{where} holds no usable key ({KEY_RULE})")
+    origin = "file" if path is not None else "env"
+    return SecretSource(parsed.keys, origin, path, generated, tuple(parsed.warnings(where)))
+
+
+def api_token_for(settings: Settings, secret_file: Path) -> ApiToken:
+    """The operations routes' token: ``OPSTATE_API_TOKEN``, else the file beside the secret
+    file (generated on first use, mode 0600)."""
+    return resolve_api_token(settings.api_token, token_file_beside(secret_file.resolve()))

@@ -30,13 +30,15 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from opstate.api_token import API_TOKEN_ENV, ApiToken
 from opstate.config import Settings
 from opstate.local.apigw import WEBHOOK_PATH
 from opstate.local.reconcile_loop import ReconcileLoop, start_reconciler
 from opstate.local.secret_file import (
     DEFAULT_SECRET_FILE,
-    SecretFileProvider,
+    SecretFileReader,
     SecretSource,
+    api_token_for,
     resolve_secrets,
 )
 from opstate.quarantine import local_quarantine
@@ -102,6 +104,21 @@ def change_line(decision: Decision, now_ns: int | None = None) -> str | None:
     return f"{stamp}  {record.name}  {previous} -> {record.state}  v{record.version}"
 
 
+def token_expression(token: ApiToken) -> str:
+    """A shell expression for the API token, read at paste time (never the token itself)."""
+    if token.origin == "file" and token.path is not None:
+        return f"$(cat {shlex.quote(str(token.path))})"
+    return f"${{{API_TOKEN_ENV}}}"
+
+
+def track_example(base_url: str, token: ApiToken) -> str:
+    """A ready-to-paste ``curl`` that tracks a job through the token-protected route."""
+    return (
+        f'curl -sS -X PUT -H "Authorization: Bearer {token_expression(token)}" '
+        f"{base_url}/operations/batches/<id>"
+    )
+
+
 def curl_example(base_url: str, source: SecretSource) -> str:
     """A ready-to-paste shell snippet that signs and posts a test webhook (openssl + curl)."""
     if source.origin == "file" and source.path is not None:
@@ -160,7 +177,7 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
     say = Printer(out)
     _quiet_powertools(options.verbose)
 
-    from opstate.api import create_app
+    from opstate.api import create_app, require_bearer_token
     from opstate.signatures import SecretsProviderVerifier, StaticSecretsVerifier
     from opstate.store import store_from_url
 
@@ -170,10 +187,16 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
         source = resolve_secrets(settings, options.secret_file)
     except (OSError, ValueError) as exc:
         raise ServeError(f"cannot set up the webhook secret: {exc}") from None
+    try:
+        token = api_token_for(settings, options.secret_file)
+    except (OSError, ValueError) as exc:
+        raise ServeError(f"cannot set up the API token: {exc}") from None
     verifier: Any
     if source.origin == "file" and source.path is not None:
         verifier = SecretsProviderVerifier(
-            SecretFileProvider(source.path), tolerance_s=settings.webhook_tolerance_s
+            SecretFileReader(source.path),
+            tolerance_s=settings.webhook_tolerance_s,
+            where=f"the webhook secret file {source.path}",
         )
     else:
         verifier = StaticSecretsVerifier(source.secrets, tolerance_s=settings.webhook_tolerance_s)
@@ -201,6 +224,7 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
             on_decision=on_decision,
             # Signed webhooks that cannot be read are kept here (opstate replay --quarantine).
             quarantine=local_quarantine(store_url),
+            operations_auth=require_bearer_token(token.token),
         )
     )
 
@@ -235,12 +259,20 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
         say(f"  {source.secrets[0]}")
     else:
         say(f"webhook secrets: {len(source.secrets)} from {source.path}")
+    for warning in source.warnings:
+        say(f"warning: {warning}")
+    if token.origin == "env":
+        say(f"API token (operations routes): from {API_TOKEN_ENV}")
+    elif token.generated:
+        say(f"API token (operations routes): generated, saved in {token.path} with mode 0600")
+    else:
+        say(f"API token (operations routes): from {token.path}")
     say(f"webhook URL: {base_url}{WEBHOOK_PATH}")
-    say("  give Gemini the public https URL of a tunnel to it, e.g. with")
+    say("  give Gemini the public https URL of a tunnel that forwards only this path, e.g.")
     say(f"  opstate webhooks register --url https://<your-tunnel>{WEBHOOK_PATH}")
     say("signed test webhook (paste into a shell):")
     say(curl_example(base_url, source))
-    say(f"track a job: curl -sS -X PUT {base_url}/operations/batches/<id>")
+    say(f"track a job: {track_example(base_url, token)}")
 
     loop: ReconcileLoop | None = None
     if settings.gemini_api_key or settings.gemini_api_key_secret_arn:
