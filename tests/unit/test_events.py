@@ -849,3 +849,16 @@ def test_unsupported_messages() -> None:
     with pytest.raises(UnsupportedEventError) as info:
         from_interaction({"id": "i", "status": "dreaming"})
     assert str(info.value) == "interaction interactions/i has unknown status 'dreaming'"
+
+
+def test_a_batch_without_a_state_says_so() -> None:
+    with pytest.raises(UnsupportedEventError) as info:
+        from_batch_job({"name": "batches/b"})
+    assert (info.value.reason, str(info.value)) == ("unknown-state", "batch batches/b has no state")
+
+
+def test_an_event_is_an_immutable_value() -> None:
+    event = OpEvent("batches/b", State.RUNNING, 1, Source.POLL)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        event.state = State.FAILED  # type: ignore[misc]
+    assert not hasattr(event, "__dict__")
