@@ -19,7 +19,7 @@ SAM := SAM_CLI_TELEMETRY=0 $(TOOLS_VENV)/bin/sam
 CFN_LINT := $(TOOLS_VENV)/bin/cfn-lint
 
 .PHONY: help run test unit lint typecheck pytest venv bench bench-quick clean \
-	tools rie-venv template-check build e2e dashboard
+	tools rie-venv template-check build e2e dashboard mutate
 
 help:
 	@echo "make run    - set up .venv if needed, then serve the app on http://127.0.0.1:3000"
@@ -27,6 +27,8 @@ help:
 	@echo "              the template checks, sam build and the whole pytest suite (incl. e2e)"
 	@echo "make unit   - the inner loop: the domain and unit tests only (tests/unit, under 30 s)"
 	@echo "make bench  - benchmarks (not part of make test); make bench-quick for a short run"
+	@echo "make mutate - mutation testing of the domain modules and signatures.py (not part of"
+	@echo "              make test; slow: lists the surviving mutants)"
 	@echo "make template-check - sam validate --lint and cfn-lint (+ serverless rules) on template.yaml"
 	@echo "make build  - sam build (cached, parallel) into .aws-sam/build"
 	@echo "make dashboard - regenerate template.yaml's dashboard and saved queries (scripts/)"
@@ -108,6 +110,11 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(PY) benchmarks/run.py --quick
+
+# Mutation testing (tools/mutate.py): every mutant of the domain modules and signatures.py
+# against their tests; exits 1 and lists the survivors if any. MUTATE_ARGS e.g. --module names.
+mutate: $(STAMP)
+	$(PY) tools/mutate.py $(MUTATE_ARGS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS_VENV) $(RIE_VENV) .mypy_cache .pytest_cache .ruff_cache .aws-sam

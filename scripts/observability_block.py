@@ -113,6 +113,14 @@ PANELS: list[Panel] = [
     Panel("Decisions dropped, by reason", [custom("EventsDropped")]),
     Panel("Signature rejections", [custom("SignatureRejected")]),
     Panel(
+        "Kept unread, store-refused, details normalised",
+        [
+            custom("WebhooksQuarantined", label="quarantined"),
+            custom("StoreRejected", label="store refused"),
+            custom("DetailsNormalised", label="details normalised"),
+        ],
+    ),
+    Panel(
         "503s and ingest give-ups",
         [
             custom("IngestGaveUp", label="ingest gave up"),

@@ -13,7 +13,7 @@ import pytest
 from opstate.config import Settings
 from opstate.events import from_report, from_webhook
 from opstate.ingest import ingest
-from opstate.names import Kind
+from opstate.names import Kind, canonical_name
 from opstate.observability import metrics
 from opstate.reconcile import Backoff, PollMemory, make_client, reconcile_once
 from opstate.reducer import OpRecord
@@ -78,7 +78,7 @@ def track(store: MemoryStore, name: str, state: str = "PENDING", time: str = T0)
 
 
 def record(store: MemoryStore, name: str) -> OpRecord:
-    found = store.get(name)
+    found = store.get(canonical_name(name))  # a video's key has no model
     assert found is not None, name
     return found
 

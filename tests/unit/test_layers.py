@@ -34,6 +34,7 @@ DOMAIN = (
     "opstate.model",
     "opstate.views",
     "opstate.strict_json",
+    "opstate.details",
 )
 # (layer name, module prefixes): "opstate.store" places opstate.store and opstate.store.*.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
@@ -47,9 +48,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "opstate.api_token",
             "opstate.observability",
             "opstate.ingest",
+            "opstate.quarantine",
         ),
     ),
-    ("api, notify, reconcile", ("opstate.api", "opstate.notify", "opstate.reconcile")),
+    (
+        "api, notify, reconcile",
+        ("opstate.api", "opstate.notify", "opstate.reconcile", "opstate.replay"),
+    ),
     ("local, cli", ("opstate.local", "opstate.cli")),
 ]
 ROOT_PACKAGE = "opstate"  # its __init__ imports nothing of opstate: below everything

@@ -379,15 +379,18 @@ def test_webhook_deliveries_are_counted_by_outcome(capsys: pytest.CaptureFixture
         send(app, _body()),  # the same delivery again: dropped
         send(app, _body("batch.paused")),  # unsupported type: dropped
         send(app, _body(), OTHER_SECRET),  # rejected
-        send(app, b"{not json"),  # invalid
+        send(app, b"{not json"),  # signed but unreadable: quarantined
+        send(app, b"{not json", OTHER_SECRET),  # unsigned and unreadable: rejected
         send(broken, _body()),  # retry-later (store)
         send(no_secrets, _body()),  # retry-later (secrets)
     ]
-    assert statuses == [200, 200, 200, 401, 400, 503, 503]
+    assert statuses == [200, 200, 200, 401, 200, 401, 503, 503]
     blobs = [b for b in _blobs(capsys.readouterr().out) if "WebhookDeliveries" in b]
     outcomes = [b["outcome"] for b in blobs]
     assert (
-        outcomes == ["applied", "dropped", "dropped", "rejected", "invalid"] + ["retry-later"] * 2
+        outcomes
+        == ["applied", "dropped", "dropped", "rejected", "quarantined", "rejected"]
+        + ["retry-later"] * 2
     )
     assert set(outcomes) <= set(WEBHOOK_OUTCOMES)
     for blob in blobs:

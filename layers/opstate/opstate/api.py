@@ -14,7 +14,9 @@ caller, so a route deployed without it cannot open the table); in ``opstate serv
 
 Response contract (JSON): 200 ``{applied, reason, name, state, version}`` when the event was
 applied or deliberately dropped; 400 ``{error, message}`` for malformed input (nothing
-written); 401 ``invalid-signature``; 413 ``payload-too-large``; 503 with ``Retry-After`` when
+written), never for a webhook that passed the signature check: one we cannot read is kept in
+the quarantine and answered 200 ``reason: quarantined`` (``opstate.quarantine``); 401
+``invalid-signature``; 413 ``payload-too-large``; 503 with ``Retry-After`` when
 the event was neither applied nor dropped (contention, store or secrets unavailable) - never
 200 then; 404 ``not-found`` for unknown records and routes.
 """
@@ -42,9 +44,17 @@ from opstate.events import (
     from_report,
     from_webhook,
 )
-from opstate.ingest import IngestContentionError, ingest
-from opstate.names import InvalidNameError, Kind, canonical_name
+from opstate.ingest import IngestContentionError, find_record, ingest
+from opstate.names import (
+    VIDEO_DETAIL,
+    InvalidNameError,
+    Kind,
+    ParsedName,
+    canonical_name,
+    parse_name,
+)
 from opstate.observability import (
+    count,
     logger,
     record_decision,
     record_retry_later,
@@ -52,6 +62,7 @@ from opstate.observability import (
     record_unsupported,
     record_webhook_outcome,
 )
+from opstate.quarantine import Delivery, LogQuarantine, Quarantine
 from opstate.reducer import Decision
 from opstate.signatures import SignatureError, Verifier
 from opstate.store.port import RetryableError, Store
@@ -154,7 +165,7 @@ def _best_effort_name(body: object) -> str | None:
     raw = data.get("id") or data.get("name")
     event_type = body.get("type")
     family = event_type.split(".", 1)[0] if isinstance(event_type, str) else ""
-    hint = {"batch": Kind.BATCH, "interaction": Kind.INTERACTION}.get(family)
+    hint = {"batch": Kind.BATCH, "interaction": Kind.INTERACTION, "video": Kind.VIDEO}.get(family)
     try:
         return canonical_name(raw, hint)
     except InvalidNameError:
@@ -223,12 +234,53 @@ def create_app(
     settings: Settings,
     clock_ns: Callable[[], int] = time.time_ns,
     on_decision: Callable[[Decision], None] | None = None,
+    quarantine: Quarantine | None = None,
     operations_auth: OperationsAuth = require_iam_caller,
 ) -> APIGatewayHttpResolver:
     """The API's resolver over ``store``; ``on_decision`` sees every decision taken;
-    ``operations_auth`` admits or refuses each operations request (default: AWS IAM)."""
+    ``operations_auth`` admits or refuses each operations request (default: AWS IAM); signed
+    webhooks that cannot be read are kept in ``quarantine`` (default: logged whole)."""
     app = _Resolver()
     max_bytes = settings.max_body_bytes
+    kept_in: Quarantine = quarantine if quarantine is not None else LogQuarantine()
+
+    def keep(
+        raw: bytes, code: str, message: str, body: object, webhook_id: str | None
+    ) -> Response[str]:
+        """A signed delivery we cannot read: kept, answered 200 (never a 4xx: Gemini would
+        retry it for a day, then disable the endpoint), counted; 503 if it cannot be kept."""
+        delivery = Delivery.new(
+            raw, webhook_id=webhook_id, reason=code, message=message, received_ns=clock_ns()
+        )
+        try:
+            kept_in.put(delivery)
+        except RetryableError as exc:
+            raise _unavailable(exc, webhook_id=webhook_id) from None
+        name = _best_effort_name(body)
+        logger.warning(
+            "webhook quarantined",
+            extra={
+                "reason": "quarantined",
+                "error": code,
+                "detail": message[:300],
+                "operation": name,
+                "webhook_id": webhook_id,
+                "quarantine_id": delivery.id,
+            },
+        )
+        count("WebhooksQuarantined")
+        return json_response(
+            200,
+            {
+                "applied": False,
+                "reason": "quarantined",
+                "name": name,
+                "state": None,
+                "version": 0,
+                "error": code,
+                "quarantineId": delivery.id,
+            },
+        )
 
     def run_ingest(event: OpEvent, **context: object) -> Decision:
         try:
@@ -256,17 +308,18 @@ def create_app(
     @app.post(WEBHOOK_PATH)
     def webhook() -> Response[str]:
         try:
-            response, applied = receive_webhook()
+            response, outcome = receive_webhook()
         except ApiError as exc:
             record_webhook_outcome(_error_outcome(exc.status))
             raise
         except Exception:
             record_webhook_outcome("error")
             raise
-        record_webhook_outcome("applied" if applied else "dropped")
+        record_webhook_outcome(outcome)
         return response
 
-    def receive_webhook() -> tuple[Response[str], bool]:
+    def receive_webhook() -> tuple[Response[str], str]:
+        """The answer to one webhook request and its ``WebhookDeliveries`` outcome."""
         event = app.current_event.raw_event
         raw = raw_body(event, max_bytes)
         headers = _headers(event)
@@ -278,11 +331,14 @@ def create_app(
             raise ApiError(401, "invalid-signature", "invalid signature") from None
         except RetryableError as exc:
             raise _unavailable(exc, webhook_id=webhook_id) from None
-        body = parse_json(raw)
+        try:
+            body = parse_json(raw)
+        except ApiError as exc:
+            return keep(raw, exc.code, exc.message, None, webhook_id), "quarantined"
         try:
             op_event = from_webhook(body)
         except InvalidEventError as exc:
-            raise ApiError(400, exc.code, exc.message) from None
+            return keep(raw, exc.code, exc.message, body, webhook_id), "quarantined"
         except UnsupportedEventError as exc:
             name = _best_effort_name(body)
             event_type = body.get("type") if isinstance(body, Mapping) else None
@@ -297,16 +353,21 @@ def create_app(
             return json_response(
                 200,
                 {"applied": False, "reason": exc.reason, "name": name, "state": None, "version": 0},
-            ), False
+            ), "dropped"
         decision = run_ingest(op_event, webhook_id=webhook_id)
-        return json_response(200, decision_to_json(decision)), decision.applied
+        outcome = "applied" if decision.applied else "dropped"
+        return json_response(200, decision_to_json(decision)), outcome
 
     @app.get(OPERATIONS_ROUTE)
     def get_operation() -> Response[str]:
         operations_auth(app.current_event.raw_event)
-        name = _path_name(app.current_event.path)
+        parsed = _path_parsed(app.current_event.path)
+        name = parsed.key
         try:
-            record = store.get(name)
+            # A video operation tracked before its key dropped the model is still found.
+            record = find_record(
+                store, name, {VIDEO_DETAIL: parsed.model} if parsed.model else None
+            )
         except RetryableError as exc:
             raise _unavailable(exc, name=name) from None
         if record is None:
@@ -374,9 +435,9 @@ def _raw_path_name(path: str) -> str:
     return unquote(path[len(OPERATIONS_PREFIX) :])
 
 
-def _path_name(path: str) -> str:
+def _path_parsed(path: str) -> ParsedName:
     try:
-        return canonical_name(_raw_path_name(path))
+        return parse_name(_raw_path_name(path))
     except InvalidNameError as exc:
         raise ApiError(400, "invalid-name", str(exc)) from None
 
@@ -409,6 +470,7 @@ def default_app() -> APIGatewayHttpResolver:
     global _app
     with _app_lock:
         if _app is None:
+            from opstate.quarantine import quarantine_from_settings
             from opstate.signatures import verifier_from_settings
             from opstate.store import store_from_url
 
@@ -419,6 +481,7 @@ def default_app() -> APIGatewayHttpResolver:
                     verifier=verifier_from_settings(config),
                     settings=config,
                     operations_auth=lambda_operations_auth(config),
+                    quarantine=quarantine_from_settings(config.quarantine_queue_url),
                 )
         return _app
 

@@ -57,8 +57,11 @@ METRICS: Final[Mapping[str, MetricSpec]] = {
         _spec("EventsDropped", "webhook reconcile", "decisions that dropped", "reason"),
         _spec("IngestConflicts", "webhook reconcile", "lost conditional writes retried"),
         _spec("IngestGaveUp", "webhook reconcile", "ingest hit its attempt bound (503)"),
+        _spec("StoreRejected", "webhook reconcile", "records the store refused (too large)"),
+        _spec("DetailsNormalised", "webhook reconcile", "events whose details were trimmed"),
         _spec("StoreUnavailable", "webhook reconcile", "store or secrets unreachable (503)"),
         _spec("SignatureRejected", "webhook", "webhooks that failed verification"),
+        _spec("WebhooksQuarantined", "webhook", "signed webhooks kept unread (quarantine)"),
         _spec("WebhooksDisabled", "reconcile", "Gemini webhooks not enabled"),
         _spec("Discovered", "reconcile", "batch jobs read by discovery"),
         _spec("Polled", "reconcile", "open operations polled"),
@@ -79,7 +82,15 @@ METRICS: Final[Mapping[str, MetricSpec]] = {
 }
 
 # What a webhook request ended as (the ``outcome`` dimension of ``WebhookDeliveries``).
-WEBHOOK_OUTCOMES: Final = ("applied", "dropped", "rejected", "invalid", "retry-later", "error")
+WEBHOOK_OUTCOMES: Final = (
+    "applied",
+    "dropped",
+    "quarantined",
+    "rejected",
+    "invalid",
+    "retry-later",
+    "error",
+)
 
 
 class LazyTracer:

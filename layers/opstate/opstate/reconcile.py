@@ -73,7 +73,7 @@ from opstate.events import (
     from_operation,
 )
 from opstate.ingest import ingest
-from opstate.names import Kind
+from opstate.names import Kind, api_name
 from opstate.observability import (
     count,
     decision_fields,
@@ -362,7 +362,9 @@ def fetch_event(client: genai.Client, record: OpRecord) -> OpEvent:
 
         operation: types.GenerateVideosOperation | types.ImportFileOperation
         if kind is Kind.VIDEO:
-            operation = types.GenerateVideosOperation.model_validate({"name": record.name})
+            # The key has no model (models/-/operations/<id>): put it back to ask for it.
+            full_name = api_name(record.name, record.details)
+            operation = types.GenerateVideosOperation.model_validate({"name": full_name})
         else:
             # File-search imports and any other LRO: only name/done/error/response matter.
             operation = types.ImportFileOperation.model_validate({"name": record.name})

@@ -42,6 +42,7 @@ from opstate.local.secret_file import (
     api_token_for,
     resolve_secrets,
 )
+from opstate.quarantine import local_quarantine
 from opstate.reducer import Decision
 from opstate.times import format_time
 
@@ -226,6 +227,8 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
             verifier=verifier,
             settings=settings,
             on_decision=on_decision,
+            # Signed webhooks that cannot be read are kept here (opstate replay --quarantine).
+            quarantine=local_quarantine(store_url),
             operations_auth=require_bearer_token(token.token),
         )
     )
