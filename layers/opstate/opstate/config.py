@@ -53,6 +53,18 @@ def _str(env: Mapping[str, str], key: str) -> str | None:
     return raw.strip()
 
 
+def _overdue(env: Mapping[str, str]) -> str:
+    key = "OPSTATE_RECONCILE_OVERDUE_HOURS"
+    raw = _str(env, key) or "batch=24"
+    from opstate.reconcile.schedule import parse_overdue
+
+    try:
+        parse_overdue(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+    return raw
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     # Store: a URL (dynamodb://TABLE or sqlite:///PATH). In Lambda, OPSTATE_TABLE_NAME is set by
@@ -79,6 +91,13 @@ class Settings:
     reconcile_open_limit: int = 1000
     reconcile_safety_margin_s: float = 10.0
     reconcile_http_timeout_s: float = 5.0
+    reconcile_max_rps: float = 20.0
+    reconcile_max_interval_s: float = 1800.0
+    reconcile_polled_only_max_interval_s: float = 600.0
+    reconcile_lost_after_runs: int = 3
+    reconcile_lost_after_s: float = 86400.0
+    # "kind=hours,..." (parsed by opstate.reconcile.schedule.parse_overdue)
+    reconcile_overdue_hours: str = "batch=24"
     # Notifier
     event_bus_name: str | None = None
 
@@ -111,6 +130,14 @@ class Settings:
             reconcile_http_timeout_s=_float(
                 env, "OPSTATE_RECONCILE_HTTP_TIMEOUT_SECONDS", 5.0, minimum=0.001
             ),
+            reconcile_max_rps=_float(env, "OPSTATE_RECONCILE_MAX_RPS", 20.0),
+            reconcile_max_interval_s=60.0
+            * _float(env, "OPSTATE_RECONCILE_MAX_INTERVAL_MINUTES", 30.0, minimum=1.0),
+            reconcile_polled_only_max_interval_s=60.0
+            * _float(env, "OPSTATE_RECONCILE_POLLED_ONLY_MAX_INTERVAL_MINUTES", 10.0, minimum=1.0),
+            reconcile_lost_after_runs=_int(env, "OPSTATE_RECONCILE_LOST_AFTER_RUNS", 3, minimum=1),
+            reconcile_lost_after_s=3600.0 * _float(env, "OPSTATE_RECONCILE_LOST_AFTER_HOURS", 24.0),
+            reconcile_overdue_hours=_overdue(env),
             event_bus_name=_str(env, "OPSTATE_EVENT_BUS_NAME"),
         )
 

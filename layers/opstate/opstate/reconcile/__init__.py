@@ -1,0 +1,52 @@
+"""The reconciler: discover batch jobs, poll what is due, feed answers to ``ingest``.
+
+One module per concern:
+
+- ``gateway``: the port a run needs from Gemini (webhook health, batch pages, fetch one
+  operation as an ``OpEvent``) and its ``GatewayError``;
+- ``genai_gateway``: that port on google-genai (the only module importing ``google.genai``,
+  inside functions), the API key and ``make_client``;
+- ``pacing``: clock, token-bucket rate limit, shared backoff and breaker, time budget;
+- ``schedule``: when an operation is next due, and when it is lost or overdue (pure);
+- ``run``: one run, ``reconcile_once``, reporting through ``on_decision``;
+- ``wiring``: ``run_from_settings``.
+
+Names are loaded on first use, so ``import opstate.reconcile`` stays cheap (no SDK, no boto3).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "Gateway": "gateway",
+    "GatewayError": "gateway",
+    "WebhookInfo": "gateway",
+    "GenaiGateway": "genai_gateway",
+    "api_key": "genai_gateway",
+    "classify": "genai_gateway",
+    "make_client": "genai_gateway",
+    "Backoff": "pacing",
+    "Clock": "pacing",
+    "SystemClock": "pacing",
+    "TokenBucket": "pacing",
+    "MarkDecision": "run",
+    "RunDecision": "run",
+    "RunResult": "run",
+    "reconcile_once": "run",
+    "Mark": "schedule",
+    "Schedule": "schedule",
+    "run_from_settings": "wiring",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'opstate.reconcile' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"opstate.reconcile.{module}"), name)
+    globals()[name] = value
+    return value
