@@ -17,7 +17,15 @@ Names are loaded on first use, so ``import opstate.reconcile`` stays cheap (no S
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opstate.reconcile.gateway import Gateway, GatewayError, WebhookInfo
+    from opstate.reconcile.genai_gateway import GenaiGateway, api_key, classify, make_client
+    from opstate.reconcile.pacing import Backoff, Clock, SystemClock, TokenBucket
+    from opstate.reconcile.run import MarkDecision, RunDecision, RunResult, reconcile_once
+    from opstate.reconcile.schedule import Mark, Schedule
+    from opstate.reconcile.wiring import run_from_settings
 
 _WHERE = {
     "Gateway": "gateway",
@@ -40,7 +48,26 @@ _WHERE = {
     "run_from_settings": "wiring",
 }
 
-__all__ = sorted(_WHERE)
+__all__ = [
+    "Backoff",
+    "Clock",
+    "Gateway",
+    "GatewayError",
+    "GenaiGateway",
+    "Mark",
+    "MarkDecision",
+    "RunDecision",
+    "RunResult",
+    "Schedule",
+    "SystemClock",
+    "TokenBucket",
+    "WebhookInfo",
+    "api_key",
+    "classify",
+    "make_client",
+    "reconcile_once",
+    "run_from_settings",
+]
 
 
 def __getattr__(name: str) -> Any:
