@@ -17,16 +17,10 @@ from dataclasses import dataclass
 import boto3
 import pytest
 
-from opstate.cli import (
-    EXIT_FAILURE,
-    EXIT_OK,
-    EXIT_USAGE,
-    Progress,
-    main,
-    merge_secrets,
-    parse_stored_secrets,
-    secret_matches,
-)
+from opstate.cli import main
+from opstate.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from opstate.cli.replay import Progress
+from opstate.cli.webhook_secrets import merge_secrets, parse_stored_secrets, secret_matches
 from opstate.config import settings
 from opstate.signatures import StaticSecretsVerifier
 from opstate.store.sqlite import SQLiteStore

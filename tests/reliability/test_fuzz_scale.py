@@ -28,9 +28,9 @@ from opstate.events import (
     from_report,
     from_webhook,
 )
+from opstate.local.apigw import LocalLambdaContext
 from opstate.names import canonical_name
 from opstate.reducer import OpRecord
-from opstate.server import LocalLambdaContext
 from opstate.states import State
 from opstate.store import MemoryStore
 from opstate.store.port import WriteOutcome

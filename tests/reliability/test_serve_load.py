@@ -33,7 +33,7 @@ from tests.reliability.support import (
 from tests.support.motoserver import free_port
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("opstate.server") is None, reason="opstate.server is not built yet"
+    importlib.util.find_spec("opstate.local.serve") is None, reason="opstate.local is not built yet"
 )
 
 OPERATIONS = 500

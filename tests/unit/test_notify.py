@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from opstate import notify
 from opstate.config import ConfigError, Settings
+from opstate.local.apigw import LocalLambdaContext
 from opstate.notify import (
     DETAIL_TYPE,
     MAX_REQUEST_BYTES,
@@ -29,7 +30,6 @@ from opstate.notify import (
 )
 from opstate.observability import metrics as obs_metrics
 from opstate.reducer import OpRecord
-from opstate.server import LocalLambdaContext
 from opstate.states import State
 from opstate.store.dynamodb import item_from_record, serialize_item
 
