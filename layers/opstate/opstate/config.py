@@ -88,7 +88,7 @@ class Settings:
     gemini_api_key: str | None = None
     reconcile_workers: int = 8
     reconcile_max_pages: int = 5
-    reconcile_open_limit: int = 1000
+    reconcile_open_limit: int = 5000
     reconcile_safety_margin_s: float = 10.0
     reconcile_http_timeout_s: float = 5.0
     reconcile_max_rps: float = 20.0
@@ -125,7 +125,7 @@ class Settings:
             gemini_api_key=_str(env, "GEMINI_API_KEY"),
             reconcile_workers=_int(env, "OPSTATE_RECONCILE_WORKERS", 8, minimum=1),
             reconcile_max_pages=_int(env, "OPSTATE_RECONCILE_MAX_PAGES", 5, minimum=0),
-            reconcile_open_limit=_int(env, "OPSTATE_RECONCILE_OPEN_LIMIT", 1000, minimum=1),
+            reconcile_open_limit=_int(env, "OPSTATE_RECONCILE_OPEN_LIMIT", 5000, minimum=1),
             reconcile_safety_margin_s=_float(env, "OPSTATE_RECONCILE_SAFETY_MARGIN_SECONDS", 10.0),
             reconcile_http_timeout_s=_float(
                 env, "OPSTATE_RECONCILE_HTTP_TIMEOUT_SECONDS", 5.0, minimum=0.001
