@@ -418,19 +418,16 @@ class DynamoDBStore:
         return WRITTEN
 
     def list_open(self, limit: int = 100) -> Sequence[OpRecord]:
-        """Up to ``limit`` open records, oldest ``update_time_ns`` first (ties by name).
+        """Up to ``limit`` open records in open-index order (soonest due first; ties by name).
 
-        Queries the sparse ``open-index`` GSI shard by shard (each ascending, at most ``limit``
-        items) and merges. GSI reads are eventually consistent: a record that just became
-        terminal can still show up for a moment; callers re-read or re-ingest anyway.
+        ``iter_due(None)`` cut at ``limit``: a Query per shard, merged. GSI reads are
+        eventually consistent: a record that just became terminal can still show up for a
+        moment; callers re-read or re-ingest anyway.
         """
         if limit <= 0:
             return []
-        found: list[OpRecord] = []
-        for shard in range(self.shards):
-            found.extend(self._query_shard(shard, limit))
-        found.sort(key=lambda r: (r.update_time_ns, r.name))
-        return found[:limit]
+        page = min(limit, 1000)
+        return [e.record for _, e in zip(range(limit), self.iter_due(None, page), strict=False)]
 
     def iter_due(self, now_ns: int | None, page_size: int = 100) -> Iterator[Due]:
         """Open entries due by ``now_ns`` (None: all), oldest due first.
@@ -603,27 +600,3 @@ class DynamoDBStore:
             start = page.get("LastEvaluatedKey")
             if not start:
                 return
-
-    def _query_shard(self, shard: int, limit: int) -> list[OpRecord]:
-        out: list[OpRecord] = []
-        start: dict[str, Any] | None = None
-        while len(out) < limit:
-            kwargs: dict[str, Any] = {
-                "TableName": self.table_name,
-                "IndexName": OPEN_INDEX,
-                "KeyConditionExpression": "open_shard = :shard",
-                "ExpressionAttributeValues": {":shard": {"N": str(shard)}},
-                "ScanIndexForward": True,
-                "Limit": limit - len(out),
-            }
-            if start:
-                kwargs["ExclusiveStartKey"] = start
-            try:
-                page = self.client.query(**kwargs)
-            except (ClientError, BotoCoreError) as exc:
-                _fault(exc, "Query")
-            out.extend(record_from_wire(item) for item in page.get("Items", []))
-            start = page.get("LastEvaluatedKey")
-            if not start:
-                break
-        return out

@@ -44,10 +44,9 @@ class MemoryStore:
             return WRITTEN
 
     def list_open(self, limit: int = 100) -> Sequence[OpRecord]:
-        with self._lock:
-            open_records = [r for r in self._records.values() if not r.terminal]
-        open_records.sort(key=lambda r: (r.update_time_ns, r.name))
-        return open_records[:limit]
+        if limit <= 0:
+            return []
+        return [entry.record for _, entry in zip(range(limit), self.iter_due(None), strict=False)]
 
     def iter_due(self, now_ns: int | None, page_size: int = 100) -> Iterator[Due]:
         with self._lock:

@@ -84,7 +84,8 @@ class Due:
 @runtime_checkable
 class Store(Protocol):
     """What every store provides. ``ingest`` uses only ``get``, ``put_if_absent`` and
-    ``replace_if_version``; the reconciler uses ``list_open``; operators use ``iter_all``."""
+    ``replace_if_version``; the reconciler uses ``PollingStore.iter_due``; operators use
+    ``list_open`` and ``iter_all``."""
 
     def get(self, name: str) -> OpRecord | None:
         """The record of ``name`` (strongly consistent read), or None."""
@@ -99,7 +100,9 @@ class Store(Protocol):
         ...
 
     def list_open(self, limit: int = 100) -> Sequence[OpRecord]:
-        """Up to ``limit`` non-terminal records, oldest ``update_time_ns`` first."""
+        """Up to ``limit`` non-terminal, not-lost records in open-index order: the soonest due
+        first, which for records the reconciler never polled is the oldest update time first.
+        (The reconciler itself pages with ``PollingStore.iter_due``.)"""
         ...
 
     def iter_all(self) -> Iterator[OpRecord]:
