@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -48,6 +47,7 @@ from opstate.observability import (
 from opstate.reducer import Decision
 from opstate.signatures import SignatureError, Verifier
 from opstate.store.port import RetryableError, Store
+from opstate.strict_json import InvalidJSONError, dumps, loads
 from opstate.views import decision_to_json, record_to_json
 
 if TYPE_CHECKING:
@@ -87,20 +87,16 @@ def json_response(
     return Response(
         status_code=status,
         content_type=JSON,
-        body=json.dumps(body, separators=(",", ":"), ensure_ascii=False),
+        body=dumps(body, compact=True),
         headers=dict(headers or {}),
     )
 
 
-def _reject_constant(value: str) -> Any:
-    raise ValueError(f"{value} is not valid JSON")
-
-
 def parse_json(raw: bytes) -> Any:
-    """JSON from raw bytes, or a 400 ``malformed-json`` (NaN/Infinity are refused too)."""
+    """JSON from raw bytes by the one rule (``strict_json``), or a 400 ``malformed-json``."""
     try:
-        return json.loads(raw, parse_constant=_reject_constant)
-    except (ValueError, RecursionError, UnicodeDecodeError):
+        return loads(raw)
+    except InvalidJSONError:
         raise ApiError(400, "malformed-json", "the body is not valid JSON") from None
 
 

@@ -7,6 +7,7 @@ The README's configuration table lists every variable read here.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,7 +34,17 @@ def _int(env: Mapping[str, str], key: str, default: int, minimum: int = 0) -> in
     return value
 
 
-def _float(env: Mapping[str, str], key: str, default: float, minimum: float = 0.0) -> float:
+# The longest a Lambda function may run: no duration setting is meaningful beyond it.
+MAX_SECONDS = 900.0
+
+
+def _float(
+    env: Mapping[str, str],
+    key: str,
+    default: float,
+    minimum: float = 0.0,
+    maximum: float = MAX_SECONDS,
+) -> float:
     raw = env.get(key)
     if raw is None or raw.strip() == "":
         return default
@@ -41,8 +52,14 @@ def _float(env: Mapping[str, str], key: str, default: float, minimum: float = 0.
         value = float(raw)
     except ValueError:
         raise ConfigError(f"{key} must be a number, got {raw!r}") from None
+    # float() accepts "nan", "inf" and "1e999" (= inf): none is a usable duration, and NaN
+    # compares false with everything, so it would pass the range checks below.
+    if not math.isfinite(value):
+        raise ConfigError(f"{key} must be a finite number of seconds, got {raw.strip()!r}")
     if value < minimum:
-        raise ConfigError(f"{key} must be at least {minimum}, got {value}")
+        raise ConfigError(f"{key} must be at least {minimum:g}, got {value:g}")
+    if value > maximum:
+        raise ConfigError(f"{key} must be at most {maximum:g}, got {value:g}")
     return value
 
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import logging
 import os
+import sqlite3
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from opstate.config import ConfigError, Settings, settings
@@ -18,6 +19,7 @@ from opstate.events import OpEvent
 from opstate.names import InvalidNameError, canonical_name
 from opstate.reducer import Decision
 from opstate.store.port import RetryableError
+from opstate.strict_json import dumps
 from opstate.times import InvalidTimeError, parse_time
 
 if TYPE_CHECKING:
@@ -58,7 +60,8 @@ def err(text: str) -> None:
 
 
 def print_json(value: Any) -> None:
-    _stdout().write(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    """One JSON document on stdout: sorted keys, 2-space indent, never NaN (``strict_json``)."""
+    _stdout().write(dumps(value, indent=2, sort_keys=True) + "\n")
 
 
 _STDOUT: list[IO[str]] = []
@@ -130,18 +133,99 @@ def settings_for(args: argparse.Namespace) -> Settings:
 
 @contextlib.contextmanager
 def open_store(config: Settings) -> Iterator[Store]:
+    """The store named by ``config.store_url``; every failure to open or use it, here or in the
+    command's body, becomes one sentence naming the store (``store_error``)."""
     from opstate.store import store_from_url
 
+    url = config.store_url
     try:
-        store = store_from_url(config.store_url, config)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    except RetryableError as exc:
-        raise CliError(f"the store {config.store_url} is unavailable: {exc}") from None
+        store = store_from_url(url, config)
+    except Exception as exc:
+        error = store_error(url, exc)
+        if error is None:
+            raise
+        raise error from None
     try:
         yield store
+    except CliError:
+        raise
+    except Exception as exc:
+        error = store_error(url, exc, opened=True)
+        if error is None:
+            raise
+        raise error from None
     finally:
         store.close()
+
+
+def _sqlite_path(url: str) -> Path | None:
+    prefix = "sqlite:///"
+    return Path(url[len(prefix) :]) if url.startswith(prefix) else None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def store_error(url: str, exc: BaseException, *, opened: bool = False) -> CliError | None:
+    """The sentence for a store that cannot be opened or used, or None when ``exc`` is not
+    about the store (``opened``: raised while a command was using it)."""
+    path = _sqlite_path(url)
+    if path is not None and path.is_dir():
+        return CliError(
+            f"the SQLite store {path} is a directory: name a file with --store or OPSTATE_STORE"
+        )
+    if path is not None and isinstance(exc, OSError):
+        blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            return CliError(
+                f"cannot create the SQLite store {path}: {blocker} is a file, not a directory; "
+                f"name another path with --store or OPSTATE_STORE"
+            )
+        return CliError(
+            f"cannot create the SQLite store {path}: {exc.strerror or _first_line(exc)}; "
+            "name another path with --store or OPSTATE_STORE"
+        )
+    if (
+        path is not None
+        and isinstance(exc, sqlite3.DatabaseError)
+        and not isinstance(exc, sqlite3.OperationalError)
+    ):
+        return CliError(
+            f"{path} is not an SQLite database ({_first_line(exc)}): move it away or name "
+            "another file with --store or OPSTATE_STORE"
+        )
+    if isinstance(exc, RetryableError):
+        return CliError(f"the store {url} is unavailable, try again later: {_first_line(exc)}")
+    module = type(exc).__module__
+    if url.startswith("dynamodb://") and (
+        type(exc).__name__ == "NoRegionError" or "Invalid endpoint" in str(exc)
+    ):
+        return UsageError(
+            f"no usable AWS region for {url} ({_first_line(exc)}): set AWS_REGION "
+            "(or AWS_DEFAULT_REGION), and check AWS_ENDPOINT_URL_DYNAMODB if you set it"
+        )
+    if module.startswith(("botocore", "boto3")):
+        return CliError(
+            f"the store {url} refused the call ({_first_line(exc)}): check the AWS credentials, "
+            "the table and its permissions"
+        )
+    if isinstance(exc, sqlite3.Error):
+        return CliError(f"cannot use the SQLite store {path or url}: {_first_line(exc)}")
+    if not opened and isinstance(exc, ValueError):
+        return UsageError(f"{exc} (the store URL comes from {_store_origin(url)})")
+    return None
+
+
+def _store_origin(url: str) -> str:
+    """Where the store URL in use was set, for the error that names it."""
+    if (os.environ.get("OPSTATE_STORE") or "").strip() == url:
+        return "OPSTATE_STORE"
+    table = (os.environ.get("OPSTATE_TABLE_NAME") or "").strip()
+    if table and url == f"dynamodb://{table}":
+        return "OPSTATE_TABLE_NAME"
+    return "--store"
 
 
 def name_arg(raw: str) -> str:

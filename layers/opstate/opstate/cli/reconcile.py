@@ -7,13 +7,12 @@ from typing import Any
 
 from opstate.cli.common import (
     EXIT_OK,
-    CliError,
     UsageError,
     print_json,
     require_gemini_key,
     settings_for,
+    store_error,
 )
-from opstate.store.port import RetryableError
 
 
 def add_parser(sub: Any, *, store: argparse.ArgumentParser) -> None:
@@ -36,7 +35,10 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         result = run_from_settings(config)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    except RetryableError as exc:
-        raise CliError(f"the store {config.store_url} is unavailable: {exc}") from None
+    except Exception as exc:  # the store cannot be opened or used: one sentence naming it
+        error = store_error(config.store_url, exc, opened=True)
+        if error is None:
+            raise
+        raise error from None
     print_json(result.as_dict())
     return EXIT_OK

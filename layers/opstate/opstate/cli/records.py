@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -24,6 +23,7 @@ from opstate.cli.common import (
 from opstate.events import EventError, from_report
 from opstate.names import Kind
 from opstate.store.port import PollState
+from opstate.strict_json import InvalidJSONError, dumps, loads
 from opstate.times import format_time
 from opstate.views import decision_to_json, record_to_json
 
@@ -79,7 +79,7 @@ def cmd_get(args: argparse.Namespace) -> int:
         return EXIT_OK
     width = max(len(key) for key in view)
     for key, value in view.items():
-        shown = json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
+        shown = dumps(value, sort_keys=True) if isinstance(value, dict) else value
         out(f"{key:<{width}}  {'-' if shown is None else shown}")
     return EXIT_OK
 
@@ -184,9 +184,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         body["updateTime"] = time_arg(args.time)
     if args.details is not None:
         try:
-            details = json.loads(args.details)
-        except ValueError:
-            raise UsageError("--details must be a JSON object") from None
+            details = loads(args.details)  # the API's rule: no NaN/Infinity
+        except InvalidJSONError as exc:
+            raise UsageError(f"--details must be a JSON object ({exc.message})") from None
         if not isinstance(details, dict):
             raise UsageError("--details must be a JSON object")
         body["details"] = details

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from opstate.cli.common import CliError, UsageError, settings_for
+from opstate.cli.common import CliError, UsageError, settings_for, store_error
 
 
 def add_parser(sub: Any, *, store: argparse.ArgumentParser) -> None:
@@ -52,6 +52,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    except Exception as exc:  # the store cannot be opened: one sentence naming it
+        error = store_error(config.store_url, exc, opened=True)
+        if error is None:
+            raise
+        raise error from None
 
 
 def _positive_float(text: str) -> float:

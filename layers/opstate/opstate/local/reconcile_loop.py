@@ -14,18 +14,25 @@ from opstate.times import format_time
 
 
 class ReconcileLoop:
-    """Runs one reconciler pass now and then every ``every_s`` seconds until stopped."""
+    """Runs one reconciler pass now and then every ``every_s`` seconds until stopped.
+
+    ``request_stop`` (the server's SIGINT/SIGTERM) ends the running pass's time budget at once:
+    requests to Gemini already in flight finish and their results are written, nothing new
+    starts, and no further pass begins. ``stop`` then waits for the thread.
+    """
 
     def __init__(
         self,
         run_once: Callable[[], Mapping[str, Any]],
         every_s: float,
         say: Callable[[str], None],
+        stop_event: threading.Event | None = None,
     ) -> None:
         self._run_once = run_once
         self._every_s = every_s
         self._say = say
-        self._stop = threading.Event()
+        # Shared with the pass's time budget (``start_reconciler``): set = no budget left.
+        self._stop = stop_event if stop_event is not None else threading.Event()
         self._in_pass = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="opstate-reconcile", daemon=True)
 
@@ -46,6 +53,10 @@ class ReconcileLoop:
                 self._in_pass.clear()
             if self._stop.wait(self._every_s):
                 return
+
+    def request_stop(self) -> None:
+        """End the current pass's budget and start no other pass (returns at once)."""
+        self._stop.set()
 
     def stop(self, timeout_s: float | None = None) -> None:
         self._stop.set()
@@ -90,12 +101,17 @@ def start_reconciler(
         if line is not None:
             say(line)
 
+    stop_requested = threading.Event()
+
     def run_once() -> Mapping[str, Any]:
         if not gateway_box:
             gateway_box.append(GenaiGateway(make_client(settings)))
         deadline = time.monotonic() + budget_s
 
         def remaining_ms() -> int:
+            # A stop request ends the budget: no new request starts, those in flight finish.
+            if stop_requested.is_set():
+                return 0
             return int((deadline - time.monotonic()) * 1000)
 
         result = reconcile_once(
@@ -108,7 +124,7 @@ def start_reconciler(
         summary: Mapping[str, Any] = result.as_dict()
         return summary
 
-    loop = ReconcileLoop(run_once, every_s, say)
+    loop = ReconcileLoop(run_once, every_s, say, stop_event=stop_requested)
     loop.start()
     say(f"reconciler: every {every_s:g} s")
     return loop

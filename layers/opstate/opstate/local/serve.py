@@ -5,8 +5,9 @@ Each HTTP request becomes an API Gateway HTTP API (payload format 2.0) event and
 JSON responses as in AWS. The embedded SQLite store is the default; the reconciler runs on a
 timer when a Gemini API key is configured; every state change is printed as one line.
 
-Shutdown (SIGINT / SIGTERM): stop accepting, let in-flight requests finish, stop the
-reconciler, close the store. Everything acknowledged with a 200 has been written.
+Shutdown (SIGINT / SIGTERM): end the reconciler pass's time budget (its in-flight Gemini
+requests finish, nothing new starts), stop accepting, let in-flight HTTP requests finish, wait
+for the reconciler thread, close the store. Everything acknowledged with a 200 has been written.
 
 This module is the wiring; the parts live beside it: ``apigw`` (events and context),
 ``http_server`` (HTTP), ``secret_file`` (the local webhook secret) and ``reconcile_loop``
@@ -253,6 +254,8 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
         while not stopping.wait(0.5):
             pass
     finally:
+        if loop is not None:
+            loop.request_stop()  # the pass's budget ends now: nothing new starts
         say("stopping: finishing in-flight requests")
         httpd.shutdown()  # stops accepting, finishes in-flight requests, closes connections
         if loop is not None:
