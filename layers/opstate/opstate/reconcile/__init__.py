@@ -9,6 +9,7 @@ One module per concern:
 - ``pacing``: clock, token-bucket rate limit, shared backoff and breaker, time budget;
 - ``schedule``: when an operation is next due, and when it is lost or overdue (pure);
 - ``run``: one run, ``reconcile_once``, reporting through ``on_decision``;
+- ``tally``: what a run reports: ``RunResult``, ``MarkDecision``, its counters and metrics;
 - ``wiring``: ``run_from_settings``.
 
 Names are loaded on first use, so ``import opstate.reconcile`` stays cheap (no SDK, no boto3).
@@ -23,8 +24,9 @@ if TYPE_CHECKING:
     from opstate.reconcile.gateway import Gateway, GatewayError, WebhookInfo
     from opstate.reconcile.genai_gateway import GenaiGateway, api_key, classify, make_client
     from opstate.reconcile.pacing import Backoff, Clock, SystemClock, TokenBucket
-    from opstate.reconcile.run import MarkDecision, RunDecision, RunResult, reconcile_once
+    from opstate.reconcile.run import reconcile_once
     from opstate.reconcile.schedule import Mark, Schedule
+    from opstate.reconcile.tally import MarkDecision, RunDecision, RunResult
     from opstate.reconcile.wiring import run_from_settings
 
 _WHERE = {
@@ -39,9 +41,9 @@ _WHERE = {
     "Clock": "pacing",
     "SystemClock": "pacing",
     "TokenBucket": "pacing",
-    "MarkDecision": "run",
-    "RunDecision": "run",
-    "RunResult": "run",
+    "MarkDecision": "tally",
+    "RunDecision": "tally",
+    "RunResult": "tally",
     "reconcile_once": "run",
     "Mark": "schedule",
     "Schedule": "schedule",

@@ -21,14 +21,9 @@ the breaker. Everything that happens is reported to ``on_decision``.
 
 from __future__ import annotations
 
-import logging
 import threading
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
-
-from aws_lambda_powertools.metrics import MetricUnit
 
 from opstate.config import Settings
 from opstate.events import EventError, OpEvent, UnsupportedEventError
@@ -37,7 +32,6 @@ from opstate.observability import (
     count,
     decision_fields,
     logger,
-    metrics,
     record_retry_later,
     record_unsupported,
 )
@@ -52,6 +46,14 @@ from opstate.reconcile.pacing import (
     TokenBucket,
 )
 from opstate.reconcile.schedule import Mark, Schedule, parse_overdue
+from opstate.reconcile.tally import (
+    DecisionHook,
+    MarkDecision,
+    RunDecision,
+    RunResult,
+    Tally,
+    log_fields,
+)
 from opstate.reducer import Decision, OpRecord, Reason, apply_event
 from opstate.store.port import Due, PollingStore, PollState, RetryableError, StoreUnavailableError
 from opstate.times import format_time
@@ -60,66 +62,6 @@ from opstate.times import format_time
 DISCOVERY_PAGE_SIZE = 100
 # Entries read from the open index per page.
 DUE_PAGE_SIZE = 100
-
-_RESERVED_LOG_KEYS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
-
-
-def _log(level: Callable[..., None], message: str, fields: Mapping[str, object]) -> None:
-    reserved = {k: v for k, v in fields.items() if k in _RESERVED_LOG_KEYS}
-    extra = {k: v for k, v in fields.items() if k not in _RESERVED_LOG_KEYS}
-    if not reserved:
-        level(message, extra=extra)
-        return
-    logger.thread_safe_append_keys(**reserved)
-    try:
-        level(message, extra=extra)
-    finally:
-        logger.thread_safe_remove_keys(list(reserved))
-
-
-@dataclass(frozen=True, slots=True)
-class MarkDecision:
-    """An operation newly marked ``lost`` or ``overdue`` (``record`` keeps its last state)."""
-
-    mark: Mark
-    record: OpRecord
-    poll: PollState
-
-
-RunDecision = Decision | MarkDecision
-DecisionHook = Callable[[RunDecision], None]
-
-
-@dataclass(slots=True)
-class RunResult:
-    """What one run did. Returned, logged and emitted as metrics (one per field).
-
-    - ``discovered``: batch jobs read from ``batches.list`` and ingested.
-    - ``polled``: due operations a request was made for (whatever the answer).
-    - ``applied`` / ``dropped``: decisions on discovered jobs and polled answers (answers
-      dropped at normalisation, ``unknown-state``, count as dropped).
-    - ``not_found``: polls answered 404 (the record is kept).
-    - ``lost`` / ``overdue``: operations newly marked so.
-    - ``errors``: failures (API errors other than 404, refused answers, store faults, a failed
-      discovery page or webhook listing).
-    - ``remaining_due``: due entries this run did not get to, counted up to one more index
-      page (a lower bound: the index is not read to its end to count them).
-    - ``stopped_early``: the run stopped starting work before it was done.
-    """
-
-    discovered: int = 0
-    polled: int = 0
-    applied: int = 0
-    dropped: int = 0
-    not_found: int = 0
-    lost: int = 0
-    overdue: int = 0
-    errors: int = 0
-    remaining_due: int = 0
-    stopped_early: bool = False
-
-    def as_dict(self) -> dict[str, int | bool]:
-        return dict(asdict(self))
 
 
 def schedule_from_settings(settings: Settings) -> Schedule:
@@ -130,42 +72,6 @@ def schedule_from_settings(settings: Settings) -> Schedule:
         lost_after_s=settings.reconcile_lost_after_s,
         overdue_after_s=parse_overdue(settings.reconcile_overdue_hours),
     )
-
-
-@dataclass(slots=True)
-class _Tally:
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    result: RunResult = field(default_factory=RunResult)
-    applied_reasons: Counter[str] = field(default_factory=Counter)
-    dropped_reasons: Counter[str] = field(default_factory=Counter)
-    conflicts: int = 0
-    oldest_start_ns: int = 0
-
-    def decision(self, decision: Decision) -> None:
-        with self.lock:
-            if decision.applied:
-                self.result.applied += 1
-                self.applied_reasons[str(decision.reason)] += 1
-            else:
-                self.result.dropped += 1
-                self.dropped_reasons[str(decision.reason)] += 1
-            self.conflicts += decision.conflicts
-
-    def unsupported(self, reason: str) -> None:
-        with self.lock:
-            self.result.dropped += 1
-            self.dropped_reasons[reason] += 1
-
-    def add(self, **fields: int) -> None:
-        with self.lock:
-            for key, value in fields.items():
-                setattr(self.result, key, getattr(self.result, key) + value)
-
-    def seen_open(self, record: OpRecord) -> None:
-        start = record.created_ns or record.update_time_ns
-        with self.lock:
-            if start > 0 and (self.oldest_start_ns == 0 or start < self.oldest_start_ns):
-                self.oldest_start_ns = start
 
 
 class _Run:
@@ -189,7 +95,7 @@ class _Run:
         self.clock = clock
         self.on_decision = on_decision
         self.max_polls = max_polls
-        self.tally = _Tally()
+        self.tally = Tally()
         self.throttle = Throttle(backoff, clock)
         self.bucket = TokenBucket(settings.reconcile_max_rps, clock)
         self.stop_reason: str | None = None
@@ -210,7 +116,7 @@ class _Run:
             logger.exception("on_decision hook failed", extra={"operation": name})
 
     def error(self, message: str, **context: object) -> None:
-        _log(logger.error, message, context)
+        log_fields(logger.error, message, context)
         self.tally.add(errors=1)
 
     def pace(self) -> bool:
@@ -250,11 +156,11 @@ class _Run:
         self.tally.decision(decision)
         fields = {**decision_fields(decision), "phase": phase}
         if decision.applied:
-            _log(logger.info, "event applied", fields)
+            log_fields(logger.info, "event applied", fields)
         elif decision.reason == Reason.TERMINAL_CONFLICT:
-            _log(logger.warning, "event dropped", fields)
+            log_fields(logger.warning, "event dropped", fields)
         else:
-            _log(logger.debug, "event dropped", fields)
+            log_fields(logger.debug, "event dropped", fields)
         self.report(decision)
 
     def unsupported(self, exc: UnsupportedEventError, name: str, phase: str) -> None:
@@ -411,7 +317,7 @@ class _Run:
         except GatewayError as exc:
             if not exc.not_found:
                 self.throttle.failure(transient=exc.transient, retry_after_s=exc.retry_after_s)
-                _log(
+                log_fields(
                     logger.warning if exc.transient else logger.error,
                     "poll failed; left for the next run",
                     {"name": record.name, "status": exc.status, "error": exc.message},
@@ -420,7 +326,7 @@ class _Run:
                 return
             self.throttle.success()
             self.tally.add(not_found=1)
-            _log(logger.warning, "operation not found; record kept", {"name": record.name})
+            log_fields(logger.warning, "operation not found; record kept", {"name": record.name})
             found = False
             event = None
         else:
@@ -479,7 +385,7 @@ class _Run:
     def marked(self, mark: Mark, record: OpRecord, poll: PollState) -> None:
         if mark is Mark.LOST:
             self.tally.add(lost=1)
-            _log(
+            log_fields(
                 logger.warning,
                 "operation lost",
                 {
@@ -491,45 +397,15 @@ class _Run:
             )
         else:
             self.tally.add(overdue=1)
-            _log(
+            log_fields(
                 logger.warning,
                 "operation overdue",
                 {"name": record.name, "state": str(record.state), "kind": str(record.kind)},
             )
         self.report(MarkDecision(mark, record, poll))
 
-    # --- metrics ------------------------------------------------------------------------------
-
     def emit(self) -> RunResult:
-        result = self.tally.result
-        result.stopped_early = self.stop_reason is not None
-        for key, value in result.as_dict().items():
-            count(_METRIC_NAMES[key], int(value))
-        oldest = self.tally.oldest_start_ns
-        age = max(0.0, (self.clock.now_ns() - oldest) / 1e9) if oldest else 0.0
-        metrics.add_metric(name="OldestOpenAgeSeconds", unit=MetricUnit.Seconds, value=age)
-        for reason, n in sorted(self.tally.applied_reasons.items()):
-            count("EventsApplied", n, reason=reason)
-        for reason, n in sorted(self.tally.dropped_reasons.items()):
-            count("EventsDropped", n, reason=reason)
-        if self.tally.conflicts:
-            count("IngestConflicts", self.tally.conflicts)
-        logger.info("reconcile run", extra={**result.as_dict(), "stop_reason": self.stop_reason})
-        return result
-
-
-_METRIC_NAMES = {
-    "discovered": "Discovered",
-    "polled": "Polled",
-    "applied": "Applied",
-    "dropped": "Dropped",
-    "not_found": "NotFound",
-    "lost": "OperationsLost",
-    "overdue": "OperationsOverdue",
-    "errors": "Errors",
-    "remaining_due": "RemainingDue",
-    "stopped_early": "StoppedEarly",
-}
+        return self.tally.emit(self.stop_reason, self.clock.now_ns())
 
 
 def reconcile_once(
