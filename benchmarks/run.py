@@ -1,7 +1,8 @@
 """``make bench``: every figure measured in one run next to its reference; writes results.json.
 
 Usage: ``python benchmarks/run.py [--quick] [--out PATH] [--skip SECTION ...]``.
-Sections: ingest, calls, contention, cold, seed (see benchmarks/README.md for every key).
+Sections: ingest, calls, contention, cold, seed, reconcile (see benchmarks/README.md for every
+key).
 Never part of ``make test``: nothing here asserts a time.
 """
 
@@ -41,6 +42,7 @@ os.environ.pop("AWS_PROFILE", None)
 import bench_calls  # noqa: E402
 import bench_cold  # noqa: E402
 import bench_ingest  # noqa: E402
+import reconcile_scale  # noqa: E402
 import seed_compare  # noqa: E402
 
 TARGETS = {
@@ -50,6 +52,10 @@ TARGETS = {
     "calls_duplicate": 1,
     "calls_contended": 3,
     "webhook_cold_ratio": 1.25,
+    "reconcile_reduction": 5.0,
+    "reconcile_over_schedule": 0,
+    "reconcile_starved": 0,
+    "reconcile_scans": 0,
 }
 
 SIZES = {
@@ -64,6 +70,7 @@ SIZES = {
         "contention_moto": 300,
         "cold_rounds": 7,
         "seed_ops": 120,
+        "reconcile_ops": 1000,
     },
     False: {
         "sqlite_n": 2000,
@@ -75,6 +82,7 @@ SIZES = {
         "contention_moto": 1000,
         "cold_rounds": 11,
         "seed_ops": 600,
+        "reconcile_ops": 10_000,
     },
 }
 
@@ -248,6 +256,36 @@ def table(results: dict[str, Any]) -> list[str]:
             f"ours == 0 {ok}",
         )
         row("seed: 200 after max-retry-exceeded", "", seed["seed_max_retry_acks"], "", "")
+    scale = results.get("reconcile_scale", {})
+    for store in ("sqlite", "moto"):
+        got = scale.get(store) if isinstance(scale, dict) else None
+        if not isinstance(got, dict) or "requests" not in got:
+            continue
+        label = f"reconcile {store}, {got['ops']} ops / {got['hours']:g} h"
+        ok = "ok" if got["reduction"] >= 5 else "MISSED"
+        row(
+            f"{label}: Gemini requests/op-hour",
+            got["requests_per_op_hour"],
+            got["baseline_per_op_hour"],
+            got["reduction"],
+            f">= 5x fewer {ok}",
+        )
+        ok = "ok" if got["over_schedule"] == 0 and got["starved"] == 0 else "MISSED"
+        row(
+            f"{label}: over schedule+2 runs / starved",
+            f"{got['over_schedule']} / {got['starved']}",
+            "",
+            f"max {got['max_delay_runs']} runs",
+            f"0 / 0 {ok}",
+        )
+        scans = got.get("scans", 0)
+        row(
+            f"{label}: store calls per poll, s per run",
+            got["store_calls_per_poll"],
+            "",
+            f"{got['seconds_per_run_mean']} s (max {got['seconds_per_run_max']})",
+            f"scans {scans} {'ok' if scans == 0 else 'MISSED'}",
+        )
     header = ("measure", "ours", "reference", "ratio", "target")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(5)]
     lines = [
@@ -267,6 +305,15 @@ def table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def section_reconcile(size: dict[str, int]) -> dict[str, Any]:
+    """The reconciler over a simulated 24 h (``reconcile_scale.py``) on SQLite and DynamoDB."""
+    ops = size["reconcile_ops"]
+    return {
+        "sqlite": reconcile_scale.measure("sqlite", ops),
+        "moto": reconcile_scale.measure("moto", ops),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller sizes: under a minute")
@@ -275,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         action="append",
         default=[],
-        choices=["ingest", "calls", "contention", "cold", "seed"],
+        choices=["ingest", "calls", "contention", "cold", "seed", "reconcile"],
     )
     args = parser.parse_args(argv)
     size = SIZES[args.quick]
@@ -314,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
                 run("contention", "contention", lambda: section_contention(size, tmp, moto))
         run("seed", "seed_baseline", lambda: section_seed(size))
     run("cold", "cold_start", lambda: bench_cold.measure(size["cold_rounds"]))
+    run("reconcile", "reconcile_scale", lambda: section_reconcile(size))
     results["meta"]["seconds"] = round(time.perf_counter() - started, 1)
 
     args.out.write_text(json.dumps(results, indent=2, sort_keys=False) + "\n", encoding="utf-8")

@@ -130,9 +130,10 @@ PANELS: list[Panel] = [
         ],
     ),
     Panel(
-        "Open operations and the oldest open age",
+        "Oldest open age; lost and overdue operations",
         [
-            custom("OpenOperations", stat="Maximum", label="open operations"),
+            custom("OperationsLost", stat="Sum", label="newly lost"),
+            custom("OperationsOverdue", stat="Sum", label="newly overdue"),
             custom("OldestOpenAgeSeconds", "Maximum", "oldest open (s)", right_axis=True),
         ],
         stat="Maximum",
@@ -146,7 +147,7 @@ PANELS: list[Panel] = [
             custom("Throttled", label="429s"),
             custom("NotFound", label="404s"),
             custom("Discovered"),
-            custom("RemainingOpen", stat="Maximum", label="not reached"),
+            custom("RemainingDue", stat="Maximum", label="due, not reached"),
             custom("StoppedEarly", label="runs stopped early"),
         ],
     ),

@@ -278,7 +278,11 @@ def test_signed_webhook_is_stored_then_announced_once_on_the_bus(
     assert detail["state"] == "SUCCEEDED"
     assert detail["previousState"] is None
     assert detail["version"] == 1
-    assert detail["idempotencyKey"] == f"{SAMPLE_NAME}#1"
+    # One key per change for the record's whole life: its creation time tells incarnations apart.
+    stored = stack.client("dynamodb").get_item(
+        TableName=stack.table, Key={"name": {"S": SAMPLE_NAME}}
+    )["Item"]
+    assert detail["idempotencyKey"] == f"{SAMPLE_NAME}@{stored['created_ns']['N']}#1"
     assert detail["updateTime"] == "2026-05-10T09:59:58.123456789Z"
 
 
@@ -332,3 +336,74 @@ def test_scheduled_reconcile_polls_gemini_with_the_secret_key_and_ingests(
     assert alarm_metric("WebhooksDisabledAlarm") in emf_metrics(reconcile.log_text())
     assert_metrics_as_catalogued(emf_metrics(reconcile.log_text()))
     assert "disabled_due_to_failed_deliveries" in reconcile.log_text()
+
+
+# --- schedule -> reconciler -> lost / overdue marks -> stream -> notifier -> bus ---------------
+
+
+def test_built_reconciler_announces_lost_and_overdue_operations_on_the_bus(
+    start: StartFunction, stack: Stack
+) -> None:
+    import time
+
+    from opstate.store import PollState
+
+    hour_ns = 3600 * 1_000_000_000
+    now_ns = time.time_ns()
+    slow, gone = "batches/e2e-slow", "batches/e2e-gone"
+    store = DynamoDBStore(stack.table, client=stack.client("dynamodb"))
+    try:
+        # A batch registered 25 hours ago and still running: overdue (batch threshold 24 h).
+        began = now_ns - 25 * hour_ns
+        assert ingest(
+            store, OpEvent(slow, State.RUNNING, began, "test", {}), clock_ns=lambda: began
+        ).applied
+        # A batch Gemini has answered 404 for in two earlier runs, the first 25 hours ago: the
+        # next 404 is the third, spanning more than a day, so it is lost.
+        assert ingest(store, OpEvent(gone, State.PENDING, now_ns - hour_ns, "test", {})).applied
+        before = PollState(due_ns=0, misses=2, missing_since_ns=now_ns - 25 * hour_ns)
+        assert store.set_poll(gone, 1, before)
+    finally:
+        store.close()
+    # A consumer subscribed to the marks.
+    events, sqs = stack.client("events"), stack.client("sqs")
+    queue_arn = sqs.get_queue_attributes(QueueUrl=stack.queue_url, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    events.put_rule(
+        Name="e2e-marks",
+        EventBusName=stack.bus,
+        EventPattern=json.dumps(
+            {"source": ["gemini-opstate"], "detail-type": ["Operation Lost", "Operation Overdue"]}
+        ),
+    )
+    events.put_targets(
+        Rule="e2e-marks", EventBusName=stack.bus, Targets=[{"Id": "marks", "Arn": queue_arn}]
+    )
+
+    with FakeGemini() as fake:
+        fake.api_key = GEMINI_TEST_KEY
+        fake.put_batch(slow, "BATCH_STATE_RUNNING", update_time="2026-05-10T09:00:00Z")
+        reconcile = start("ReconcileFunction", overrides={"GOOGLE_GEMINI_BASE_URL": fake.base_url})
+        result = reconcile.invoke(load_event("schedule.json"))
+        assert fake.hits(gone) == 1
+
+    assert (result["lost"], result["overdue"], result["errors"]) == (1, 1, 0), reconcile.log_tail()
+    emitted = emf_metrics(reconcile.log_text())
+    assert alarm_metric("OperationsLostAlarm") in emitted
+    assert alarm_metric("OperationsOverdueAlarm") in emitted
+    item = get_item(stack, gone)
+    assert item is not None and item["state"] == {"S": "PENDING"}  # last known state kept
+    assert "open_shard" not in item and "lost_ns" in item  # out of the polling set
+
+    records = stream_records(stack)
+    notify = start("NotifyFunction")
+    assert notify.invoke({"Records": records}) == {"batchItemFailures": []}
+    marks = sorted(
+        (e["detail-type"], e["detail"]["name"], e["detail"]["idempotencyKey"])
+        for e in receive_all(stack)
+        if e["detail-type"] != DETAIL_TYPE
+    )
+    assert [m[:2] for m in marks] == [("Operation Lost", gone), ("Operation Overdue", slow)]
+    assert marks[0][2].startswith(f"{gone}#lost#")
+    assert marks[1][2] == f"{slow}#overdue"

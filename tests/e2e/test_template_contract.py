@@ -41,12 +41,12 @@ def actions(statement: dict[str, Any]) -> set[str]:
     return {value} if isinstance(value, str) else set(value)
 
 
-def test_webhook_function_may_only_get_and_put_items_read_its_secret_and_quarantine(
+def test_webhook_function_may_only_get_put_update_items_read_its_secret_and_quarantine(
     template: dict[str, Any],
 ) -> None:
     stmts = statements(template, "WebhookFunction")
     assert {frozenset(actions(s)) for s in stmts} == {
-        frozenset({"dynamodb:GetItem", "dynamodb:PutItem"}),
+        frozenset({"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"}),
         frozenset({"secretsmanager:GetSecretValue"}),
         frozenset({"sqs:SendMessage"}),
     }
@@ -80,7 +80,12 @@ def test_reconciler_may_query_the_open_index_and_read_only_the_api_key(
 ) -> None:
     stmts = statements(template, "ReconcileFunction")
     table = next(s for s in stmts if "dynamodb:Query" in actions(s))
-    assert actions(table) == {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"}
+    assert actions(table) == {
+        "dynamodb:GetItem",
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:Query",
+    }
     assert table["Resource"] == [
         {"Fn::GetAtt": ["OperationsTable", "Arn"]},
         {"Fn::Sub": "${OperationsTable.Arn}/index/open-index"},
@@ -256,3 +261,29 @@ def test_outputs(template: dict[str, Any]) -> None:
         "GeminiApiKeySecretArn",
     } <= set(template["Outputs"])
     assert template["Outputs"]["WebhookUrl"]["Value"]["Fn::Sub"].endswith("/gemini/webhook")
+
+
+def test_overdue_and_lost_alarms_watch_the_reconciler_metrics(template: dict[str, Any]) -> None:
+    resources = template["Resources"]
+    for alarm, metric in (
+        ("OperationsOverdueAlarm", "OperationsOverdue"),
+        ("OperationsLostAlarm", "OperationsLost"),
+    ):
+        props = resources[alarm]["Properties"]
+        assert props["MetricName"] == metric
+        assert props["Statistic"] == "Sum" and props["Threshold"] == 1
+    env = resources["ReconcileFunction"]["Properties"]["Environment"]["Variables"]
+    assert env["OPSTATE_RECONCILE_MAX_RPS"] == {"Ref": "ReconcileMaxRps"}
+    assert env["OPSTATE_RECONCILE_OVERDUE_HOURS"] == {"Ref": "OverdueHours"}
+
+
+def test_open_index_key_schema_is_unchanged_so_the_stack_updates_in_place(
+    template: dict[str, Any],
+) -> None:
+    props = template["Resources"]["OperationsTable"]["Properties"]
+    (index,) = props["GlobalSecondaryIndexes"]
+    assert index["IndexName"] == "open-index"
+    assert index["KeySchema"] == [
+        {"AttributeName": "open_shard", "KeyType": "HASH"},
+        {"AttributeName": "open_update_ns", "KeyType": "RANGE"},
+    ]

@@ -346,10 +346,40 @@ def test_reconcile_once_prints_the_run_as_json(cli, fake_gemini, tmp_path):
     result = cli("reconcile", "--once", env=env)
     assert result.code == EXIT_OK, result.err
     run = result.json()
-    assert {"discovered", "polled", "applied", "errors", "remaining_open"} <= set(run)
+    assert {"discovered", "polled", "applied", "errors", "remaining_due", "lost", "overdue"} <= set(
+        run
+    )
     assert run["discovered"] >= 1 and run["applied"] >= 1
     record = cli("get", "batches/found-1", "--json").json()
     assert (record["state"], record["source"]) == ("SUCCEEDED", "poll")
+
+
+def test_list_lost_and_overdue(cli, tmp_path):
+    from opstate.store import PollState
+    from opstate.store.sqlite import SQLiteStore
+
+    for name in ("batches/gone", "batches/slow", "batches/fine"):
+        assert cli("report", name, "running", "--time", T1).code == EXIT_OK
+    store = SQLiteStore(tmp_path / ".opstate" / "ops.db")
+    try:
+        lost_ns, overdue_ns = 1_780_000_000 * 10**9, 1_780_000_100 * 10**9
+        lost = PollState(due_ns=0, misses=3, missing_since_ns=lost_ns - 1, lost_ns=lost_ns)
+        assert store.set_poll("batches/gone", 1, lost)
+        assert store.set_poll("batches/slow", 1, PollState(due_ns=0, overdue_ns=overdue_ns))
+    finally:
+        store.close()
+
+    listed = cli("list", "--lost", "--json").json()
+    assert [(r["name"], r["state"], r["not_found_count"]) for r in listed] == [
+        ("batches/gone", "RUNNING", 3)
+    ]
+    assert listed[0]["lost_at"].startswith("2026-05-28T")
+    overdue = cli("list", "--overdue", "--json").json()
+    assert [r["name"] for r in overdue] == ["batches/slow"]
+    assert overdue[0]["overdue_at"] and overdue[0]["lost_at"] is None
+    table = cli("list", "--lost").out.splitlines()
+    assert table[0].split() == ["NAME", "KIND", "STATE", "VERSION", "UPDATED", "LOST", "OVERDUE"]
+    assert table[1].startswith("batches/gone")
 
 
 def test_reconcile_without_a_key_is_exit_1(cli):

@@ -259,7 +259,9 @@ def test_an_old_record_near_the_item_limit_still_takes_its_terminal_state(
             )
         )
         conn.execute(
-            "INSERT INTO operations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO operations (name, state, rank, update_ns, version, kind, source,"
+            " details, created_ns, applied_ns, open_ns, expires_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (*row[:7], json.dumps(dict(old.details)), *row[8:]),
         )
     else:

@@ -76,7 +76,7 @@ def test_race_between_read_and_write_is_resolved_from_the_returned_item(
             injected.append(True)
             assert rival.replace_if_version(rival_record, expected_version=1).ok
 
-    client.meta.events.register("before-parameter-build.dynamodb.PutItem", race)
+    client.meta.events.register("before-parameter-build.dynamodb.UpdateItem", race)
     counter = CallCounter(client)
     decision = ingest(
         store, ev(name, State.SUCCEEDED, T0 + 9, {"out": "f"}), sleep=no_sleep, clock_ns=lambda: NOW
@@ -86,7 +86,7 @@ def test_race_between_read_and_write_is_resolved_from_the_returned_item(
     assert decision.applied and decision.reason is Reason.ADVANCED
     assert (decision.attempts, decision.conflicts) == (2, 1)
     assert decision.previous == rival_record  # reduced against the winner, not our stale read
-    assert counter.calls == Counter({"GetItem": 1, "PutItem": 2})  # no second read
+    assert counter.calls == Counter({"GetItem": 1, "UpdateItem": 2})  # no second read
     stored = store.get(name)
     assert stored is not None
     assert (stored.state, stored.version) == (State.SUCCEEDED, 3)
@@ -109,12 +109,12 @@ def test_race_that_makes_our_event_stale_is_dropped_without_a_second_read(
             fired.append(True)
             assert rival.replace_if_version(winner, expected_version=1).ok
 
-    client.meta.events.register("before-parameter-build.dynamodb.PutItem", race)
+    client.meta.events.register("before-parameter-build.dynamodb.UpdateItem", race)
     counter = CallCounter(client)
     decision = ingest(store, ev(name, State.RUNNING, T0 + 3), sleep=no_sleep)
     assert not decision.applied and decision.reason is Reason.REGRESS_FROM_TERMINAL
     assert decision.record == winner
-    assert counter.calls == Counter({"GetItem": 1, "PutItem": 1})
+    assert counter.calls == Counter({"GetItem": 1, "UpdateItem": 1})
     assert store.get(name) == winner
 
 
@@ -153,14 +153,14 @@ def test_always_losing_on_dynamodb_raises_after_the_bound_and_changes_nothing(
         if values and ":expected" in values:
             values[":expected"] = {"N": "-1"}
 
-    client.meta.events.register("before-parameter-build.dynamodb.PutItem", sabotage)
+    client.meta.events.register("before-parameter-build.dynamodb.UpdateItem", sabotage)
     counter = CallCounter(client)
     sleeps: list[float] = []
     with pytest.raises(IngestContentionError) as info:
         ingest(store, ev(name, State.SUCCEEDED, T0 + 1), max_attempts=5, sleep=sleeps.append)
     assert isinstance(info.value, RetryableError)
     assert info.value.attempts == 5
-    assert counter.calls == Counter({"GetItem": 1, "PutItem": 5})
+    assert counter.calls == Counter({"GetItem": 1, "UpdateItem": 5})
     assert len(sleeps) == 4
     assert client.get_item(TableName=table, Key={"name": {"S": name}})["Item"] == raw_before
 
@@ -300,4 +300,4 @@ def test_returned_old_item_round_trips_through_the_exception(aws: tuple[Any, str
     counter = CallCounter(client)
     outcome = store.replace_if_version(record, expected_version=2)
     assert not outcome.ok and outcome.current == record
-    assert counter.calls == Counter({"PutItem": 1})
+    assert counter.calls == Counter({"UpdateItem": 1})

@@ -22,7 +22,7 @@ import scripts.observability_block as generator
 from opstate.api import create_app
 from opstate.config import Settings
 from opstate.observability import SERVICE, logger
-from opstate.reconcile import Backoff, make_client, reconcile_once
+from opstate.reconcile import Backoff, GenaiGateway, make_client, reconcile_once
 from opstate.reducer import OpRecord
 from opstate.signatures import StaticSecretsVerifier
 from opstate.states import State
@@ -132,16 +132,18 @@ def _reconcile_traffic() -> None:
         client = make_client(settings)
         try:
             fast = Backoff(base_s=0.01, max_s=0.05)
-            reconcile_once(store, client, settings=settings, backoff=fast)
+            gateway = GenaiGateway(client)
+            reconcile_once(store, gateway, settings=settings, backoff=fast)
 
             class FlakyStore(MemoryStore):
+                """Lists the operation as due, then cannot read it back."""
+
                 def get(self, name: str) -> OpRecord | None:
                     raise StoreUnavailableError("table unreachable")
 
-                def list_open(self, limit: int = 100) -> list[OpRecord]:
-                    return [replace(store.get(POLLED) or _missing(), state=State.RUNNING)]
-
-            reconcile_once(FlakyStore(), client, settings=settings, backoff=fast)
+            flaky = FlakyStore()
+            flaky.put_if_absent(replace(store.get(POLLED) or _missing(), state=State.RUNNING))
+            reconcile_once(flaky, gateway, settings=settings, backoff=fast)
         finally:
             client.close()
 

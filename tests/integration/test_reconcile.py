@@ -15,7 +15,10 @@ from opstate.events import from_report, from_webhook
 from opstate.ingest import ingest
 from opstate.names import Kind, canonical_name
 from opstate.observability import metrics
-from opstate.reconcile import Backoff, PollMemory, make_client, reconcile_once
+from opstate.reconcile.gateway import GatewayError
+from opstate.reconcile.genai_gateway import GenaiGateway, make_client, retry_after_s
+from opstate.reconcile.pacing import Backoff, SystemClock
+from opstate.reconcile.run import reconcile_once
 from opstate.reducer import OpRecord
 from opstate.states import State
 from opstate.store import MemoryStore, StoreUnavailableError
@@ -63,10 +66,25 @@ def fresh_metrics() -> Iterator[None]:
     metrics.clear_metrics()
 
 
+class _WallClock(SystemClock):
+    """The real clock, with a settable wall time (``clock_ns``) for the records."""
+
+    def __init__(self, clock_ns: Any) -> None:
+        self._clock_ns = clock_ns
+
+    def now_ns(self) -> int:
+        return int(self._clock_ns())
+
+
 def run(store: MemoryStore, client: Any, **kw: Any) -> Any:
+    """One run through the google-genai adapter (this file tests the adapter end to end)."""
     s = kw.pop("settings", None) or settings()
     kw.setdefault("backoff", FAST)
-    return reconcile_once(store, client, settings=s, **kw)
+    kw.pop("memory", None)
+    clock_ns = kw.pop("clock_ns", None)
+    if clock_ns is not None:
+        kw["clock"] = _WallClock(clock_ns)
+    return reconcile_once(store, GenaiGateway(client), settings=s, **kw)
 
 
 def track(store: MemoryStore, name: str, state: str = "PENDING", time: str = T0) -> OpRecord:
@@ -257,44 +275,34 @@ def test_unknown_source_state_is_dropped_not_applied(fake, client):
 # --- errors ------------------------------------------------------------------------------------
 
 
-def test_not_found_keeps_the_record_and_notes_it_in_details(fake, client):
+def test_not_found_keeps_the_record_unchanged(fake, client):
     store = MemoryStore()
     before = track(store, "batches/gone", "RUNNING", T0)
-    now = [parse_time("2026-05-03T00:00:00Z")]
 
-    first = run(store, client, settings=settings(reconcile_max_pages=0), clock_ns=lambda: now[0])
+    first = run(store, client, settings=settings(reconcile_max_pages=0))
 
-    assert first.not_found == 1 and first.applied == 1 and first.errors == 0
+    assert first.not_found == 1 and first.applied == 0 and first.errors == 0
     assert metric_values("NotFound") == [1.0]
-    marked = record(store, "batches/gone")
-    assert marked.state is State.RUNNING
-    assert marked.version == before.version + 1
-    assert marked.update_time_ns == before.update_time_ns + 1
-    assert marked.details["not_found"] == {
-        "first_seen_at": "2026-05-03T00:00:00.000000000Z",
-        "last_seen_at": "2026-05-03T00:00:00.000000000Z",
-        "count": 1,
-    }
+    assert record(store, "batches/gone") == before
+    poll = store.poll_state("batches/gone")
+    assert poll is not None and poll.misses == 1 and not poll.lost
 
-    now[0] = parse_time("2026-05-04T00:00:00Z")
-    second = run(store, client, settings=settings(reconcile_max_pages=0), clock_ns=lambda: now[0])
 
-    assert second.not_found == 1
-    again = record(store, "batches/gone")
-    assert again.details["not_found"] == {
-        "first_seen_at": "2026-05-03T00:00:00.000000000Z",
-        "last_seen_at": "2026-05-04T00:00:00.000000000Z",
-        "count": 2,
-    }
-    assert again.update_time_ns == before.update_time_ns + 2
-    # The markers never outrank a real observation: the success still lands.
-    webhook = {
-        "type": "batch.succeeded",
-        "timestamp": "2026-05-01T10:00:01Z",
-        "data": {"id": "gone"},
-    }
-    assert ingest(store, from_webhook(webhook)).applied
-    assert record(store, "batches/gone").state is State.SUCCEEDED
+def test_retry_after_of_a_429_reaches_the_run(fake, client):
+    """The adapter reads Retry-After (seconds or an HTTP date) into the GatewayError."""
+    store = MemoryStore()
+    tracked = track(store, "batches/slow", "RUNNING", T0)
+    fake.fail("batches/slow", 429, times=1, retry_after="3")
+    with pytest.raises(GatewayError) as caught:
+        GenaiGateway(client).fetch(tracked)
+    assert caught.value.status == 429 and caught.value.transient
+    assert caught.value.retry_after_s == 3.0
+    http_date = {"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}
+    assert retry_after_s(http_date, now_s=1445412470.0) == 10.0
+    fake.fail("batches/slow", 404, times=1)
+    with pytest.raises(GatewayError) as missing:
+        GenaiGateway(client).fetch(tracked)
+    assert missing.value.not_found and not missing.value.transient
 
 
 def test_429_500_and_timeouts_leave_operations_for_the_next_run(fake, client):
@@ -316,7 +324,7 @@ def test_429_500_and_timeouts_leave_operations_for_the_next_run(fake, client):
 
     assert first.polled == 9
     assert first.errors == 5
-    assert first.applied == 4 and first.remaining_open == 0 and not first.stopped_early
+    assert first.applied == 4 and first.remaining_due == 0 and not first.stopped_early
     for name, before in befores.items():
         assert record(store, name) == before, name
     for name in names[4:]:
@@ -324,9 +332,9 @@ def test_429_500_and_timeouts_leave_operations_for_the_next_run(fake, client):
     # The SDK itself never retried: one request per operation.
     assert fake.hits("batches/op0") == 1 and fake.hits("interactions/busy") == 1
     assert metric_values("Errors") == [5.0]
-    # The dashboard's 429 line and its open-operations line.
+    # The dashboard's 429 line; every due operation was reached.
     assert metric_values("Throttled") == [2.0]
-    assert metric_values("OpenOperations") == [9.0]
+    assert metric_values("RemainingDue") == [0.0]
 
     for name in ["batches/op0", "batches/op1", "batches/op2", "interactions/busy"]:
         fake.clear_fault(name)
@@ -354,7 +362,7 @@ def test_an_unhealthy_api_stops_the_run_instead_of_burning_the_budget(fake, clie
 
     assert result.stopped_early
     assert 10 <= result.polled < 20  # at most the in-flight ones after the breaker trips
-    assert result.remaining_open == 60 - result.polled
+    assert result.remaining_due == 60 - result.polled
     assert result.errors == result.polled
 
 
@@ -408,67 +416,13 @@ class FakeBudget:
             return self.left
 
 
-def test_budget_stop_with_1000_open_operations_and_the_next_run_continues(fake, client):
-    store = MemoryStore()
-    names = [f"batches/o{i:04d}" for i in range(1000)]
-    base = parse_time(T0)
-    for i, name in enumerate(names):
-        # Open, and the API says nothing new: polls write nothing, so the order stays put.
-        rec = OpRecord(name, State.RUNNING, base + i * 1000, 1, "report", {}, NOW_NS, NOW_NS)
-        store.put_if_absent(rec)
-        fake.put_batch(name, "BATCH_STATE_RUNNING", update_time="2026-05-01T10:00:00Z")
-    memory = PollMemory()
-    s = settings(reconcile_max_pages=0, reconcile_workers=4)
-    margin_ms = int(s.reconcile_safety_margin_s * 1000)
-
-    first = run(
-        store, client, settings=s, memory=memory, remaining_ms=FakeBudget(margin_ms + 300, 1)
-    )
-
-    assert first.stopped_early
-    assert 250 <= first.polled < 300
-    assert first.remaining_open == 1000 - first.polled
-    assert metric_values("StoppedEarly") == [1.0]
-    assert metric_values("RemainingOpen") == [float(first.remaining_open)]
-    polled_first = [r.name for r in fake.requests if r.name.startswith("batches/")]
-    assert set(polled_first) == set(names[: first.polled])  # oldest first
-    assert all(r.version == 1 for r in store.all())
-
-    fake.reset_requests()
-    second = run(store, client, settings=s, memory=memory, remaining_ms=FakeBudget(10**9, 1))
-
-    assert not second.stopped_early and second.polled == 1000 and second.remaining_open == 0
-    order = [r.name for r in fake.requests if r.name.startswith("batches/")]
-    unpolled = set(names[first.polled :])
-    window = 4  # workers: arrival order may differ from start order within the in-flight window
-    assert names[first.polled] in order[:window]
-    assert set(order[: len(unpolled) - window]) <= unpolled
-    assert set(order[len(unpolled) + window :]) <= set(names[: first.polled])
-
-
-def test_without_memory_every_run_starts_with_the_oldest(fake, client):
-    store = MemoryStore()
-    names = [f"batches/o{i:02d}" for i in range(20)]
-    for i, name in enumerate(names):
-        track(store, name, "RUNNING", f"2026-05-01T10:00:{i:02d}Z")
-        fake.put_batch(name, "BATCH_STATE_RUNNING", update_time="2026-05-01T10:00:00Z")
-    s = settings(reconcile_max_pages=0, reconcile_workers=1)
-    margin_ms = int(s.reconcile_safety_margin_s * 1000)
-
-    for _ in range(2):
-        fake.reset_requests()
-        result = run(store, client, settings=s, remaining_ms=FakeBudget(margin_ms + 6, 1))
-        assert result.stopped_early and result.polled == 4
-        assert [r.name for r in fake.requests if r.name.startswith("batches/")] == names[:4]
-
-
 def test_an_exhausted_budget_starts_nothing(fake, client):
     store = MemoryStore()
     track(store, "batches/a", "RUNNING", T0)
 
     result = run(store, client, remaining_ms=lambda: 5_000)
 
-    assert result.stopped_early and result.polled == 0 and result.remaining_open == 1
+    assert result.stopped_early and result.polled == 0 and result.remaining_due == 1
     assert fake.requests == []
 
 
@@ -513,19 +467,25 @@ def test_every_result_field_is_a_metric(fake, client):
         "Applied": result.applied,
         "Dropped": result.dropped,
         "NotFound": result.not_found,
+        "OperationsLost": result.lost,
+        "OperationsOverdue": result.overdue,
         "Errors": result.errors,
-        "RemainingOpen": result.remaining_open,
+        "Throttled": result.throttled,
+        "RemainingDue": result.remaining_due,
         "StoppedEarly": int(result.stopped_early),
     }
     assert {k: metric_values(k) for k in expected} == {k: [float(v)] for k, v in expected.items()}
     assert result.as_dict() == {
         "discovered": 1,
         "polled": 1,
-        "applied": 2,
+        "applied": 1,
         "dropped": 0,
         "not_found": 1,
+        "lost": 0,
+        "overdue": 0,
         "errors": 0,
-        "remaining_open": 0,
+        "throttled": 0,
+        "remaining_due": 0,
         "stopped_early": False,
     }
 

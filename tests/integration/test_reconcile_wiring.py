@@ -120,8 +120,11 @@ def test_run_from_settings_on_sqlite(
         "applied": 3,
         "dropped": 0,
         "not_found": 0,
+        "lost": 0,
+        "overdue": 0,
         "errors": 0,
-        "remaining_open": 0,
+        "throttled": 0,
+        "remaining_due": 0,
         "stopped_early": False,
     }
     assert states_of(db) == {

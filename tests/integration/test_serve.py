@@ -355,6 +355,12 @@ def test_reconciler_runs_on_a_timer_when_a_key_is_set(serve, fake_gemini):
     server.wait_for_line(r"reconcile: .*discovered=1", 10)
     status, _, record = http("GET", f"{server.url}/operations/batches/polled-1")
     assert (status, record["state"], record["source"]) == (200, "SUCCEEDED", "poll")
+    # The operations page sees the reconciler's decisions too (its log and its cursor).
+    status, _, page = http("GET", f"{server.url}/ui/api/operation?name=batches/polled-1")
+    assert status == 200
+    assert [(d["source"], d["state"], d["applied"]) for d in page["decisions"]][:1] == [
+        ("poll", "SUCCEEDED", True)
+    ]
     assert server.terminate() == 0
 
 

@@ -93,6 +93,7 @@ class _Fault:
     status: int
     times: int | None
     message: str
+    retry_after: str | None = None
 
 
 @dataclass
@@ -226,6 +227,7 @@ class FakeGemini:
         self.request_delay = request_delay
         self.api_key: str | None = None
         self.requests: list[Request] = []
+        self._reply_headers: dict[int, dict[str, str]] = {}
         self._state = _State()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -327,10 +329,21 @@ class FakeGemini:
     def put_webhook(self, webhook_id: str, **kw: Any) -> None:
         self.put(f"webhooks/{webhook_id}", webhook_resource(webhook_id, **kw))
 
-    def fail(self, name: str, status: int, *, times: int | None = None, message: str = "") -> None:
-        """Answer ``status`` for the next ``times`` requests naming ``name`` (None: always)."""
+    def fail(
+        self,
+        name: str,
+        status: int,
+        *,
+        times: int | None = None,
+        message: str = "",
+        retry_after: str | None = None,
+    ) -> None:
+        """Answer ``status`` for the next ``times`` requests naming ``name`` (None: always),
+        with a ``Retry-After: <retry_after>`` header when given."""
         with self._lock:
-            self._state.faults[name] = _Fault(status, times, message or f"fake {status}")
+            self._state.faults[name] = _Fault(
+                status, times, message or f"fake {status}", retry_after
+            )
 
     def clear_fault(self, name: str) -> None:
         with self._lock:
@@ -386,6 +399,8 @@ class FakeGemini:
                     fault.times -= 1
                     if fault.times <= 0:
                         del self._state.faults[request.name]
+                if fault.retry_after is not None:
+                    self._reply_headers[id(request)] = {"Retry-After": fault.retry_after}
                 return fault.status, error_body(fault.status, fault.message)
             handler = next(
                 (
@@ -465,9 +480,13 @@ class _RequestHandler(BaseHTTPRequestHandler):
             body=body,
         )
         status, payload = self.owner._answer(request)
+        with self.owner._lock:
+            extra = self.owner._reply_headers.pop(id(request), {})
         data = b"" if payload is None else json.dumps(payload).encode()
         try:
             self.send_response(status)
+            for key, value in extra.items():
+                self.send_header(key, value)
             self.send_header("Content-Type", "application/json; charset=UTF-8")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()

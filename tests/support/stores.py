@@ -21,7 +21,7 @@ import boto3
 from botocore.config import Config
 
 from opstate.reducer import OpRecord
-from opstate.store import MemoryStore, Store, WriteOutcome
+from opstate.store import Due, MemoryStore, PollingStore, PollState, Store, WriteOutcome
 from opstate.store.dynamodb import CLIENT_CONFIG, DynamoDBStore, deserialize_item, plain
 from opstate.store.sqlite import SQLiteStore
 from tests.support.template import create_table_from_template
@@ -50,6 +50,20 @@ class DelegatingStore:
 
     def iter_all(self) -> Iterator[OpRecord]:
         return self.inner.iter_all()
+
+    def iter_due(self, now_ns: int | None, page_size: int = 100) -> Iterator[Due]:
+        return self._polling().iter_due(now_ns, page_size)
+
+    def set_poll(self, name: str, version: int, poll: PollState) -> bool:
+        return self._polling().set_poll(name, version, poll)
+
+    def iter_marked(self) -> Iterator[Due]:
+        return self._polling().iter_marked()
+
+    def _polling(self) -> PollingStore:
+        inner = self.inner
+        assert isinstance(inner, PollingStore), type(inner).__name__
+        return inner
 
     def close(self) -> None:
         self.inner.close()
@@ -87,6 +101,16 @@ class CountingStore(DelegatingStore):
     def list_open(self, limit: int = 100) -> Sequence[OpRecord]:
         self._hit("list_open")
         return self.inner.list_open(limit)
+
+    def iter_due(self, now_ns: int | None, page_size: int = 100) -> Iterator[Due]:
+        # Counted per entry read from the index (its share of a page, not a call).
+        for entry in super().iter_due(now_ns, page_size):
+            self._hit("iter_due_entries")
+            yield entry
+
+    def set_poll(self, name: str, version: int, poll: PollState) -> bool:
+        self._hit("set_poll")
+        return super().set_poll(name, version, poll)
 
 
 @dataclass

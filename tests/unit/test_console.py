@@ -16,11 +16,13 @@ from opstate.api_token import bearer_token_ok
 from opstate.events import OpEvent
 from opstate.ingest import ingest
 from opstate.local.console import CSP, Console, DecisionLog
+from opstate.reconcile.schedule import Mark
+from opstate.reconcile.tally import MarkDecision
 from opstate.reducer import OpRecord
 from opstate.states import State
 from opstate.store import MemoryStore
-from opstate.store.port import StoreUnavailableError
-from opstate.times import parse_time
+from opstate.store.port import PollState, StoreUnavailableError
+from opstate.times import format_time, parse_time
 
 ROOT = Path(__file__).resolve().parents[2]
 STATIC = ROOT / "layers" / "opstate" / "opstate" / "local" / "static"
@@ -250,3 +252,23 @@ def test_the_decision_log_is_bounded() -> None:
     assert log.cursor == 7
     with pytest.raises(ValueError):
         DecisionLog(per_operation=0)
+
+
+def test_the_reconcilers_marks_reach_the_log_and_move_its_cursor() -> None:
+    """A lost or overdue mark changes no state but is news: the page must redraw."""
+    log = DecisionLog(clock_ns=lambda: NOW)
+    record = OpRecord("batches/gone", State.RUNNING, NOW - 10, 4, "poll")
+    log.add(MarkDecision(Mark.LOST, record, PollState(due_ns=NOW, misses=3, lost_ns=NOW)))
+    assert log.cursor == 1
+    (entry,) = log.for_operation("batches/gone")
+    assert entry == {
+        "receivedAt": format_time(NOW),
+        "applied": False,
+        "reason": "lost",
+        "state": "RUNNING",
+        "storedState": "RUNNING",
+        "version": 4,
+        "source": "poll",
+        "updateTime": format_time(NOW - 10),
+        "seq": 1,
+    }

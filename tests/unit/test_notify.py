@@ -571,3 +571,35 @@ def test_put_events_calls_are_counted_per_invocation(caplog: pytest.LogCaptureFi
         notifier.handle(event(records))
     assert [s["put_events_calls"] for s in logged(caplog, "stream batch processed")] == [2, 2, 2]
     assert len(client.calls) == 6
+
+
+# --- lost / overdue marks ------------------------------------------------------------------------
+
+
+def test_a_same_state_modify_announces_only_a_newly_set_mark() -> None:
+    from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import DynamoDBRecord
+
+    from opstate.notify import LOST_DETAIL_TYPE, OVERDUE_DETAIL_TYPE, build_entry
+
+    stream = Stream()
+    record = op("batches/m", State.RUNNING, 2)
+
+    def modify(old_extra: dict[str, Any], new_extra: dict[str, Any]) -> DynamoDBRecord:
+        raw = stream.modify(record, record)
+        raw["dynamodb"]["OldImage"].update(old_extra)
+        raw["dynamodb"]["NewImage"].update(new_extra)
+        return DynamoDBRecord(json.loads(json.dumps(raw)))
+
+    lost_ns = {"lost_ns": {"N": str(T0 + 5)}, "poll_misses": {"N": "3"}}
+    overdue = {"overdue_ns": {"N": str(T0 + 7)}}
+    # A schedule write with no new mark announces nothing.
+    assert build_entry(modify({}, {"poll_misses": {"N": "1"}}), "bus") is None
+    assert build_entry(modify(overdue, overdue), "bus") is None
+    entry = build_entry(modify({}, lost_ns), "bus")
+    assert entry is not None and entry["DetailType"] == LOST_DETAIL_TYPE
+    detail = json.loads(entry["Detail"])
+    assert detail["idempotencyKey"] == f"batches/m#lost#{T0 + 5}"
+    assert detail["notFoundCount"] == 3 and "previousState" not in detail
+    entry = build_entry(modify({}, overdue), "bus")
+    assert entry is not None and entry["DetailType"] == OVERDUE_DETAIL_TYPE
+    assert json.loads(entry["Detail"])["idempotencyKey"] == "batches/m#overdue"

@@ -231,8 +231,8 @@ def test_format_time_is_canonical(ns: int, text: str) -> None:
 
 
 def test_the_last_renderable_instant_renders_but_never_enters() -> None:
-    # Records may reach MAX_NS through not-found markers (+1 ns each); no source may report
-    # a time in the reserved last second, so a marker can never pass MAX_NS.
+    # Records the previous release stored may sit above MAX_EVENT_NS (its not-found markers,
+    # +1 ns each); no source may report a time in the reserved last second.
     assert format_time(MAX_NS) == "9999-12-31T23:59:59.999999999Z"
     assert MAX_NS - MAX_EVENT_NS == MARKER_ROOM_NS == NS_PER_SECOND
     for text in ("9999-12-31T23:59:59.999999999Z", "9999-12-31T23:59:59Z"):

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
+from opstate.names import Kind
+
 DEFAULT_LOCAL_STORE = "sqlite:///.opstate/ops.db"
 DEFAULT_JWKS_URL = "https://generativelanguage.googleapis.com/.well-known/jwks.json"
 
@@ -103,6 +105,49 @@ def _api_token(env: Mapping[str, str]) -> str | None:
     return token
 
 
+DEFAULT_OVERDUE_HOURS = "batch=24"
+
+
+def parse_overdue(text: str | None) -> dict[Kind, float]:
+    """``"batch=24,video=2"`` (hours per kind; 0 turns a kind off) as seconds per kind.
+
+    Raises ``ValueError`` naming the bad part.
+    """
+    out: dict[Kind, float] = {}
+    if text is None or not text.strip():
+        text = DEFAULT_OVERDUE_HOURS
+    for part in text.replace(";", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise ValueError(f"expected kind=hours, got {part!r}")
+        try:
+            kind = Kind(key.strip())
+        except ValueError:
+            kinds = ", ".join(k.value for k in Kind)
+            raise ValueError(f"unknown kind {key.strip()!r} (one of {kinds})") from None
+        try:
+            hours = float(value)
+        except ValueError:
+            raise ValueError(f"hours must be a number in {part!r}") from None
+        if hours < 0:
+            raise ValueError(f"hours must not be negative in {part!r}")
+        out[kind] = hours * 3600.0
+    return {k: v for k, v in out.items() if v > 0}
+
+
+def _overdue(env: Mapping[str, str]) -> str:
+    key = "OPSTATE_RECONCILE_OVERDUE_HOURS"
+    raw = _str(env, key) or DEFAULT_OVERDUE_HOURS
+    try:
+        parse_overdue(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+    return raw
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     # Store: a URL (dynamodb://TABLE or sqlite:///PATH). In Lambda, OPSTATE_TABLE_NAME is set by
@@ -140,9 +185,16 @@ class Settings:
     gemini_api_key: str | None = None
     reconcile_workers: int = 8
     reconcile_max_pages: int = 5
-    reconcile_open_limit: int = 1000
+    reconcile_open_limit: int = 5000
     reconcile_safety_margin_s: float = 10.0
     reconcile_http_timeout_s: float = 5.0
+    reconcile_max_rps: float = 20.0
+    reconcile_max_interval_s: float = 1800.0
+    reconcile_polled_only_max_interval_s: float = 600.0
+    reconcile_lost_after_runs: int = 3
+    reconcile_lost_after_s: float = 86400.0
+    # "kind=hours,..." (parsed by parse_overdue)
+    reconcile_overdue_hours: str = DEFAULT_OVERDUE_HOURS
     # Notifier
     event_bus_name: str | None = None
 
@@ -178,11 +230,19 @@ class Settings:
             gemini_api_key=_str(env, "GEMINI_API_KEY"),
             reconcile_workers=_int(env, "OPSTATE_RECONCILE_WORKERS", 8, minimum=1),
             reconcile_max_pages=_int(env, "OPSTATE_RECONCILE_MAX_PAGES", 5, minimum=0),
-            reconcile_open_limit=_int(env, "OPSTATE_RECONCILE_OPEN_LIMIT", 1000, minimum=1),
+            reconcile_open_limit=_int(env, "OPSTATE_RECONCILE_OPEN_LIMIT", 5000, minimum=1),
             reconcile_safety_margin_s=_float(env, "OPSTATE_RECONCILE_SAFETY_MARGIN_SECONDS", 10.0),
             reconcile_http_timeout_s=_float(
                 env, "OPSTATE_RECONCILE_HTTP_TIMEOUT_SECONDS", 5.0, minimum=0.001
             ),
+            reconcile_max_rps=_float(env, "OPSTATE_RECONCILE_MAX_RPS", 20.0),
+            reconcile_max_interval_s=60.0
+            * _float(env, "OPSTATE_RECONCILE_MAX_INTERVAL_MINUTES", 30.0, minimum=1.0),
+            reconcile_polled_only_max_interval_s=60.0
+            * _float(env, "OPSTATE_RECONCILE_POLLED_ONLY_MAX_INTERVAL_MINUTES", 10.0, minimum=1.0),
+            reconcile_lost_after_runs=_int(env, "OPSTATE_RECONCILE_LOST_AFTER_RUNS", 3, minimum=1),
+            reconcile_lost_after_s=3600.0 * _float(env, "OPSTATE_RECONCILE_LOST_AFTER_HOURS", 24.0),
+            reconcile_overdue_hours=_overdue(env),
             event_bus_name=_str(env, "OPSTATE_EVENT_BUS_NAME"),
         )
 

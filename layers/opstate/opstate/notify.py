@@ -7,6 +7,13 @@ to the custom bus: source ``gemini-opstate``, detail-type ``Operation State Chan
 ``idempotencyKey = "<name>@<created_ns>#<version>"`` (see ``idempotency_key``). ``refreshed``
 records (same state, newer time) and ``REMOVE`` (TTL expiry) emit nothing.
 
+The reconciler's marks go the same way (the table stays the outbox): a ``MODIFY`` whose new
+image gains ``lost_ns`` announces ``Operation Lost`` (idempotencyKey ``<name>#lost#<lost_ns>``),
+one that gains ``overdue_ns`` announces ``Operation Overdue`` (``<name>#overdue``); the detail
+is the state change's plus ``lostAt`` / ``notFoundSince`` / ``notFoundCount`` or
+``overdueAt`` / ``openSince``. The reconciler writes each mark on its own, so one stream record
+carries at most one announcement.
+
 How it sits on Powertools' ``BatchProcessor`` (``EventType.DynamoDBStreams``, driven by
 ``process_partial_response``): the *record handler* is pure, it turns one stream record into
 at most one ``PutEvents`` entry and never does I/O. ``OrderedPutEventsProcessor`` overrides
@@ -68,6 +75,8 @@ if TYPE_CHECKING:
 
 SOURCE = "gemini-opstate"
 DETAIL_TYPE = "Operation State Changed"
+LOST_DETAIL_TYPE = "Operation Lost"
+OVERDUE_DETAIL_TYPE = "Operation Overdue"
 # PutEvents limits: 10 entries and 256 KiB per request (entry size as AWS counts it).
 MAX_ENTRIES_PER_CALL = 10
 MAX_REQUEST_BYTES = 256 * 1024
@@ -124,6 +133,51 @@ def event_detail(record: OpRecord, previous_state: str | None) -> dict[str, Any]
     }
 
 
+def _ns(image: Mapping[str, Any] | None, key: str) -> int:
+    if not image:
+        return 0
+    value = image.get(key)
+    try:
+        return int(value) if value is not None else 0
+    except (TypeError, ValueError, ArithmeticError):
+        raise InvalidStreamRecordError(f"{key} is not a number: {value!r}") from None
+
+
+def _when(ns: int) -> str | None:
+    return format_time(ns) if ns > 0 else None
+
+
+def mark_detail(record: OpRecord, image: Mapping[str, Any], detail_type: str) -> dict[str, Any]:
+    """The detail of an ``Operation Lost`` / ``Operation Overdue`` event for ``image``."""
+    detail = event_detail(record, str(record.state))
+    del detail["previousState"]
+    if detail_type == LOST_DETAIL_TYPE:
+        lost_ns = _ns(image, "lost_ns")
+        detail.update(
+            lostAt=_when(lost_ns),
+            notFoundSince=_when(_ns(image, "poll_missing_since_ns")),
+            notFoundCount=_ns(image, "poll_misses"),
+            idempotencyKey=f"{record.name}#lost#{lost_ns}",
+        )
+    else:
+        detail.update(
+            overdueAt=_when(_ns(image, "overdue_ns")),
+            openSince=_when(record.created_ns or record.update_time_ns),
+            idempotencyKey=f"{record.name}#overdue",
+        )
+    return detail
+
+
+def _mark_type(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
+    """The mark a same-state MODIFY newly sets, if any (lost wins if, unexpectedly, both)."""
+    lost = _ns(new, "lost_ns")
+    if lost and lost != _ns(old, "lost_ns"):
+        return LOST_DETAIL_TYPE
+    if _ns(new, "overdue_ns") and not _ns(old, "overdue_ns"):
+        return OVERDUE_DETAIL_TYPE
+    return None
+
+
 def _dumps(detail: Mapping[str, Any]) -> str:
     return dumps(detail, compact=True)
 
@@ -167,12 +221,19 @@ def build_entry(record: DynamoDBRecord, bus_name: str) -> PutEventsRequestEntryT
         raise InvalidStreamRecordError("record has no NewImage (the stream must carry images)")
     current = _record(new_image, "NewImage")
     previous = None if old_image is None else _record(old_image, "OldImage").state
+    detail_type = DETAIL_TYPE
     if previous is not None and previous == current.state:
-        return None
-    detail = event_detail(current, None if previous is None else str(previous))
+        assert old_image is not None
+        mark = _mark_type(old_image, new_image)
+        if mark is None:
+            return None
+        detail_type = mark
+        detail = mark_detail(current, new_image, mark)
+    else:
+        detail = event_detail(current, None if previous is None else str(previous))
     entry: PutEventsRequestEntryTypeDef = {
         "Source": SOURCE,
-        "DetailType": DETAIL_TYPE,
+        "DetailType": detail_type,
         "Detail": _dumps(detail),
         "EventBusName": bus_name,
     }
@@ -453,6 +514,8 @@ def handle(
 
 __all__ = [
     "DETAIL_TYPE",
+    "LOST_DETAIL_TYPE",
+    "OVERDUE_DETAIL_TYPE",
     "SOURCE",
     "InvalidStreamRecordError",
     "Notifier",
@@ -462,5 +525,6 @@ __all__ = [
     "event_detail",
     "handle",
     "make_events_client",
+    "mark_detail",
     "notifier_from_settings",
 ]

@@ -68,11 +68,12 @@ METRICS: Final[Mapping[str, MetricSpec]] = {
         _spec("Applied", "reconcile", "decisions of a run that applied"),
         _spec("Dropped", "reconcile", "decisions of a run that dropped"),
         _spec("NotFound", "reconcile", "polls answered 404"),
+        _spec("OperationsLost", "reconcile", "operations newly marked lost"),
+        _spec("OperationsOverdue", "reconcile", "operations newly marked overdue"),
         _spec("Errors", "reconcile", "failed polls and listings"),
         _spec("Throttled", "reconcile", "polls answered 429"),
-        _spec("RemainingOpen", "reconcile", "open operations a run did not reach"),
+        _spec("RemainingDue", "reconcile", "due operations a run did not reach"),
         _spec("StoppedEarly", "reconcile", "runs that stopped starting work early"),
-        _spec("OpenOperations", "reconcile", "open operations listed by a run"),
         _spec(
             "OldestOpenAgeSeconds", "reconcile", "age of the oldest open operation", unit="Seconds"
         ),

@@ -20,9 +20,9 @@ MAX_NS = (
     - 1
 )
 # The latest instant a source may report. The last second before MAX_NS is kept free: a record's
-# time only ever grows, and the reconciler's not-found marker is its record's time + 1 ns, so a
-# record at MAX_EVENT_NS can take a billion markers before reaching MAX_NS (and OpEvent refuses
-# any time past MAX_NS, so nothing unrenderable is ever stored).
+# time only ever grows, and the previous release's reconciler wrote not-found markers at its
+# record's time + 1 ns, so a record it stored above MAX_EVENT_NS still renders (and OpEvent
+# refuses any time past MAX_NS, so nothing unrenderable is ever stored).
 MARKER_ROOM_NS = NS_PER_SECOND
 MAX_EVENT_NS = MAX_NS - MARKER_ROOM_NS
 _TOO_LATE = "after 9999-12-31T23:59:58.999999999Z (the last second is reserved)"

@@ -22,6 +22,7 @@ from opstate.cli.common import (
 )
 from opstate.events import EventError, from_report
 from opstate.names import VIDEO_DETAIL, Kind, parse_name
+from opstate.store.port import PollState
 from opstate.strict_json import InvalidJSONError, dumps, loads
 from opstate.times import format_time
 from opstate.views import decision_to_json, record_to_json
@@ -37,6 +38,16 @@ def add_parsers(
     p = sub.add_parser("list", parents=[store, as_json], help="list operations")
     p.add_argument("--open", action="store_true", help="only operations not yet finished")
     p.add_argument("--kind", choices=[str(k) for k in Kind], help="only this kind")
+    p.add_argument(
+        "--lost",
+        action="store_true",
+        help="only operations the reconciler marked lost (not found for a day; no longer polled)",
+    )
+    p.add_argument(
+        "--overdue",
+        action="store_true",
+        help="only open operations announced overdue (open longer than their kind's threshold)",
+    )
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("track", parents=[store, as_json], help="record NAME as PENDING now")
@@ -77,22 +88,54 @@ def cmd_get(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _marked(store: Any, *, lost: bool, overdue: bool) -> dict[str, PollState]:
+    """Poll states of the open records that are lost / overdue (as asked), by name."""
+    iter_marked = getattr(store, "iter_marked", None)
+    if iter_marked is None:
+        raise CliError("this store keeps no reconciler marks")
+    return {
+        entry.record.name: entry.poll
+        for entry in iter_marked()
+        if (not lost or entry.poll.lost) and (not overdue or entry.poll.overdue_ns)
+    }
+
+
+def _mark_json(poll: PollState) -> dict[str, Any]:
+    def when(ns: int) -> str | None:
+        return format_time(ns) if ns else None
+
+    return {
+        "lost_at": when(poll.lost_ns),
+        "not_found_since": when(poll.missing_since_ns),
+        "not_found_count": poll.misses,
+        "overdue_at": when(poll.overdue_ns),
+    }
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     config = settings_for(args)
+    marks: dict[str, PollState] | None = None
     with open_store(config) as store:
+        if args.lost or args.overdue:
+            marks = _marked(store, lost=args.lost, overdue=args.overdue)
         records = [
             r
             for r in store.iter_all()
-            if (not args.open or not r.terminal) and (args.kind is None or r.kind == args.kind)
+            if (not args.open or not r.terminal)
+            and (args.kind is None or r.kind == args.kind)
+            and (marks is None or r.name in marks)
         ]
     records.sort(key=lambda r: r.name)
     if args.json:
-        print_json([record_to_json(r) for r in records])
+        if marks is None:
+            print_json([record_to_json(r) for r in records])
+        else:
+            print_json([{**record_to_json(r), **_mark_json(marks[r.name])} for r in records])
         return EXIT_OK
     if not records:
         out("no operations")
         return EXIT_OK
-    rows = [
+    rows: list[tuple[str, ...]] = [
         (
             r.name,
             str(r.kind),
@@ -102,7 +145,17 @@ def cmd_list(args: argparse.Namespace) -> int:
         )
         for r in records
     ]
-    header = ("NAME", "KIND", "STATE", "VERSION", "UPDATED")
+    header: tuple[str, ...] = ("NAME", "KIND", "STATE", "VERSION", "UPDATED")
+    if marks is not None:
+        header = (*header, "LOST", "OVERDUE")
+        rows = [
+            (
+                *row,
+                format_time(marks[row[0]].lost_ns) if marks[row[0]].lost_ns else "-",
+                format_time(marks[row[0]].overdue_ns) if marks[row[0]].overdue_ns else "-",
+            )
+            for row in rows
+        ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         out("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())

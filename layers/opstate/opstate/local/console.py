@@ -32,7 +32,8 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from opstate.names import InvalidNameError, canonical_name
-from opstate.reducer import Decision, OpRecord
+from opstate.reconcile.tally import MarkDecision, RunDecision
+from opstate.reducer import OpRecord
 from opstate.store.port import RetryableError, Store
 from opstate.times import format_time
 from opstate.views import record_to_json
@@ -91,11 +92,40 @@ class DecisionLog:
         with self._lock:
             return self._cursor
 
-    def add(self, decision: Decision) -> None:
+    def add(self, decision: RunDecision) -> None:
+        """Keep one decision: the API's and the reconciler's (a lost / overdue mark is kept as
+        a decision that changed no state, its reason the mark)."""
+        entry = self._entry(decision)
+        name = decision.record.name if isinstance(decision, MarkDecision) else decision.event.name
+        with self._lock:
+            self._cursor += 1
+            entry["seq"] = self._cursor
+            entries = self._by_name.pop(name, None)
+            if entries is None:
+                entries = deque(maxlen=self._per_operation)
+            entries.append(entry)
+            self._by_name[name] = entries
+            while len(self._by_name) > self._max_operations:
+                self._by_name.popitem(last=False)
+
+    def _entry(self, decision: RunDecision) -> dict[str, Any]:
+        now = format_time(self._clock_ns())
+        if isinstance(decision, MarkDecision):
+            marked = decision.record
+            return {
+                "receivedAt": now,
+                "applied": False,
+                "reason": str(decision.mark),
+                "state": str(marked.state),
+                "storedState": str(marked.state),
+                "version": marked.version,
+                "source": "poll",
+                "updateTime": format_time(marked.update_time_ns) if marked.update_time_ns else None,
+            }
         event = decision.event
         record = decision.record
-        entry: dict[str, Any] = {
-            "receivedAt": format_time(self._clock_ns()),
+        return {
+            "receivedAt": now,
             "applied": decision.applied,
             "reason": str(decision.reason),
             "state": str(event.state),
@@ -104,16 +134,6 @@ class DecisionLog:
             "source": str(event.source),
             "updateTime": format_time(event.update_time_ns) if event.update_time_ns else None,
         }
-        with self._lock:
-            self._cursor += 1
-            entry["seq"] = self._cursor
-            entries = self._by_name.pop(event.name, None)
-            if entries is None:
-                entries = deque(maxlen=self._per_operation)
-            entries.append(entry)
-            self._by_name[event.name] = entries
-            while len(self._by_name) > self._max_operations:
-                self._by_name.popitem(last=False)
 
     def for_operation(self, name: str) -> list[dict[str, Any]]:
         """The kept decisions for ``name``, oldest first."""

@@ -1,5 +1,5 @@
-"""The reconciler inside ``opstate serve``: a timer thread and the store wrapper that prints
-the state changes a poll makes."""
+"""The reconciler inside ``opstate serve``: a timer thread, and the run's ``on_decision`` hook
+printing the state changes (and lost / overdue marks) a poll makes."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from opstate.config import Settings
+from opstate.reconcile.run import MarkDecision, RunDecision
 from opstate.times import format_time
 
 
@@ -65,90 +66,54 @@ class ReconcileLoop:
             self._thread.join(timeout_s)
 
 
-class AnnouncingStore:
-    """A store wrapper that reports every successful write as a state change line.
+def decision_line(decision: RunDecision, stamp_ns: int) -> str | None:
+    """The line ``opstate serve`` prints for a reconciler decision, None for no change.
 
-    The reconciler has no decision hook; it ingests through this wrapper instead. ``ingest``
-    reads (or is handed, on a lost race) the record it then replaces, in the same thread, so the
-    last record seen per thread is the previous record of a successful replace.
+    State changes (created / advanced) and the lost / overdue marks are printed; refreshes and
+    drops are not.
     """
-
-    def __init__(self, inner: Any, on_write: Callable[[Any, Any, bool], None]) -> None:
-        self._inner = inner
-        self._on_write = on_write
-        self._seen = threading.local()
-
-    def _remember(self, record: Any) -> None:
-        self._seen.record = record
-
-    def _previous(self, name: str, version: int) -> Any:
-        record = getattr(self._seen, "record", None)
-        if record is not None and record.name == name and record.version == version:
-            return record
+    stamp = format_time(stamp_ns)[:19] + "Z"
+    if isinstance(decision, MarkDecision):
+        record = decision.record
+        return (
+            f"{stamp}  {record.name}  {decision.mark} ({record.state})  v{record.version}  (poll)"
+        )
+    if not decision.state_changed or decision.record is None:
         return None
-
-    def get(self, name: str) -> Any:
-        record = self._inner.get(name)
-        self._remember(record)
-        return record
-
-    def put_if_absent(self, record: Any) -> Any:
-        outcome = self._inner.put_if_absent(record)
-        if outcome.ok:
-            self._on_write(None, record, True)
-        else:
-            self._remember(outcome.current)
-        return outcome
-
-    def replace_if_version(self, record: Any, expected_version: int) -> Any:
-        previous = self._previous(record.name, expected_version)
-        outcome = self._inner.replace_if_version(record, expected_version)
-        if outcome.ok:
-            self._on_write(previous, record, False)
-        else:
-            self._remember(outcome.current)
-        return outcome
-
-    def list_open(self, limit: int = 100) -> Any:
-        return self._inner.list_open(limit)
-
-    def iter_all(self) -> Any:
-        return self._inner.iter_all()
-
-    def close(self) -> None:
-        self._inner.close()
+    record = decision.record
+    before = "(new)" if decision.previous is None else str(decision.previous.state)
+    return f"{stamp}  {record.name}  {before} -> {record.state}  v{record.version}  (poll)"
 
 
 def start_reconciler(
-    store: Any, settings: Settings, every_s: float, say: Callable[[str], None]
+    store: Any,
+    settings: Settings,
+    every_s: float,
+    say: Callable[[str], None],
+    also: Callable[[RunDecision], None] | None = None,
 ) -> ReconcileLoop:
-    from opstate import reconcile
+    """Start the timer thread; every decision of a pass is printed (``decision_line``) and
+    handed to ``also`` (the operations page's decision log)."""
+    from opstate.reconcile.genai_gateway import GenaiGateway, make_client
+    from opstate.reconcile.run import reconcile_once
 
     # Each pass gets a bounded budget (no Lambda deadline here): the reconciler stops starting
     # work once less than its safety margin is left, so the budget must exceed the margin.
     budget_s = settings.reconcile_safety_margin_s + max(every_s, 30.0)
-    memory = reconcile.PollMemory()
-    client_box: list[Any] = []
+    gateway_box: list[GenaiGateway] = []
 
-    def on_write(previous: Any, record: Any, created: bool) -> None:
-        if previous is not None and previous.state == record.state:
-            return  # a refresh, not a state change
-        if created:
-            before = "(new)"
-        elif previous is None:
-            before = "?"
-        else:
-            before = str(previous.state)
-        stamp = format_time(time.time_ns())[:19] + "Z"
-        say(f"{stamp}  {record.name}  {before} -> {record.state}  v{record.version}  (poll)")
-
-    announcing = AnnouncingStore(store, on_write)
+    def on_decision(decision: RunDecision) -> None:
+        if also is not None:
+            also(decision)
+        line = decision_line(decision, time.time_ns())
+        if line is not None:
+            say(line)
 
     stop_requested = threading.Event()
 
     def run_once() -> Mapping[str, Any]:
-        if not client_box:
-            client_box.append(reconcile.make_client(settings))
+        if not gateway_box:
+            gateway_box.append(GenaiGateway(make_client(settings)))
         deadline = time.monotonic() + budget_s
 
         def remaining_ms() -> int:
@@ -157,8 +122,12 @@ def start_reconciler(
                 return 0
             return int((deadline - time.monotonic()) * 1000)
 
-        result = reconcile.reconcile_once(
-            announcing, client_box[0], settings=settings, remaining_ms=remaining_ms, memory=memory
+        result = reconcile_once(
+            store,
+            gateway_box[0],
+            settings=settings,
+            remaining_ms=remaining_ms,
+            on_decision=on_decision,
         )
         summary: Mapping[str, Any] = result.as_dict()
         return summary

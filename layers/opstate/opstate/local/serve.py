@@ -290,7 +290,7 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
 
     loop: ReconcileLoop | None = None
     if settings.gemini_api_key or settings.gemini_api_key_secret_arn:
-        loop = start_reconciler(store, settings, options.reconcile_every_s, say)
+        loop = start_reconciler(store, settings, options.reconcile_every_s, say, also=decisions.add)
     else:
         say("reconciler: off (set GEMINI_API_KEY to poll Gemini)")
 

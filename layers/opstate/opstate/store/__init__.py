@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING
 from opstate.store.memory import MemoryStore
 from opstate.store.port import (
     WRITTEN,
+    Due,
+    PollingStore,
+    PollState,
     RetryableError,
     Store,
     StoreUnavailableError,
@@ -29,7 +32,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "WRITTEN",
+    "Due",
     "MemoryStore",
+    "PollState",
+    "PollingStore",
     "RetryableError",
     "Store",
     "StoreUnavailableError",

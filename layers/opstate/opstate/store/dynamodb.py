@@ -6,14 +6,23 @@ Item shape (``name`` is the partition key):
   (canonical RFC3339, absent when ``update_ns`` is 0), ``version`` N, ``kind`` S, ``source`` S,
   ``details`` M, ``created_ns``/``applied_ns`` N, ``created_at``/``applied_at`` S (canonical,
   absent when 0).
-- While open (non-terminal) only: ``open_shard`` N (stable CRC-32 of the name mod ``shards``) and
-  ``open_update_ns`` N. They key the sparse GSI ``open-index``; a terminal write drops both, so
-  the operation leaves the index.
+- While open (non-terminal) and not lost only: ``open_shard`` N (stable CRC-32 of the name mod
+  ``shards``) and ``open_update_ns`` N. They key the sparse GSI ``open-index``; a terminal write
+  (or marking the operation lost) drops both, so the operation leaves the index.
+  ``open_update_ns`` is when the operation is next due for a poll (``PollState.due_ns``; the
+  attribute keeps its first name because it is the index's key schema, which CloudFormation
+  cannot change in place). The previous release wrote the update time there, which simply reads
+  as "due since then": its items are polled like any other.
+- Poll state, written by the reconciler (``set_poll``), absent means 0: ``poll_misses`` N,
+  ``poll_missing_since_ns`` N, ``lost_ns`` N, ``overdue_ns`` N. A replace keeps ``open_update_ns``
+  and ``overdue_ns`` (it is an ``UpdateItem``), and clears the not-found streak and the lost
+  mark: an applied write is a real observation.
 - When terminal only: ``expires_at`` N (epoch seconds: applied time + ``retention_days``), the
   table's TTL attribute.
 
-Every write is a full ``PutItem`` under a condition (``attribute_not_exists(#name)`` to create,
-``#version = :expected`` to replace) with ``ReturnValuesOnConditionCheckFailure=ALL_OLD``: a lost
+A create is a full ``PutItem`` under ``attribute_not_exists(#name)``; a replace is an
+``UpdateItem`` that sets every record attribute under ``#version = :expected`` (so the poll state
+beside the record survives); both with ``ReturnValuesOnConditionCheckFailure=ALL_OLD``: a lost
 write hands back the item that beat it, deserialised from the exception, never re-read.
 
 Faults (throttling, 5xx, timeouts, connection errors, missing table or credentials) raise
@@ -25,6 +34,7 @@ propagate as ``ClientError``.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 import zlib
@@ -47,9 +57,12 @@ from opstate.reducer import OpRecord
 from opstate.states import parse_state
 from opstate.store.port import (
     WRITTEN,
+    Due,
+    PollState,
     RecordRejectedError,
     StoreUnavailableError,
     WriteOutcome,
+    initial_due,
     validate_record,
 )
 from opstate.times import NS_PER_SECOND, format_time
@@ -98,7 +111,26 @@ UNAVAILABLE_CODES = frozenset(
 
 _CONDITION_FAILED = "ConditionalCheckFailedException"
 _VALIDATION = "ValidationException"
+# Attributes a record may lack (written only when non-zero / in some states).
+_OPTIONAL_RECORD_ATTRS = (
+    "update_time",
+    "created_at",
+    "applied_at",
+    "expires_at",
+    "open_shard",
+    "open_update_ns",
+)
+# The poll state beside the record (absent means 0).
+POLL_ATTRS = ("poll_misses", "poll_missing_since_ns", "lost_ns", "overdue_ns")
 _NAMES = {"#name": "name"}
+
+
+def _refused(exc: ClientError, record: OpRecord) -> None:
+    """Raise ``RecordRejectedError`` if DynamoDB refused ``record``'s item itself
+    (``ValidationException``: permanent, never retried); return otherwise."""
+    if exc.response.get("Error", {}).get("Code") == _VALIDATION:
+        message = exc.response.get("Error", {}).get("Message", "")
+        raise RecordRejectedError(f"DynamoDB refused the item of {record.name}: {message}") from exc
 
 
 def make_client(endpoint_url: str | None = None, config: Config | None = None) -> Any:
@@ -252,7 +284,7 @@ def item_from_record(
         )
     else:
         item["open_shard"] = shard_of(record.name, shards)
-        item["open_update_ns"] = record.update_time_ns
+        item["open_update_ns"] = max(0, initial_due(record))
     return item
 
 
@@ -271,6 +303,22 @@ def record_from_item(item: Mapping[str, Any]) -> OpRecord:
         details=details if isinstance(details, dict) else {},
         created_ns=int(item.get("created_ns", 0)),
         applied_ns=int(item.get("applied_ns", 0)),
+    )
+
+
+def poll_from_item(item: Mapping[str, Any]) -> PollState:
+    """The poll state stored beside a record (deserialised item; absent attributes are 0)."""
+
+    def number(key: str) -> int:
+        value = item.get(key)
+        return int(value) if value is not None else 0
+
+    return PollState(
+        due_ns=number("open_update_ns"),
+        misses=number("poll_misses"),
+        missing_since_ns=number("poll_missing_since_ns"),
+        lost_ns=number("lost_ns"),
+        overdue_ns=number("overdue_ns"),
     )
 
 
@@ -343,27 +391,142 @@ class DynamoDBStore:
         return self._put(record, condition="attribute_not_exists(#name)", names=_NAMES, values=None)
 
     def replace_if_version(self, record: OpRecord, expected_version: int) -> WriteOutcome:
-        return self._put(
-            record,
-            condition="#version = :expected",
-            names={"#version": "version"},
-            values={":expected": {"N": str(expected_version)}},
-        )
+        validate_record(record)
+        item = self.item(record)
+        names: dict[str, str] = {"#version": "version"}
+        values: dict[str, Any] = {":expected": {"N": str(expected_version)}}
+        sets: list[str] = []
+        for index, (key, value) in enumerate(sorted(item.items())):
+            if key in ("name", "open_update_ns"):
+                continue
+            names[f"#a{index}"] = key
+            values[f":a{index}"] = to_attr(value)
+            sets.append(f"#a{index} = :a{index}")
+        if "open_update_ns" in item:
+            # Keep the due time the reconciler set; a lost operation (no key) rejoins, due now.
+            names["#due"] = "open_update_ns"
+            values[":due"] = to_attr(item["open_update_ns"])
+            sets.append("#due = if_not_exists(#due, :due)")
+        removes = [k for k in _OPTIONAL_RECORD_ATTRS if k not in item]
+        removes += ["poll_misses", "poll_missing_since_ns", "lost_ns"]
+        for index, key in enumerate(removes):
+            names[f"#r{index}"] = key
+        expression = "SET " + ", ".join(sets)
+        expression += " REMOVE " + ", ".join(f"#r{i}" for i in range(len(removes)))
+        try:
+            self.client.update_item(
+                TableName=self.table_name,
+                Key={"name": {"S": record.name}},
+                UpdateExpression=expression,
+                ConditionExpression="#version = :expected",
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == _CONDITION_FAILED:
+                old: Any = exc.response.get("Item")
+                return WriteOutcome(ok=False, current=record_from_wire(old) if old else None)
+            _refused(exc, record)
+            _fault(exc, "UpdateItem")
+        except BotoCoreError as exc:
+            _fault(exc, "UpdateItem")
+        return WRITTEN
 
     def list_open(self, limit: int = 100) -> Sequence[OpRecord]:
-        """Up to ``limit`` open records, oldest ``update_time_ns`` first (ties by name).
+        """Up to ``limit`` open records in open-index order (soonest due first; ties by name).
 
-        Queries the sparse ``open-index`` GSI shard by shard (each ascending, at most ``limit``
-        items) and merges. GSI reads are eventually consistent: a record that just became
-        terminal can still show up for a moment; callers re-read or re-ingest anyway.
+        ``iter_due(None)`` cut at ``limit``: a Query per shard, merged. GSI reads are
+        eventually consistent: a record that just became terminal can still show up for a
+        moment; callers re-read or re-ingest anyway.
         """
         if limit <= 0:
             return []
-        found: list[OpRecord] = []
-        for shard in range(self.shards):
-            found.extend(self._query_shard(shard, limit))
-        found.sort(key=lambda r: (r.update_time_ns, r.name))
-        return found[:limit]
+        page = min(limit, 1000)
+        return [e.record for _, e in zip(range(limit), self.iter_due(None, page), strict=False)]
+
+    def iter_due(self, now_ns: int | None, page_size: int = 100) -> Iterator[Due]:
+        """Open entries due by ``now_ns`` (None: all), oldest due first.
+
+        One ascending ``Query`` per shard on ``open-index`` (``open_update_ns <= now``), merged
+        lazily: a further page of a shard is read only when the caller gets that far. Never a
+        Scan. GSI reads are eventually consistent: an entry may lag a write by a moment.
+        """
+        streams = [self._due_pages(shard, now_ns, page_size) for shard in range(self.shards)]
+        yield from heapq.merge(*streams, key=lambda e: (e.poll.due_ns, e.record.name))
+
+    def set_poll(self, name: str, version: int, poll: PollState) -> bool:
+        fields: dict[str, int] = {
+            "poll_misses": poll.misses,
+            "poll_missing_since_ns": poll.missing_since_ns,
+            "lost_ns": poll.lost_ns,
+            "overdue_ns": poll.overdue_ns,
+        }
+        keep = set()
+        if not poll.lost:
+            fields["open_shard"] = shard_of(name, self.shards)
+            fields["open_update_ns"] = max(0, poll.due_ns)
+            keep = {"open_shard", "open_update_ns"}
+        else:
+            fields["open_shard"] = 0
+            fields["open_update_ns"] = 0  # lost: out of the index
+        names = {"#version": "version", "#expires": "expires_at"}
+        values: dict[str, Any] = {":version": {"N": str(version)}}
+        sets: list[str] = []
+        removes: list[str] = []
+        for index, (key, value) in enumerate(fields.items()):
+            names[f"#p{index}"] = key
+            if value or key in keep:
+                values[f":p{index}"] = {"N": str(value)}
+                sets.append(f"#p{index} = :p{index}")
+            else:
+                removes.append(f"#p{index}")
+        expression = ""
+        if sets:
+            expression = "SET " + ", ".join(sets)
+        if removes:
+            expression += " REMOVE " + ", ".join(removes)
+        try:
+            self.client.update_item(
+                TableName=self.table_name,
+                Key={"name": {"S": name}},
+                UpdateExpression=expression.strip(),
+                ConditionExpression="#version = :version AND attribute_not_exists(#expires)",
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == _CONDITION_FAILED:
+                return False
+            _fault(exc, "UpdateItem")
+        except BotoCoreError as exc:
+            _fault(exc, "UpdateItem")
+        return True
+
+    def iter_marked(self) -> Iterator[Due]:
+        """Open records that are lost or overdue (operator listing: a filtered Scan)."""
+        start: dict[str, Any] | None = None
+        while True:
+            kwargs: dict[str, Any] = {
+                "TableName": self.table_name,
+                "FilterExpression": "attribute_not_exists(expires_at) AND "
+                "(lost_ns > :zero OR overdue_ns > :zero)",
+                "ExpressionAttributeValues": {":zero": {"N": "0"}},
+            }
+            if start:
+                kwargs["ExclusiveStartKey"] = start
+            try:
+                page = self.client.scan(**kwargs)
+            except (ClientError, BotoCoreError) as exc:
+                _fault(exc, "Scan")
+            for raw in page.get("Items", []):
+                item = deserialize_item(raw)
+                record = record_from_item(item)
+                if not record.terminal:
+                    yield Due(record, poll_from_item(item))
+            start = page.get("LastEvaluatedKey")
+            if not start:
+                return
 
     def iter_all(self) -> Iterator[OpRecord]:
         """Every record, in table order (operator listing only: a paginated, consistent Scan)."""
@@ -421,27 +584,27 @@ class DynamoDBStore:
             if exc.response.get("Error", {}).get("Code") == _CONDITION_FAILED:
                 old: Any = exc.response.get("Item")
                 return WriteOutcome(ok=False, current=record_from_wire(old) if old else None)
-            if exc.response.get("Error", {}).get("Code") == _VALIDATION:
-                message = exc.response.get("Error", {}).get("Message", "")
-                raise RecordRejectedError(
-                    f"DynamoDB refused the item of {record.name}: {message}"
-                ) from exc
+            _refused(exc, record)
             _fault(exc, "PutItem")
         except BotoCoreError as exc:
             _fault(exc, "PutItem")
         return WRITTEN
 
-    def _query_shard(self, shard: int, limit: int) -> list[OpRecord]:
-        out: list[OpRecord] = []
+    def _due_pages(self, shard: int, now_ns: int | None, page_size: int) -> Iterator[Due]:
         start: dict[str, Any] | None = None
-        while len(out) < limit:
+        condition = "open_shard = :shard"
+        values: dict[str, Any] = {":shard": {"N": str(shard)}}
+        if now_ns is not None:
+            condition += " AND open_update_ns <= :now"
+            values[":now"] = {"N": str(now_ns)}
+        while True:
             kwargs: dict[str, Any] = {
                 "TableName": self.table_name,
                 "IndexName": OPEN_INDEX,
-                "KeyConditionExpression": "open_shard = :shard",
-                "ExpressionAttributeValues": {":shard": {"N": str(shard)}},
+                "KeyConditionExpression": condition,
+                "ExpressionAttributeValues": values,
                 "ScanIndexForward": True,
-                "Limit": limit - len(out),
+                "Limit": max(1, page_size),
             }
             if start:
                 kwargs["ExclusiveStartKey"] = start
@@ -449,8 +612,9 @@ class DynamoDBStore:
                 page = self.client.query(**kwargs)
             except (ClientError, BotoCoreError) as exc:
                 _fault(exc, "Query")
-            out.extend(record_from_wire(item) for item in page.get("Items", []))
+            for raw in page.get("Items", []):
+                item = deserialize_item(raw)
+                yield Due(record_from_item(item), poll_from_item(item))
             start = page.get("LastEvaluatedKey")
             if not start:
-                break
-        return out
+                return

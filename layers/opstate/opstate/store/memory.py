@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 from opstate.reducer import OpRecord
-from opstate.store.port import WRITTEN, WriteOutcome, validate_record
+from opstate.store.port import WRITTEN, Due, PollState, WriteOutcome, initial_due, validate_record
 
 
 class MemoryStore:
+    """Records and poll states in dicts; ``iter_due`` sorts the open ones (no index)."""
+
     def __init__(self) -> None:
         self._records: dict[str, OpRecord] = {}
+        self._polls: dict[str, PollState] = {}
         self._lock = threading.Lock()
 
     def get(self, name: str) -> OpRecord | None:
@@ -25,6 +29,7 @@ class MemoryStore:
             if existing is not None:
                 return WriteOutcome(ok=False, current=existing)
             self._records[record.name] = record
+            self._polls[record.name] = PollState(due_ns=initial_due(record))
             return WRITTEN
 
     def replace_if_version(self, record: OpRecord, expected_version: int) -> WriteOutcome:
@@ -34,13 +39,53 @@ class MemoryStore:
             if existing is None or existing.version != expected_version:
                 return WriteOutcome(ok=False, current=existing)
             self._records[record.name] = record
+            poll = self._polls.get(record.name, PollState(due_ns=initial_due(record)))
+            if poll.lost:  # seen again: back into the open index, due at once
+                poll = replace(poll, due_ns=initial_due(record))
+            self._polls[record.name] = replace(poll, misses=0, missing_since_ns=0, lost_ns=0)
             return WRITTEN
 
     def list_open(self, limit: int = 100) -> Sequence[OpRecord]:
+        if limit <= 0:
+            return []
+        return [entry.record for _, entry in zip(range(limit), self.iter_due(None), strict=False)]
+
+    def iter_due(self, now_ns: int | None, page_size: int = 100) -> Iterator[Due]:
         with self._lock:
-            open_records = [r for r in self._records.values() if not r.terminal]
-        open_records.sort(key=lambda r: (r.update_time_ns, r.name))
-        return open_records[:limit]
+            entries = [
+                Due(r, self._polls.get(r.name, PollState(due_ns=initial_due(r))))
+                for r in self._records.values()
+                if not r.terminal
+            ]
+        entries = [
+            e for e in entries if not e.poll.lost and (now_ns is None or e.poll.due_ns <= now_ns)
+        ]
+        entries.sort(key=lambda e: (e.poll.due_ns, e.record.name))
+        yield from entries
+
+    def set_poll(self, name: str, version: int, poll: PollState) -> bool:
+        with self._lock:
+            existing = self._records.get(name)
+            if existing is None or existing.version != version or existing.terminal:
+                return False
+            self._polls[name] = poll
+            return True
+
+    def iter_marked(self) -> Iterator[Due]:
+        with self._lock:
+            entries = [
+                Due(r, self._polls[r.name])
+                for r in self._records.values()
+                if not r.terminal
+                and r.name in self._polls
+                and (self._polls[r.name].lost or self._polls[r.name].overdue_ns)
+            ]
+        yield from sorted(entries, key=lambda e: e.record.name)
+
+    def poll_state(self, name: str) -> PollState | None:
+        """The poll state of ``name`` (tests)."""
+        with self._lock:
+            return self._polls.get(name)
 
     def all(self) -> list[OpRecord]:
         with self._lock:

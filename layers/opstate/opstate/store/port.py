@@ -8,7 +8,7 @@ SQLite: a re-select in the same transaction).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from opstate.details import InvalidDetailsError, check
@@ -53,10 +53,55 @@ class WriteOutcome:
 WRITTEN = WriteOutcome(ok=True)
 
 
+@dataclass(frozen=True, slots=True)
+class PollState:
+    """The reconciler's bookkeeping of one open operation, stored beside its record.
+
+    - ``due_ns``: when it is next due for a poll. It *is* the open index's sort key
+      (DynamoDB ``open_update_ns``, SQLite ``open_ns``): the previous release wrote the update
+      time there, which simply reads as "due since then".
+    - ``misses`` / ``missing_since_ns``: consecutive not-found answers and when the streak began.
+    - ``lost_ns``: when it was marked lost (0: not lost). A lost operation leaves the open
+      index (it is no longer due) but keeps its record and state.
+    - ``overdue_ns``: when it was announced overdue (0: not yet). Never cleared while open.
+
+    Every applied ingest write (a real observation) clears ``misses``, ``missing_since_ns`` and
+    ``lost_ns`` and puts a lost operation back into the open index, due at once; ``due_ns`` and
+    ``overdue_ns`` survive it.
+    """
+
+    due_ns: int = 0
+    misses: int = 0
+    missing_since_ns: int = 0
+    lost_ns: int = 0
+    overdue_ns: int = 0
+
+    @property
+    def lost(self) -> bool:
+        return self.lost_ns > 0
+
+
+def initial_due(record: OpRecord) -> int:
+    """When a newly stored open record is first due: its update time, never after it was
+    applied (a server clock ahead of ours must not delay the first poll)."""
+    if record.applied_ns:
+        return min(record.update_time_ns, record.applied_ns)
+    return record.update_time_ns
+
+
+@dataclass(frozen=True, slots=True)
+class Due:
+    """One entry of the open index: the record and its poll state."""
+
+    record: OpRecord
+    poll: PollState = field(default_factory=PollState)
+
+
 @runtime_checkable
 class Store(Protocol):
     """What every store provides. ``ingest`` uses only ``get``, ``put_if_absent`` and
-    ``replace_if_version``; the reconciler uses ``list_open``; operators use ``iter_all``."""
+    ``replace_if_version``; the reconciler uses ``PollingStore.iter_due``; operators use
+    ``list_open`` and ``iter_all``."""
 
     def get(self, name: str) -> OpRecord | None:
         """The record of ``name`` (strongly consistent read), or None."""
@@ -71,7 +116,9 @@ class Store(Protocol):
         ...
 
     def list_open(self, limit: int = 100) -> Sequence[OpRecord]:
-        """Up to ``limit`` non-terminal records, oldest ``update_time_ns`` first."""
+        """Up to ``limit`` non-terminal, not-lost records in open-index order: the soonest due
+        first, which for records the reconciler never polled is the oldest update time first.
+        (The reconciler itself pages with ``PollingStore.iter_due``.)"""
         ...
 
     def iter_all(self) -> Iterator[OpRecord]:
@@ -80,4 +127,31 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Release connections. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class PollingStore(Store, Protocol):
+    """A store the reconciler can schedule on: the open index ordered by due time.
+
+    Every store of this package provides it (memory, SQLite, DynamoDB).
+    """
+
+    def iter_due(self, now_ns: int | None, page_size: int = 100) -> Iterator[Due]:
+        """Open, not-lost entries due at ``now_ns`` or earlier (``None``: all of them), oldest
+        due first (ties by name), fetched lazily page by page (DynamoDB: a Query per shard and
+        page, merged; never a Scan)."""
+        ...
+
+    def set_poll(self, name: str, version: int, poll: PollState) -> bool:
+        """Store ``poll`` for the record of ``name`` if its version is still ``version``.
+
+        A lost ``poll`` takes the record out of the open index. False when the condition
+        failed (the record changed meanwhile: its poll state is left as that write left it).
+        """
+        ...
+
+    def iter_marked(self) -> Iterator[Due]:
+        """Every open record that is lost or was announced overdue (operator listing; may be a
+        full scan, never used by the reconciler's run)."""
         ...

@@ -6,8 +6,13 @@
 - put-if-absent: ``INSERT ... ON CONFLICT(name) DO NOTHING``; replace:
   ``UPDATE ... WHERE name = ? AND version = ?``. When the write changes no row, the current row
   is re-selected in the same transaction and returned (the record that beat us).
-- Open listing: ``open_ns`` is set only while the operation is open (NULL when terminal) and a
-  partial index on ``(open_ns, name) WHERE open_ns IS NOT NULL`` serves ``list_open``.
+- Open listing: ``open_ns`` is set only while the operation is open and not lost (NULL when
+  terminal or lost) and a partial index on ``(open_ns, name) WHERE open_ns IS NOT NULL`` serves
+  ``list_open`` and ``iter_due``. ``open_ns`` is when the operation is next due for a poll
+  (``PollState.due_ns``); the previous release wrote the update time there, which reads as
+  "due since then". ``poll_misses``, ``poll_missing_since_ns``, ``lost_ns`` and ``overdue_ns``
+  hold the rest of the poll state; a file of the previous release gets them on open
+  (``ALTER TABLE ... ADD COLUMN``, default 0).
 - Times in ns are stored as zero-padded decimal text: SQLite integers stop at 2**63 (year 2262)
   and the model accepts instants up to year 9999; fixed-width digits sort as numbers.
 - ``details`` is JSON text. ``expires_at`` (epoch seconds) is kept for terminal records, as on
@@ -30,7 +35,15 @@ from typing import Any, NoReturn
 
 from opstate.reducer import OpRecord
 from opstate.states import parse_state
-from opstate.store.port import WRITTEN, StoreUnavailableError, WriteOutcome, validate_record
+from opstate.store.port import (
+    WRITTEN,
+    Due,
+    PollState,
+    StoreUnavailableError,
+    WriteOutcome,
+    initial_due,
+    validate_record,
+)
 from opstate.times import NS_PER_SECOND
 
 DEFAULT_BUSY_TIMEOUT_S = 5.0
@@ -57,11 +70,15 @@ CREATE INDEX IF NOT EXISTS operations_open ON operations (open_ns, name)
     WHERE open_ns IS NOT NULL;
 """
 
+# Poll-state columns added after the first release (a file written by it lacks them).
+_POLL_COLUMNS = ("poll_misses", "poll_missing_since_ns", "lost_ns", "overdue_ns")
+
 _COLUMNS = (
     "name, state, rank, update_ns, version, kind, source, details, created_ns, applied_ns, "
     "open_ns, expires_at"
 )
 _SELECT = f"SELECT {_COLUMNS} FROM operations"
+_SELECT_DUE = f"SELECT {_COLUMNS}, {', '.join(_POLL_COLUMNS)} FROM operations"
 
 # Fragments of sqlite3.OperationalError messages that mean "not now", not "wrong SQL".
 _UNAVAILABLE_MESSAGES = (
@@ -111,8 +128,22 @@ class SQLiteStore:
         conn = self._conn()
         try:
             self._with_lock_retry(lambda: conn.executescript(_SCHEMA))
+            self._with_lock_retry(lambda: self._add_poll_columns(conn))
         except sqlite3.Error as exc:
             self._raise(exc)
+
+    @staticmethod
+    def _add_poll_columns(conn: sqlite3.Connection) -> None:
+        have = {row[1] for row in conn.execute("PRAGMA table_info(operations)")}
+        for column in _POLL_COLUMNS:
+            if column not in have:
+                try:
+                    conn.execute(
+                        f"ALTER TABLE operations ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0"
+                    )
+                except sqlite3.OperationalError as exc:
+                    if "duplicate column" not in str(exc).lower():  # another process won
+                        raise
 
     # -- connections -------------------------------------------------------------------------
 
@@ -184,12 +215,19 @@ class SQLiteStore:
         )
 
     def replace_if_version(self, record: OpRecord, expected_version: int) -> WriteOutcome:
+        # An applied write is a real observation: the not-found streak and the lost mark are
+        # cleared, a lost operation rejoins the open index due at once; an open operation keeps
+        # its due time (the reconciler sets it) and its overdue mark.
         values = self._row(record)
+        open_ns = values[10]
         return self._write(
             "UPDATE operations SET state = ?, rank = ?, update_ns = ?, version = ?, kind = ?, "
-            "source = ?, details = ?, created_ns = ?, applied_ns = ?, open_ns = ?, "
-            "expires_at = ? WHERE name = ? AND version = ?",
-            (*values[1:], record.name, expected_version),
+            "source = ?, details = ?, created_ns = ?, applied_ns = ?, "
+            "open_ns = CASE WHEN ? IS NULL THEN NULL WHEN open_ns IS NULL THEN ? "
+            "ELSE open_ns END, "
+            "expires_at = ?, poll_misses = 0, poll_missing_since_ns = 0, lost_ns = 0 "
+            "WHERE name = ? AND version = ?",
+            (*values[1:10], open_ns, open_ns, values[11], record.name, expected_version),
             record.name,
         )
 
@@ -208,6 +246,69 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             self._raise(exc)
         return [_record(row) for row in rows]
+
+    def iter_due(self, now_ns: int | None, page_size: int = 100) -> Iterator[Due]:
+        """Open, not-lost entries due by ``now_ns`` (None: all), oldest due first, by pages
+        of ``page_size`` on the partial index (keyset paging: no transaction held)."""
+        after: tuple[str, str] = ("", "")
+        upper = _ns_text(now_ns) if now_ns is not None else "9" * _NS_DIGITS
+        size = max(1, page_size)
+        while True:
+            try:
+                rows = (
+                    self._conn()
+                    .execute(
+                        f"{_SELECT_DUE} WHERE open_ns IS NOT NULL AND open_ns <= ? "
+                        "AND (open_ns, name) > (?, ?) ORDER BY open_ns, name LIMIT ?",
+                        (upper, after[0], after[1], size),
+                    )
+                    .fetchall()
+                )
+            except sqlite3.Error as exc:
+                self._raise(exc)
+            for row in rows:
+                yield _due(row)
+            if len(rows) < size:
+                return
+            after = (rows[-1][10], rows[-1][0])
+
+    def set_poll(self, name: str, version: int, poll: PollState) -> bool:
+        open_ns = None if poll.lost else _ns_text(max(0, poll.due_ns))
+        try:
+            cursor = self._conn().execute(
+                "UPDATE operations SET open_ns = ?, poll_misses = ?, poll_missing_since_ns = ?, "
+                "lost_ns = ?, overdue_ns = ? WHERE name = ? AND version = ? "
+                "AND expires_at IS NULL",
+                (
+                    open_ns,
+                    poll.misses,
+                    poll.missing_since_ns,
+                    poll.lost_ns,
+                    poll.overdue_ns,
+                    name,
+                    version,
+                ),
+            )
+        except sqlite3.Error as exc:
+            self._raise(exc)
+        return bool(cursor.rowcount)
+
+    def iter_marked(self) -> Iterator[Due]:
+        try:
+            rows = (
+                self._conn()
+                .execute(
+                    f"{_SELECT_DUE} WHERE expires_at IS NULL AND (lost_ns > 0 OR overdue_ns > 0) "
+                    "ORDER BY name"
+                )
+                .fetchall()
+            )
+        except sqlite3.Error as exc:
+            self._raise(exc)
+        for row in rows:
+            entry = _due(row)
+            if not entry.record.terminal:
+                yield entry
 
     def iter_all(self) -> Iterator[OpRecord]:
         """Every record by name, fetched in pages (no read transaction held across yields)."""
@@ -263,7 +364,7 @@ class SQLiteStore:
             applied = record.applied_ns or self._clock()
             expires = applied // NS_PER_SECOND + self.retention_days * 86_400
         else:
-            open_ns = _ns_text(record.update_time_ns)
+            open_ns = _ns_text(max(0, initial_due(record)))
         return (
             record.name,
             str(record.state),
@@ -300,6 +401,22 @@ class SQLiteStore:
                 self._raise(exc)
             raise
         return WRITTEN if changed else WriteOutcome(ok=False, current=current)
+
+
+def _due(row: Sequence[Any]) -> Due:
+    record = _record(row)
+    open_ns = row[10]
+    misses, missing_since, lost, overdue = (int(v or 0) for v in row[12:16])
+    return Due(
+        record,
+        PollState(
+            due_ns=int(open_ns) if open_ns is not None else 0,
+            misses=misses,
+            missing_since_ns=missing_since,
+            lost_ns=lost,
+            overdue_ns=overdue,
+        ),
+    )
 
 
 def _record(row: Sequence[Any]) -> OpRecord:

@@ -1,0 +1,85 @@
+"""The reconciler: discover batch jobs, poll what is due, feed answers to ``ingest``.
+
+One module per concern:
+
+- ``gateway``: the port a run needs from Gemini (webhook health, batch pages, fetch one
+  operation as an ``OpEvent``) and its ``GatewayError``;
+- ``genai_gateway``: that port on google-genai (the only module importing ``google.genai``,
+  inside functions), the API key and ``make_client``;
+- ``pacing``: clock, token-bucket rate limit, shared backoff and breaker, time budget;
+- ``schedule``: when an operation is next due, and when it is lost or overdue (pure);
+- ``run``: one run, ``reconcile_once``, reporting through ``on_decision``;
+- ``tally``: what a run reports: ``RunResult``, ``MarkDecision``, its counters and metrics;
+- ``wiring``: ``run_from_settings``.
+
+Owns: the reconciler, one module per concern as above. May import the domain, ``config``,
+``observability``, the store port and ``ingest``, and google-genai (``genai_gateway`` only);
+never the API, the notifier, the local server or the CLI.
+
+Names are loaded on first use, so ``import opstate.reconcile`` stays cheap (no SDK, no boto3).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opstate.reconcile.gateway import Gateway, GatewayError, WebhookInfo
+    from opstate.reconcile.genai_gateway import GenaiGateway, api_key, classify, make_client
+    from opstate.reconcile.pacing import Backoff, Clock, SystemClock, TokenBucket
+    from opstate.reconcile.run import reconcile_once
+    from opstate.reconcile.schedule import Mark, Schedule
+    from opstate.reconcile.tally import MarkDecision, RunDecision, RunResult
+    from opstate.reconcile.wiring import run_from_settings
+
+_WHERE = {
+    "Gateway": "gateway",
+    "GatewayError": "gateway",
+    "WebhookInfo": "gateway",
+    "GenaiGateway": "genai_gateway",
+    "api_key": "genai_gateway",
+    "classify": "genai_gateway",
+    "make_client": "genai_gateway",
+    "Backoff": "pacing",
+    "Clock": "pacing",
+    "SystemClock": "pacing",
+    "TokenBucket": "pacing",
+    "MarkDecision": "tally",
+    "RunDecision": "tally",
+    "RunResult": "tally",
+    "reconcile_once": "run",
+    "Mark": "schedule",
+    "Schedule": "schedule",
+    "run_from_settings": "wiring",
+}
+
+__all__ = [
+    "Backoff",
+    "Clock",
+    "Gateway",
+    "GatewayError",
+    "GenaiGateway",
+    "Mark",
+    "MarkDecision",
+    "RunDecision",
+    "RunResult",
+    "Schedule",
+    "SystemClock",
+    "TokenBucket",
+    "WebhookInfo",
+    "api_key",
+    "classify",
+    "make_client",
+    "reconcile_once",
+    "run_from_settings",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'opstate.reconcile' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"opstate.reconcile.{module}"), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,74 @@
+"""The Gemini gateway port: the three things a reconcile run asks Gemini.
+
+The run depends on this port only; ``opstate.reconcile.genai_gateway`` implements it with
+google-genai, tests implement it in memory. Answers are already normalised ``OpEvent``s;
+failures are ``GatewayError``s carrying what the run needs to decide (status, transient,
+``Retry-After``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from opstate.events import EventError, OpEvent
+from opstate.reducer import OpRecord
+
+
+class GatewayError(Exception):
+    """A request failed. ``status`` is the HTTP status (None: no answer, e.g. a timeout);
+    ``transient``: the same request may succeed later; ``retry_after_s``: the server's
+    ``Retry-After``, when it sent one."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        transient: bool = False,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.transient = transient
+        self.retry_after_s = retry_after_s
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookInfo:
+    """One webhook of the project as Gemini lists it (``state`` None: not reported)."""
+
+    id: str | None
+    name: str | None
+    state: str | None
+
+
+# One listed batch job: its raw name and either its event or why it was refused.
+Listed = tuple[str, OpEvent | EventError]
+
+
+class Gateway(Protocol):
+    """What the reconciler needs from Gemini."""
+
+    def webhooks(self) -> Sequence[WebhookInfo]:
+        """Every webhook of the project (bounded number of pages). Raises ``GatewayError``."""
+        ...
+
+    def batch_pages(self, page_size: int) -> Iterator[Sequence[Listed]]:
+        """Pages of batch jobs, newest first as the API lists them; the next page is fetched
+        only when asked for. Raises ``GatewayError``."""
+        ...
+
+    def fetch(self, record: OpRecord) -> OpEvent:
+        """The current state of ``record``'s operation as an event named ``record.name``.
+
+        Raises ``GatewayError`` (404 included) or an ``EventError`` for an answer the
+        normalisers refuse (``UnsupportedEventError`` for an unknown state).
+        """
+        ...

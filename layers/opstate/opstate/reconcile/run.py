@@ -1,0 +1,464 @@
+"""One reconcile run: webhook health, discovery, then the due operations, oldest due first.
+
+See docs/reconciler.md for the story; the parameters are documented on ``reconcile_once``.
+
+Polling, per due entry of the open index (``PollingStore.iter_due(now)``, paged lazily, so a
+run goes as far as its budget allows and the next run continues with what is still due):
+
+1. wait for a token of the shared rate limit and for any shared backoff pause; stop starting
+   work when the budget, the breaker or ``max_polls`` says so;
+2. ``gateway.fetch(record)``; an answer is first reduced against the listed record (pure): if
+   even that drops it, the store is not touched (an unchanged answer costs no read); otherwise
+   it goes through ``ingest``;
+3. a terminal record is done (it left the index); an open one gets its next ``PollState``
+   from the ``Schedule`` (``set_poll``, conditional on the version), with the lost / overdue
+   marks it reached, each written on its own so the table's stream announces each once.
+
+A 404 never changes the record: it counts towards ``lost``. A transient failure (408, 429,
+5xx, timeout) leaves the entry due, feeds the shared backoff (``Retry-After`` honoured) and
+the breaker. Everything that happens is reported to ``on_decision``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+from opstate.config import Settings, parse_overdue
+from opstate.events import EventError, OpEvent, UnsupportedEventError
+from opstate.ingest import ingest
+from opstate.observability import (
+    count,
+    decision_fields,
+    logger,
+    record_retry_later,
+    record_unsupported,
+)
+from opstate.reconcile.gateway import Gateway, GatewayError
+from opstate.reconcile.pacing import (
+    DEFAULT_BACKOFF,
+    SYSTEM_CLOCK,
+    Backoff,
+    Budget,
+    Clock,
+    Throttle,
+    TokenBucket,
+)
+from opstate.reconcile.schedule import Mark, Schedule
+from opstate.reconcile.tally import (
+    DecisionHook,
+    MarkDecision,
+    RunDecision,
+    RunResult,
+    Tally,
+    log_fields,
+)
+from opstate.reducer import Decision, OpRecord, Reason, apply_event
+from opstate.store.port import Due, PollingStore, PollState, RetryableError, StoreUnavailableError
+from opstate.times import format_time
+
+# Batch jobs asked per discovery page (the API caps it; fewer may come back).
+DISCOVERY_PAGE_SIZE = 100
+# Entries read from the open index per page.
+DUE_PAGE_SIZE = 100
+
+
+def schedule_from_settings(settings: Settings) -> Schedule:
+    return Schedule(
+        max_interval_s=settings.reconcile_max_interval_s,
+        polled_only_max_interval_s=settings.reconcile_polled_only_max_interval_s,
+        lost_after_misses=settings.reconcile_lost_after_runs,
+        lost_after_s=settings.reconcile_lost_after_s,
+        overdue_after_s=parse_overdue(settings.reconcile_overdue_hours),
+    )
+
+
+class _Run:
+    def __init__(
+        self,
+        store: PollingStore,
+        gateway: Gateway,
+        settings: Settings,
+        schedule: Schedule,
+        budget: Budget,
+        clock: Clock,
+        backoff: Backoff,
+        on_decision: DecisionHook | None,
+        max_polls: int,
+    ) -> None:
+        self.store = store
+        self.gateway = gateway
+        self.settings = settings
+        self.schedule = schedule
+        self.budget = budget
+        self.clock = clock
+        self.on_decision = on_decision
+        self.max_polls = max_polls
+        self.tally = Tally()
+        self.throttle = Throttle(backoff, clock)
+        self.bucket = TokenBucket(settings.reconcile_max_rps, clock)
+        self.stop_reason: str | None = None
+        self._lock = threading.Lock()
+
+    def stop(self, reason: str) -> None:
+        with self._lock:
+            if self.stop_reason is None:
+                self.stop_reason = reason
+
+    def report(self, decision: RunDecision) -> None:
+        if self.on_decision is None:
+            return
+        try:
+            self.on_decision(decision)
+        except Exception:
+            name = decision.record.name if decision.record is not None else None
+            logger.exception("on_decision hook failed", extra={"operation": name})
+
+    def error(self, message: str, **context: object) -> None:
+        log_fields(logger.error, message, context)
+        self.tally.add(errors=1)
+
+    def pace(self) -> bool:
+        """Wait for the rate limit and any backoff pause; False: do not start (stopped)."""
+        wait = self.bucket.reserve()
+        pause = max(wait, self.throttle.wait_s())
+        if self.throttle.tripped:
+            self.stop("api-unhealthy")
+            return False
+        if not self.budget.left(pause):
+            self.stop("budget")
+            return False
+        if pause > 0:
+            self.clock.sleep(pause)
+        return True
+
+    # --- ingest -------------------------------------------------------------------------------
+
+    def ingest(self, event: OpEvent, phase: str) -> Decision | None:
+        try:
+            decision = ingest(
+                self.store,
+                event,
+                max_attempts=self.settings.ingest_max_attempts,
+                clock_ns=self.clock.now_ns,
+                sleep=self.clock.sleep,
+            )
+        except RetryableError as exc:
+            kind = "unavailable" if isinstance(exc, StoreUnavailableError) else "gave-up"
+            record_retry_later(kind, str(exc), name=event.name, phase=phase)
+            self.tally.add(errors=1)
+            return None
+        self.settle(decision, phase)
+        return decision
+
+    def settle(self, decision: Decision, phase: str) -> None:
+        self.tally.decision(decision)
+        fields = {**decision_fields(decision), "phase": phase}
+        if decision.applied:
+            log_fields(logger.info, "event applied", fields)
+        elif decision.reason == Reason.TERMINAL_CONFLICT:
+            log_fields(logger.warning, "event dropped", fields)
+        else:
+            log_fields(logger.debug, "event dropped", fields)
+        self.report(decision)
+
+    def unsupported(self, exc: UnsupportedEventError, name: str, phase: str) -> None:
+        record_unsupported(exc.reason, exc.message, name=name, phase=phase)
+        self.tally.unsupported(exc.reason)
+
+    # --- 1. webhook health --------------------------------------------------------------------
+
+    def check_webhooks(self) -> None:
+        if not self.budget.left():
+            self.stop("budget")
+            return
+        try:
+            webhooks = self.gateway.webhooks()
+        except GatewayError as exc:
+            self.error("webhook listing failed", status=exc.status, error=exc.message)
+            return
+        disabled = 0
+        for webhook in webhooks:
+            if webhook.state is None:
+                logger.warning("webhook without a state", extra={"webhook_id": webhook.id})
+            elif webhook.state != "enabled":
+                disabled += 1
+                logger.error(
+                    "webhook not enabled",
+                    extra={
+                        "webhook": webhook.name or webhook.id,
+                        "webhook_name": webhook.name,
+                        "webhook_id": webhook.id,
+                        "webhook_state": webhook.state,
+                    },
+                )
+        count("WebhooksDisabled", disabled)
+
+    # --- 2. discovery -------------------------------------------------------------------------
+
+    def discover(self, pool: ThreadPoolExecutor) -> dict[str, OpRecord | None]:
+        """Ingest up to ``reconcile_max_pages`` pages of batch jobs; name -> record after."""
+        seen: dict[str, OpRecord | None] = {}
+        max_pages = self.settings.reconcile_max_pages
+        if max_pages <= 0:
+            return seen
+        if not self.budget.left():
+            self.stop("budget")
+            return seen
+        pages = 0
+        try:
+            for page in self.gateway.batch_pages(DISCOVERY_PAGE_SIZE):
+                pages += 1
+                for name, record in pool.map(self.ingest_job, page):
+                    if name is not None:
+                        seen[name] = record
+                if pages >= max_pages:
+                    break
+                if not self.budget.left():
+                    self.stop("budget")
+                    break
+        except GatewayError as exc:
+            self.error("batch discovery failed", status=exc.status, error=exc.message)
+        return seen
+
+    def ingest_job(
+        self, listed: tuple[str, OpEvent | EventError]
+    ) -> tuple[str | None, OpRecord | None]:
+        raw_name, answer = listed
+        self.tally.add(discovered=1)
+        if isinstance(answer, UnsupportedEventError):
+            self.unsupported(answer, raw_name, "discover")
+            return None, None
+        if isinstance(answer, EventError):
+            self.error("batch job refused", name=raw_name, code=answer.code, error=answer.message)
+            return None, None
+        try:
+            decision = self.ingest(answer, "discover")
+        except Exception as exc:
+            self.error("ingest failed", name=answer.name, error=f"{type(exc).__name__}: {exc}")
+            return None, None
+        return answer.name, decision.record if decision is not None else None
+
+    # --- 3. polling ---------------------------------------------------------------------------
+
+    def poll_due(self, pool: ThreadPoolExecutor, discovered: Mapping[str, OpRecord | None]) -> None:
+        now_ns = self.clock.now_ns()
+        entries: Iterator[Due] = iter(self.store.iter_due(now_ns, DUE_PAGE_SIZE))
+        queue_lock = threading.Lock()
+        started = 0
+
+        def next_entry() -> Due | None:
+            nonlocal started
+            with queue_lock:
+                while True:
+                    if self.stop_reason is not None:
+                        return None
+                    if self.max_polls and started >= self.max_polls:
+                        self.stop("max-polls")
+                        return None
+                    entry = next(entries, None)
+                    if entry is None:
+                        return None
+                    self.tally.seen_open(entry.record)
+                    name = entry.record.name
+                    if name in discovered:
+                        # The listing just read it: reschedule without a request.
+                        self.reschedule_discovered(entry, discovered[name])
+                        continue
+                    started += 1
+                    return entry
+
+        def worker() -> None:
+            while (entry := next_entry()) is not None:
+                if not self.pace():
+                    self.tally.add(remaining_due=1)
+                    break
+                self.tally.add(polled=1)
+                try:
+                    self.poll_one(entry)
+                except Exception as exc:  # one bad operation never stops the others
+                    self.error(
+                        "poll failed",
+                        name=entry.record.name,
+                        error=f"{type(exc).__name__}: {exc}",
+                    )
+
+        workers = max(1, self.settings.reconcile_workers)
+        futures = [pool.submit(worker) for _ in range(workers)]
+        for future in futures:
+            future.result()
+        if self.stop_reason is not None:
+            # Count what is still due, at most one more page (never the whole index).
+            rest = sum(1 for _, _ in zip(range(DUE_PAGE_SIZE), entries, strict=False))
+            self.tally.add(remaining_due=rest)
+
+    def reschedule_discovered(self, entry: Due, record: OpRecord | None) -> None:
+        if record is None or record.terminal:
+            return
+        poll, marks = self.schedule.after_poll(
+            record, entry.poll, found=True, now_ns=self.clock.now_ns()
+        )
+        self.write_poll(record, entry.poll, poll, marks)
+
+    def poll_one(self, entry: Due) -> None:
+        record = entry.record
+        found = True
+        try:
+            event = self.gateway.fetch(record)
+        except UnsupportedEventError as exc:
+            self.throttle.success()
+            self.unsupported(exc, record.name, "poll")
+            event = None
+        except EventError as exc:
+            self.throttle.success()
+            self.error("answer refused", name=record.name, code=exc.code, error=exc.message)
+            event = None
+        except GatewayError as exc:
+            if not exc.not_found:
+                self.throttle.failure(transient=exc.transient, retry_after_s=exc.retry_after_s)
+                log_fields(
+                    logger.warning if exc.transient else logger.error,
+                    "poll failed; left for the next run",
+                    {"name": record.name, "status": exc.status, "error": exc.message},
+                )
+                self.tally.add(errors=1, throttled=int(exc.status == 429))
+                return
+            self.throttle.success()
+            self.tally.add(not_found=1)
+            log_fields(logger.warning, "operation not found; record kept", {"name": record.name})
+            found = False
+            event = None
+        else:
+            self.throttle.success()
+        current = record
+        if event is not None:
+            # Reduced against the listed record first: a drop there is a drop against any
+            # newer record too (records only move forward), so it needs no store read.
+            probe = apply_event(record, event, now_ns=self.clock.now_ns())
+            if probe.applied:
+                decision = self.ingest(event, "poll")
+                if decision is None:
+                    return  # store fault: the entry stays due
+                if decision.record is None or decision.record.terminal:
+                    return
+                current = decision.record
+            else:
+                self.settle(probe, "poll")
+        poll, marks = self.schedule.after_poll(
+            current, entry.poll, found=found, now_ns=self.clock.now_ns()
+        )
+        self.write_poll(current, entry.poll, poll, marks)
+
+    def write_poll(
+        self, record: OpRecord, before: PollState, poll: PollState, marks: list[Mark]
+    ) -> None:
+        """Write the poll state; each mark in its own write (one stream record each)."""
+        step = before
+        for mark in marks:
+            if mark is Mark.OVERDUE:
+                step = PollState(
+                    due_ns=poll.due_ns,
+                    misses=poll.misses,
+                    missing_since_ns=poll.missing_since_ns,
+                    lost_ns=step.lost_ns,
+                    overdue_ns=poll.overdue_ns,
+                )
+            else:
+                step = poll
+            try:
+                written = self.store.set_poll(record.name, record.version, step)
+            except RetryableError as exc:
+                record_retry_later("unavailable", str(exc), name=record.name, phase="schedule")
+                self.tally.add(errors=1)
+                return
+            if not written:
+                return  # the record moved on meanwhile: the next run sees it afresh
+            self.marked(mark, record, step)
+        if step != poll:
+            try:
+                self.store.set_poll(record.name, record.version, poll)
+            except RetryableError as exc:
+                record_retry_later("unavailable", str(exc), name=record.name, phase="schedule")
+                self.tally.add(errors=1)
+
+    def marked(self, mark: Mark, record: OpRecord, poll: PollState) -> None:
+        if mark is Mark.LOST:
+            self.tally.add(lost=1)
+            log_fields(
+                logger.warning,
+                "operation lost",
+                {
+                    "name": record.name,
+                    "state": str(record.state),
+                    "misses": poll.misses,
+                    "missing_since": format_time(poll.missing_since_ns),
+                },
+            )
+        else:
+            self.tally.add(overdue=1)
+            log_fields(
+                logger.warning,
+                "operation overdue",
+                {"name": record.name, "state": str(record.state), "kind": str(record.kind)},
+            )
+        self.report(MarkDecision(mark, record, poll))
+
+    def emit(self) -> RunResult:
+        return self.tally.emit(self.stop_reason, self.clock.now_ns())
+
+
+def reconcile_once(
+    store: PollingStore,
+    gateway: Gateway,
+    *,
+    settings: Settings,
+    remaining_ms: Callable[[], int] | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+    schedule: Schedule | None = None,
+    backoff: Backoff = DEFAULT_BACKOFF,
+    on_decision: DecisionHook | None = None,
+) -> RunResult:
+    """One reconcile run (see the module docstring).
+
+    - ``remaining_ms``: milliseconds left (``context.get_remaining_time_in_millis``); None
+      means no budget. No request starts once less than ``reconcile_safety_margin_s`` (plus
+      any pause it would first have to wait) is left.
+    - ``clock``: wall time for schedules and records, monotonic time and sleep for pacing.
+    - ``schedule``: defaults to the one ``settings`` describes.
+    - ``on_decision``: called with every ingest ``Decision`` (discovered jobs, polled answers,
+      also those dropped without touching the store) and every ``MarkDecision`` (lost,
+      overdue), from worker threads; an exception in it is logged and ignored.
+
+    At most ``reconcile_open_limit`` operations are polled per run. A store fault while
+    reading the open index escapes (the run as a whole failed); everything per operation is
+    counted instead.
+    """
+    run = _Run(
+        store,
+        gateway,
+        settings,
+        schedule if schedule is not None else schedule_from_settings(settings),
+        Budget(remaining_ms, settings.reconcile_safety_margin_s),
+        clock,
+        backoff,
+        on_decision,
+        settings.reconcile_open_limit,
+    )
+    with ThreadPoolExecutor(
+        max_workers=max(1, settings.reconcile_workers), thread_name_prefix="reconcile"
+    ) as pool:
+        run.check_webhooks()
+        discovered = run.discover(pool)
+        run.poll_due(pool, discovered)
+    return run.emit()
+
+
+__all__ = [
+    "DecisionHook",
+    "MarkDecision",
+    "RunDecision",
+    "RunResult",
+    "reconcile_once",
+    "schedule_from_settings",
+]

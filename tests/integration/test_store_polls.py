@@ -1,0 +1,219 @@
+"""The poll state beside each record, on every store: the due-ordered open index, set_poll,
+what ingest writes keep or clear, lost leaving the index; and records of the previous release
+(no poll state, open key = update time) polled to the end after the upgrade."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from opstate.config import Settings
+from opstate.events import OpEvent
+from opstate.ingest import ingest
+from opstate.reconcile.run import reconcile_once
+from opstate.states import State
+from opstate.store import PollState
+from opstate.store.dynamodb import DynamoDBStore
+from opstate.store.sqlite import SQLiteStore
+from opstate.times import parse_time
+from tests.support.clock import FakeClock
+from tests.support.gemini_memory import MemoryGateway
+from tests.support.stores import STORE_KINDS, Harness, harness_for
+
+S = 1_000_000_000
+T0 = parse_time("2026-06-01T10:00:00Z")
+NOW_NS = T0 + 3600 * S
+SETTINGS = Settings(store_url="memory://", reconcile_workers=2, reconcile_max_pages=0)
+
+
+@pytest.fixture(params=STORE_KINDS)
+def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
+    def endpoint() -> str:
+        server = request.getfixturevalue("moto_server")
+        return str(server.endpoint)
+
+    with harness_for(
+        request.param, tmp_path=tmp_path, moto_endpoint=endpoint, clock=lambda: NOW_NS
+    ) as h:
+        yield h
+
+
+def track(h: Harness, name: str, state: State, t: int) -> None:
+    ingest(h.store, OpEvent(name, state, t, "report", {}), clock_ns=lambda: NOW_NS)
+
+
+def due_names(h: Harness, now_ns: int | None, page_size: int = 100) -> list[str]:
+    return [e.record.name for e in h.store.iter_due(now_ns, page_size)]  # type: ignore[attr-defined]
+
+
+def test_open_index_is_due_ordered_paged_and_bounded_by_now(harness: Harness) -> None:
+    names = [f"batches/op{i:02d}" for i in range(23)]
+    for i, name in enumerate(names):
+        track(harness, name, State.RUNNING, T0 + i * S)
+    track(harness, "batches/done", State.SUCCEEDED, T0)
+    # New records are due at their update time: oldest first, across shards, page by page.
+    assert due_names(harness, NOW_NS, page_size=4) == names
+    assert due_names(harness, T0 + 5 * S, page_size=4) == names[:6]
+    store = harness.store
+    later = PollState(due_ns=NOW_NS + 600 * S)
+    assert store.set_poll("batches/op00", 1, later)  # type: ignore[attr-defined]
+    assert due_names(harness, NOW_NS, page_size=4) == names[1:]
+    assert due_names(harness, None)[-1] == "batches/op00"
+    # Wrong version, terminal record: nothing written.
+    assert not store.set_poll("batches/op01", 7, later)  # type: ignore[attr-defined]
+    assert not store.set_poll("batches/done", 1, later)  # type: ignore[attr-defined]
+
+
+def test_ingest_keeps_due_and_overdue_clears_streak_and_lost_rejoins(harness: Harness) -> None:
+    store = harness.store
+    track(harness, "batches/a", State.PENDING, T0)
+    poll = PollState(
+        due_ns=NOW_NS + 900 * S, misses=2, missing_since_ns=T0, lost_ns=0, overdue_ns=NOW_NS
+    )
+    assert store.set_poll("batches/a", 1, poll)  # type: ignore[attr-defined]
+    track(harness, "batches/a", State.RUNNING, T0 + S)  # a real observation (version 2)
+    (entry,) = list(store.iter_due(None))  # type: ignore[attr-defined]
+    assert entry.record.version == 2 and entry.record.state is State.RUNNING
+    assert entry.poll == replace(poll, misses=0, missing_since_ns=0)
+    # Lost: out of the index, listed as marked, record untouched.
+    lost = replace(entry.poll, misses=3, missing_since_ns=T0, lost_ns=NOW_NS)
+    assert store.set_poll("batches/a", 2, lost)  # type: ignore[attr-defined]
+    assert due_names(harness, None) == []
+    marked = list(store.iter_marked())  # type: ignore[attr-defined]
+    assert [(m.record.name, m.poll.lost_ns, m.poll.overdue_ns) for m in marked] == [
+        ("batches/a", NOW_NS, NOW_NS)
+    ]
+    # Seen again: rejoins at once, the mark cleared, the overdue mark kept.
+    track(harness, "batches/a", State.RUNNING, T0 + 2 * S)
+    (back,) = list(store.iter_due(NOW_NS))  # type: ignore[attr-defined]
+    assert back.poll.lost_ns == 0 and back.poll.misses == 0 and back.poll.overdue_ns == NOW_NS
+    # Terminal: leaves the index and the marked listing.
+    track(harness, "batches/a", State.SUCCEEDED, T0 + 3 * S)
+    assert due_names(harness, None) == []
+    assert list(store.iter_marked()) == []  # type: ignore[attr-defined]
+
+
+# --- records written by the previous release ------------------------------------------------
+
+# The item exactly as the previous release's DynamoDBStore wrote an open batch (wire format).
+LEGACY_ITEM = {
+    "name": {"S": "batches/legacy"},
+    "state": {"S": "RUNNING"},
+    "rank": {"N": "1"},
+    "update_ns": {"N": str(T0)},
+    "version": {"N": "3"},
+    "kind": {"S": "batch"},
+    "source": {"S": "poll"},
+    "details": {
+        "M": {
+            "not_found": {
+                "M": {
+                    "first_seen_at": {"S": "2026-06-01T09:00:00.000000000Z"},
+                    "last_seen_at": {"S": "2026-06-01T09:05:00.000000000Z"},
+                    "count": {"N": "2"},
+                }
+            }
+        }
+    },
+    "created_ns": {"N": str(T0 - 600 * S)},
+    "applied_ns": {"N": str(T0)},
+    "update_time": {"S": "2026-06-01T10:00:00.000000000Z"},
+    "created_at": {"S": "2026-06-01T09:50:00.000000000Z"},
+    "applied_at": {"S": "2026-06-01T10:00:00.000000000Z"},
+    "open_shard": {"N": "0"},  # shard_of("batches/legacy", 1)
+    "open_update_ns": {"N": str(T0)},
+}
+
+# The previous release's SQLite schema and row.
+LEGACY_SCHEMA = """
+CREATE TABLE IF NOT EXISTS operations (
+    name        TEXT PRIMARY KEY,
+    state       TEXT NOT NULL,
+    rank        INTEGER NOT NULL,
+    update_ns   TEXT NOT NULL,
+    version     INTEGER NOT NULL,
+    kind        TEXT NOT NULL,
+    source      TEXT NOT NULL,
+    details     TEXT NOT NULL,
+    created_ns  INTEGER NOT NULL,
+    applied_ns  INTEGER NOT NULL,
+    open_ns     TEXT,
+    expires_at  INTEGER
+);
+CREATE INDEX IF NOT EXISTS operations_open ON operations (open_ns, name)
+    WHERE open_ns IS NOT NULL;
+"""
+
+
+def poll_to_the_end(store: object, name: str) -> None:
+    gateway = MemoryGateway()
+    gateway.put(name, State.RUNNING, T0)
+    clock = FakeClock(NOW_NS)
+    first = reconcile_once(store, gateway, settings=SETTINGS, clock=clock)  # type: ignore[arg-type]
+    assert first.polled == 1 and first.errors == 0
+    gateway.put(name, State.SUCCEEDED, T0 + 5 * S)
+    for _ in range(12):  # within its schedule (at most 30 minutes) of 5-minute runs
+        clock.advance(300)
+        reconcile_once(store, gateway, settings=SETTINGS, clock=clock)  # type: ignore[arg-type]
+    assert gateway.requests[name] >= 2
+
+
+def test_a_dynamodb_item_of_the_previous_release_is_polled_to_the_end() -> None:
+    from moto import mock_aws
+
+    from tests.support.stores import dynamodb_harness, shared_client
+
+    with mock_aws():
+        h = dynamodb_harness(shared_client(), kind="dynamodb-mock", shards=1)
+        h.client.put_item(TableName=h.table, Item=LEGACY_ITEM)
+        store = h.store
+        assert isinstance(store, DynamoDBStore)
+        (entry,) = list(store.iter_due(NOW_NS))
+        assert entry.poll == PollState(due_ns=T0)  # "due since its update time"
+        poll_to_the_end(store, "batches/legacy")
+        record = store.get("batches/legacy")
+        assert record is not None and record.state is State.SUCCEEDED
+        raw = h.raw("batches/legacy")
+        assert raw is not None and "open_update_ns" not in raw and "open_shard" not in raw
+
+
+def test_a_sqlite_file_of_the_previous_release_is_upgraded_and_polled_to_the_end(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(LEGACY_SCHEMA)
+    conn.execute(
+        "INSERT INTO operations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            "batches/legacy",
+            "RUNNING",
+            1,
+            f"{T0:021d}",
+            3,
+            "batch",
+            "poll",
+            '{"not_found": {"count": 2}}',
+            T0 - 600 * S,
+            T0,
+            f"{T0:021d}",
+            None,
+        ),
+    )
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(path)
+    try:
+        (entry,) = list(store.iter_due(NOW_NS))
+        assert entry.poll == PollState(due_ns=T0)
+        poll_to_the_end(store, "batches/legacy")
+        record = store.get("batches/legacy")
+        assert record is not None and record.state is State.SUCCEEDED
+        # The previous release's not-found flag holds only until the next observation.
+        assert "not_found" not in record.details
+    finally:
+        store.close()
