@@ -18,7 +18,6 @@ from opstate.events import (
     WEBHOOK_TYPES,
     EventError,
     InvalidEventError,
-    OpEvent,
     Source,
     UnsupportedEventError,
     from_batch_job,
@@ -27,6 +26,7 @@ from opstate.events import (
     from_report,
     from_webhook,
 )
+from opstate.model import OpEvent
 from opstate.names import Kind
 from opstate.states import State
 from opstate.times import NS_PER_SECOND

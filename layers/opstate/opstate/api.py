@@ -37,14 +37,9 @@ from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 
 from opstate.config import Settings, settings
-from opstate.events import (
-    InvalidEventError,
-    OpEvent,
-    UnsupportedEventError,
-    from_report,
-    from_webhook,
-)
-from opstate.ingest import IngestContentionError, find_record, ingest
+from opstate.events import InvalidEventError, UnsupportedEventError, from_report, from_webhook
+from opstate.ingest import IngestContentionError, find_record, ingest_counted
+from opstate.model import Decision, OpEvent
 from opstate.names import (
     VIDEO_DETAIL,
     InvalidNameError,
@@ -63,7 +58,6 @@ from opstate.observability import (
     record_webhook_outcome,
 )
 from opstate.quarantine import Delivery, LogQuarantine, Quarantine
-from opstate.reducer import Decision
 from opstate.signatures import SignatureError, Verifier
 from opstate.store.port import RetryableError, Store
 from opstate.strict_json import InvalidJSONError, dumps, loads
@@ -284,7 +278,7 @@ def create_app(
 
     def run_ingest(event: OpEvent, **context: object) -> Decision:
         try:
-            decision = ingest(
+            done = ingest_counted(
                 store, event, max_attempts=settings.ingest_max_attempts, clock_ns=clock_ns
             )
         except IngestContentionError as exc:
@@ -297,7 +291,8 @@ def create_app(
             ) from None
         except RetryableError as exc:
             raise _unavailable(exc, name=event.name, **context) from None
-        record_decision(decision, **context)
+        decision = done.decision
+        record_decision(decision, attempts=done.attempts, conflicts=done.conflicts, **context)
         if on_decision is not None:
             try:
                 on_decision(decision)

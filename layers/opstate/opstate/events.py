@@ -20,41 +20,22 @@ Two kinds of refusal:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 from opstate.details import InvalidDetailsError
 from opstate.details import check as check_details
-from opstate.names import VIDEO_DETAIL, InvalidNameError, Kind, ParsedName, kind_of, parse_name
+from opstate.model import OpEvent
+from opstate.names import VIDEO_DETAIL, InvalidNameError, Kind, ParsedName, parse_name
 from opstate.states import State, UnknownStateError, parse_state
-from opstate.times import InvalidTimeError, check_ns, parse_time
+from opstate.times import InvalidTimeError, parse_time
 
 
 class Source(StrEnum):
     WEBHOOK = "webhook"
     POLL = "poll"
     REPORT = "report"
-
-
-@dataclass(frozen=True, slots=True)
-class OpEvent:
-    """One observation of an operation's state at a server time (ns since epoch, 0 = unknown)."""
-
-    name: str
-    state: State
-    update_time_ns: int
-    source: str
-    details: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        # A time no store can render must never reach one (e.g. a marker 1 ns past year 9999).
-        check_ns(self.update_time_ns)
-
-    @property
-    def kind(self) -> Kind:
-        return kind_of(self.name)
 
 
 class EventError(ValueError):
