@@ -37,13 +37,18 @@ from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 
 from opstate.config import Settings, settings
-from opstate.events import InvalidEventError, UnsupportedEventError, from_report, from_webhook
+from opstate.events import (
+    InvalidEventError,
+    UnsupportedEventError,
+    from_report,
+    from_webhook,
+    webhook_kind_hint,
+)
 from opstate.ingest import IngestContentionError, find_record, ingest_counted
 from opstate.model import Decision, OpEvent
 from opstate.names import (
     VIDEO_DETAIL,
     InvalidNameError,
-    Kind,
     ParsedName,
     canonical_name,
     parse_name,
@@ -157,11 +162,8 @@ def _best_effort_name(body: object) -> str | None:
     if not isinstance(data, Mapping):
         return None
     raw = data.get("id") or data.get("name")
-    event_type = body.get("type")
-    family = event_type.split(".", 1)[0] if isinstance(event_type, str) else ""
-    hint = {"batch": Kind.BATCH, "interaction": Kind.INTERACTION, "video": Kind.VIDEO}.get(family)
     try:
-        return canonical_name(raw, hint)
+        return canonical_name(raw, webhook_kind_hint(body.get("type")))
     except InvalidNameError:
         return None
 

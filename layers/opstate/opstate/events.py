@@ -77,6 +77,24 @@ WEBHOOK_TYPES: dict[str, tuple[State, Kind, Mapping[str, Any]]] = {
     "interaction.requires_action": (State.REQUIRES_ACTION, Kind.INTERACTION, {}),
 }
 
+# The kind each family of webhook types names ("batch" for "batch.*"), read off WEBHOOK_TYPES.
+WEBHOOK_FAMILIES: dict[str, Kind] = {
+    event_type.partition(".")[0]: hint for event_type, (_, hint, _) in WEBHOOK_TYPES.items()
+}
+
+
+def webhook_kind_hint(event_type: object) -> Kind | None:
+    """The kind of operation a webhook event type refers to: its own (``WEBHOOK_TYPES``), else
+    its family's (``batch.paused``, a type not mapped yet: a batch); None when neither is known
+    (reading the name of a delivery that is not turned into a state, for its log line)."""
+    if not isinstance(event_type, str):
+        return None
+    mapped = WEBHOOK_TYPES.get(event_type)
+    if mapped is not None:
+        return mapped[1]
+    return WEBHOOK_FAMILIES.get(event_type.partition(".")[0])
+
+
 # Webhook `data` fields kept in a record's details.
 WEBHOOK_DETAIL_FIELDS = (
     "output_file_uri",
