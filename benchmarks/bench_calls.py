@@ -44,8 +44,9 @@ for _entry in (str(HERE), str(ROOT), str(ROOT / "layers" / "opstate")):
 
 import bench_ingest  # noqa: E402
 
-from opstate.events import OpEvent, Source  # noqa: E402
+from opstate.events import Source  # noqa: E402
 from opstate.ingest import ingest  # noqa: E402
+from opstate.model import OpEvent  # noqa: E402
 from opstate.states import State  # noqa: E402
 from opstate.store.port import Store  # noqa: E402
 

@@ -26,10 +26,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from opstate.events import OpEvent, Source
-from opstate.ingest import ingest
+from opstate.events import Source
+from opstate.ingest import ingest, ingest_counted
 from opstate.local.apigw import LocalLambdaContext
-from opstate.reducer import OpRecord
+from opstate.model import OpEvent, OpRecord
 from opstate.states import State, rank
 from opstate.store.port import RetryableError, Store
 from opstate.times import format_time
@@ -231,7 +231,7 @@ def contention(
         for event in lane:
             for attempt in range(max_sends):
                 try:
-                    decision = ingest(store, event)
+                    done = ingest_counted(store, event)
                 except IngestContentionError:
                     with tally.lock:
                         tally.gave_up += 1
@@ -241,8 +241,8 @@ def contention(
                 else:
                     with tally.lock:
                         tally.acked.append(event)
-                        tally.applied += int(decision.applied)
-                        tally.conflicts += decision.conflicts
+                        tally.applied += int(done.decision.applied)
+                        tally.conflicts += done.conflicts
                     break
                 time.sleep(0.001 * (attempt + 1))
             else:

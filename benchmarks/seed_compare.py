@@ -32,9 +32,9 @@ if str(ROOT) not in sys.path:  # run as a script: ``tests.support`` lives at the
 
 from seed_port import STATE_RANK, SeedApp, SeedEvent  # noqa: E402
 
-from opstate.events import OpEvent, Source  # noqa: E402
+from opstate.events import Source  # noqa: E402
 from opstate.ingest import ingest  # noqa: E402
-from opstate.reducer import OpRecord  # noqa: E402
+from opstate.model import OpEvent, OpRecord  # noqa: E402
 from opstate.states import State  # noqa: E402
 from opstate.store.port import RetryableError, Store, WriteOutcome  # noqa: E402
 from opstate.times import parse_time  # noqa: E402

@@ -52,6 +52,11 @@ TARGETS: dict[str, list[str]] = {
         "tests/unit/test_ingest.py",
         "tests/integration/test_ingest_conflicts.py",
     ],
+    "model": [
+        "tests/unit/test_reducer.py",
+        "tests/unit/test_properties.py",
+        "tests/unit/test_time_bounds.py",
+    ],
     "details": ["tests/unit/test_details.py", "tests/unit/test_reducer.py"],
     "signatures": ["tests/unit/test_signatures.py"],
 }

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from opstate.events import OpEvent
 from opstate.ingest import ingest
+from opstate.model import OpEvent
 from opstate.states import State
 from opstate.store.dynamodb import DynamoDBStore
 from tests.e2e.conftest import GEMINI_TEST_KEY, STACK_NAME, Stack, StartFunction

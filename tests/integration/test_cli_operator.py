@@ -28,7 +28,7 @@ import pytest
 
 from opstate.cli import main
 from opstate.config import settings
-from opstate.reducer import OpRecord
+from opstate.model import OpRecord
 from opstate.states import State
 from opstate.store.port import StoreUnavailableError
 from opstate.store.sqlite import SQLiteStore

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from opstate.events import OpEvent
 from opstate.ingest import ingest
+from opstate.model import OpEvent
 from opstate.states import State, is_terminal
 from opstate.store import RetryableError, Store
 from opstate.store.sqlite import SQLiteStore

@@ -17,9 +17,8 @@ from hypothesis import strategies as st
 from opstate.api import create_app
 from opstate.config import Settings
 from opstate.details import MAX_DETAILS_BYTES, size
-from opstate.events import OpEvent
 from opstate.ingest import ingest
-from opstate.reducer import OpRecord, Reason
+from opstate.model import OpEvent, OpRecord, Reason
 from opstate.signatures import StaticSecretsVerifier
 from opstate.states import State
 from opstate.store.dynamodb import DynamoDBStore, serialize_item

@@ -13,9 +13,8 @@ from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from opstate.events import OpEvent
-from opstate.ingest import IngestContentionError, ingest
-from opstate.reducer import OpRecord, Reason
+from opstate.ingest import IngestContentionError, ingest, ingest_counted
+from opstate.model import OpEvent, OpRecord, Reason
 from opstate.states import State
 from opstate.store import MemoryStore, RetryableError, StoreUnavailableError, WriteOutcome
 from opstate.store.dynamodb import DynamoDBStore, item_from_record, serialize_item
@@ -78,13 +77,14 @@ def test_race_between_read_and_write_is_resolved_from_the_returned_item(
 
     client.meta.events.register("before-parameter-build.dynamodb.UpdateItem", race)
     counter = CallCounter(client)
-    decision = ingest(
+    done = ingest_counted(
         store, ev(name, State.SUCCEEDED, T0 + 9, {"out": "f"}), sleep=no_sleep, clock_ns=lambda: NOW
     )
+    decision = done.decision
 
     assert injected
     assert decision.applied and decision.reason is Reason.ADVANCED
-    assert (decision.attempts, decision.conflicts) == (2, 1)
+    assert (done.attempts, done.conflicts) == (2, 1)
     assert decision.previous == rival_record  # reduced against the winner, not our stale read
     assert counter.calls == Counter({"GetItem": 1, "UpdateItem": 2})  # no second read
     stored = store.get(name)

@@ -21,9 +21,9 @@ import pytest
 import scripts.observability_block as generator
 from opstate.api import create_app
 from opstate.config import Settings
+from opstate.model import OpRecord
 from opstate.observability import SERVICE, logger
 from opstate.reconcile import Backoff, GenaiGateway, make_client, reconcile_once
-from opstate.reducer import OpRecord
 from opstate.signatures import StaticSecretsVerifier
 from opstate.states import State
 from opstate.store import MemoryStore

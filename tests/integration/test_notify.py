@@ -35,12 +35,11 @@ from moto import mock_aws
 
 from opstate import config as config_module
 from opstate import notify
-from opstate.events import OpEvent
 from opstate.ingest import ingest
 from opstate.local.apigw import LocalLambdaContext
+from opstate.model import Decision, OpEvent
 from opstate.notify import DETAIL_TYPE, SOURCE, Notifier
 from opstate.observability import metrics as obs_metrics
-from opstate.reducer import Decision
 from opstate.states import State
 from opstate.store.dynamodb import DynamoDBStore
 from tests.support.template import create_table_from_template

@@ -13,13 +13,13 @@ import pytest
 from opstate.config import Settings
 from opstate.events import from_report, from_webhook
 from opstate.ingest import ingest
+from opstate.model import OpRecord
 from opstate.names import Kind, canonical_name
 from opstate.observability import metrics
 from opstate.reconcile.gateway import GatewayError
 from opstate.reconcile.genai_gateway import GenaiGateway, make_client, retry_after_s
 from opstate.reconcile.pacing import Backoff, SystemClock
 from opstate.reconcile.run import reconcile_once
-from opstate.reducer import OpRecord
 from opstate.states import State
 from opstate.store import MemoryStore, StoreUnavailableError
 from opstate.times import parse_time

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 
 from opstate.config import Settings
-from opstate.events import OpEvent
 from opstate.ingest import ingest
+from opstate.model import OpEvent
 from opstate.notify import LOST_DETAIL_TYPE, OVERDUE_DETAIL_TYPE, SOURCE, Notifier
 from opstate.reconcile.run import reconcile_once
 from opstate.states import State

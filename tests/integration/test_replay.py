@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from opstate.events import WEBHOOK_TYPES
+from opstate.model import Reason
 from opstate.quarantine import Delivery, MemoryQuarantine
-from opstate.reducer import Reason
 from opstate.replay import replay
 from opstate.states import State
 from opstate.store import MemoryStore, StoreUnavailableError

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from standardwebhooks.webhooks import Webhook
 
+from opstate.model import OpRecord
 from opstate.quarantine import Delivery, SQLiteQuarantine
-from opstate.reducer import OpRecord
 from opstate.states import State
 from opstate.store.sqlite import SQLiteStore
 from opstate.times import parse_time

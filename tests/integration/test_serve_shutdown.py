@@ -11,7 +11,7 @@ import signal
 import threading
 from pathlib import Path
 
-from opstate.reducer import OpRecord
+from opstate.model import OpRecord
 from opstate.states import State
 from opstate.store.sqlite import SQLiteStore
 from tests.support.fake_gemini import FakeGemini, Request

@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 
-from opstate.events import OpEvent
 from opstate.ingest import ingest
-from opstate.reducer import OpRecord, Reason
+from opstate.model import OpEvent, OpRecord, Reason
 from opstate.states import State
 from opstate.store.dynamodb import shard_of
 from opstate.times import MAX_NS, NS_PER_SECOND, parse_time

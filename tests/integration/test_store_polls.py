@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from opstate.config import Settings
-from opstate.events import OpEvent
 from opstate.ingest import ingest
+from opstate.model import OpEvent
 from opstate.reconcile.run import reconcile_once
 from opstate.states import State
 from opstate.store import PollState

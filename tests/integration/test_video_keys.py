@@ -14,7 +14,7 @@ from opstate.api import create_app
 from opstate.config import Settings
 from opstate.events import from_operation
 from opstate.ingest import ingest
-from opstate.reducer import OpRecord
+from opstate.model import OpRecord
 from opstate.signatures import StaticSecretsVerifier
 from opstate.states import State
 from opstate.store.dynamodb import serialize_item

@@ -16,7 +16,7 @@ from typing import Any
 from opstate.events import from_report, from_webhook
 from opstate.ingest import ingest
 from opstate.local.apigw import LocalLambdaContext
-from opstate.reducer import OpRecord
+from opstate.model import OpRecord
 from opstate.states import RANK, State
 from opstate.store.port import RetryableError, Store
 from opstate.times import parse_time

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from opstate.reducer import Reason
+from opstate.model import Reason
 from opstate.states import State
 from opstate.store import MemoryStore
 from opstate.store.port import Store
@@ -152,7 +152,7 @@ def test_lost_response_on_an_advancing_write_then_retry(path: str) -> None:
 
 def test_chaos_store_faults_behave_as_documented() -> None:
     """The wrapper itself: throttle and timeout write nothing, a lost response writes."""
-    from opstate.reducer import OpRecord
+    from opstate.model import OpRecord
 
     inner = MemoryStore()
     chaos = ChaosStore(inner, ChaosRates(0, 0, 0))

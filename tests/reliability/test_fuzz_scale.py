@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 from opstate.events import (
     InvalidEventError,
-    OpEvent,
     UnsupportedEventError,
     from_batch_job,
     from_interaction,
@@ -29,8 +28,8 @@ from opstate.events import (
     from_webhook,
 )
 from opstate.local.apigw import LocalLambdaContext
+from opstate.model import OpEvent, OpRecord
 from opstate.names import canonical_name
-from opstate.reducer import OpRecord
 from opstate.states import State
 from opstate.store import MemoryStore
 from opstate.store.port import WriteOutcome

@@ -13,9 +13,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from opstate.events import OpEvent, Source
+from opstate.events import Source
+from opstate.model import OpEvent, OpRecord
 from opstate.reconcile.gateway import GatewayError, Listed, WebhookInfo
-from opstate.reducer import OpRecord
 from opstate.states import State
 
 

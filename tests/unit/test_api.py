@@ -15,9 +15,9 @@ import pytest
 
 from opstate.api import create_app
 from opstate.config import Settings
+from opstate.model import Decision, OpRecord
 from opstate.observability import SERVICE, logger, metrics
 from opstate.quarantine import Delivery, MemoryQuarantine, QuarantineUnavailableError
-from opstate.reducer import Decision, OpRecord
 from opstate.signatures import SecretsUnavailableError, StaticSecretsVerifier
 from opstate.states import State
 from opstate.store import MemoryStore

@@ -13,12 +13,11 @@ from typing import Any
 import pytest
 
 from opstate.api_token import bearer_token_ok
-from opstate.events import OpEvent
 from opstate.ingest import ingest
 from opstate.local.console import CSP, Console, DecisionLog
+from opstate.model import OpEvent, OpRecord
 from opstate.reconcile.schedule import Mark
 from opstate.reconcile.tally import MarkDecision
-from opstate.reducer import OpRecord
 from opstate.states import State
 from opstate.store import MemoryStore
 from opstate.store.port import PollState, StoreUnavailableError

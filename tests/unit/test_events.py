@@ -15,10 +15,10 @@ from opstate.events import (
     JOB_STATES,
     UNKNOWN_STATE,
     UNSUPPORTED_EVENT_TYPE,
+    WEBHOOK_FAMILIES,
     WEBHOOK_TYPES,
     EventError,
     InvalidEventError,
-    OpEvent,
     Source,
     UnsupportedEventError,
     from_batch_job,
@@ -26,7 +26,9 @@ from opstate.events import (
     from_operation,
     from_report,
     from_webhook,
+    webhook_kind_hint,
 )
+from opstate.model import OpEvent
 from opstate.names import Kind
 from opstate.states import State
 from opstate.times import NS_PER_SECOND
@@ -208,6 +210,24 @@ def test_unsupported_webhook_types_are_dropped(body: dict[str, Any]) -> None:
     assert info.value.reason == UNSUPPORTED_EVENT_TYPE == "unsupported-event-type"
     assert info.value.code == info.value.reason
     assert repr(body["type"]) in str(info.value)
+
+
+def test_webhook_kind_hints_come_from_the_type_table() -> None:
+    # Every mapped type hints its own kind; its family is read off the same table.
+    for event_type, (_, hint, _) in WEBHOOK_TYPES.items():
+        assert webhook_kind_hint(event_type) is hint
+        assert WEBHOOK_FAMILIES[event_type.partition(".")[0]] is hint
+    assert WEBHOOK_FAMILIES == {
+        "batch": Kind.BATCH,
+        "video": Kind.VIDEO,
+        "interaction": Kind.INTERACTION,
+    }
+    # A type not mapped yet still names its operation's kind when its family is known.
+    assert webhook_kind_hint("batch.paused") is Kind.BATCH
+    assert webhook_kind_hint("interaction.created") is Kind.INTERACTION
+    assert webhook_kind_hint("video.failed") is Kind.VIDEO
+    for unknown in ("file_search.imported", "new.thing", "Batch.Succeeded", "", None, 3):
+        assert webhook_kind_hint(unknown) is None
 
 
 @pytest.mark.parametrize(

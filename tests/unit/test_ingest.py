@@ -6,15 +6,15 @@ from collections.abc import Callable
 
 import pytest
 
-from opstate.events import OpEvent
 from opstate.ingest import (
     DEFAULT_BASE_DELAY_S,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_DELAY_S,
     IngestContentionError,
     ingest,
+    ingest_counted,
 )
-from opstate.reducer import OpRecord, Reason
+from opstate.model import OpEvent, OpRecord, Reason
 from opstate.states import State
 from opstate.store import MemoryStore, RetryableError, StoreUnavailableError, WriteOutcome
 from opstate.store.port import RecordRejectedError
@@ -84,9 +84,10 @@ def seeded(losses: int, rival: Callable[[OpRecord | None], OpRecord | None] = bu
 def test_uncontended_event_is_one_read_and_one_write() -> None:
     store = seeded(0)
     sleeps: list[float] = []
-    decision = ingest(store, ev(State.SUCCEEDED, 200), sleep=sleeps.append, clock_ns=lambda: 7)
+    done = ingest_counted(store, ev(State.SUCCEEDED, 200), sleep=sleeps.append, clock_ns=lambda: 7)
+    decision = done.decision
     assert decision.applied and decision.reason is Reason.ADVANCED
-    assert (decision.attempts, decision.conflicts) == (1, 0)
+    assert (done.attempts, done.conflicts) == (1, 0)
     assert (store.reads, store.writes, sleeps) == (1, 1, [])
     assert decision.record is not None and decision.record.applied_ns == 7
 
@@ -94,9 +95,10 @@ def test_uncontended_event_is_one_read_and_one_write() -> None:
 def test_lost_races_are_counted_and_reduced_against_the_winner() -> None:
     store = seeded(3)
     sleeps: list[float] = []
-    decision = ingest(store, ev(State.RUNNING, 500, mine=True), sleep=sleeps.append)
+    done = ingest_counted(store, ev(State.RUNNING, 500, mine=True), sleep=sleeps.append)
+    decision = done.decision
     assert decision.applied and decision.reason is Reason.REFRESHED
-    assert (decision.attempts, decision.conflicts) == (4, 3)
+    assert (done.attempts, done.conflicts) == (4, 3)
     assert store.reads == 1  # never re-read: each lost write handed back the winner
     assert store.writes == 4
     assert len(sleeps) == 3
@@ -144,24 +146,25 @@ def test_a_race_can_make_the_event_a_drop() -> None:
         return OpRecord(NAME, State.FAILED, 300, current.version + 1, "poll", {})
 
     store = seeded(1, finish)
-    decision = ingest(store, ev(State.RUNNING, 250), sleep=lambda _: None)
+    done = ingest_counted(store, ev(State.RUNNING, 250), sleep=lambda _: None)
+    decision = done.decision
     assert not decision.applied and decision.reason is Reason.REGRESS_FROM_TERMINAL
-    assert (decision.attempts, decision.conflicts) == (2, 1)
+    assert (done.attempts, done.conflicts) == (2, 1)
     assert store.writes == 1
 
 
 def test_dropped_decision_writes_nothing() -> None:
     store = seeded(0)
-    decision = ingest(store, ev(State.PENDING, 999))
-    assert not decision.applied and decision.reason is Reason.LOWER_RANK
-    assert store.writes == 0 and decision.attempts == 1
+    done = ingest_counted(store, ev(State.PENDING, 999))
+    assert not done.decision.applied and done.decision.reason is Reason.LOWER_RANK
+    assert store.writes == 0 and done.attempts == 1
 
 
 def test_record_deleted_under_us_is_recreated() -> None:
     store = seeded(1, lambda current: None)
-    decision = ingest(store, ev(State.SUCCEEDED, 400), sleep=lambda _: None)
-    assert decision.applied and decision.reason is Reason.CREATED
-    assert decision.conflicts == 1
+    done = ingest_counted(store, ev(State.SUCCEEDED, 400), sleep=lambda _: None)
+    assert done.decision.applied and done.decision.reason is Reason.CREATED
+    assert done.conflicts == 1
     record = store.get(NAME)
     assert record is not None and record.version == 1 and record.state is State.SUCCEEDED
 
@@ -191,8 +194,8 @@ def test_max_attempts_must_be_positive() -> None:
 
 def test_one_attempt_means_one_write_and_no_sleep() -> None:
     slept: list[float] = []
-    won = ingest(seeded(0), ev(State.SUCCEEDED, 400), max_attempts=1, sleep=slept.append)
-    assert won.applied and (won.attempts, won.conflicts) == (1, 0)
+    won = ingest_counted(seeded(0), ev(State.SUCCEEDED, 400), max_attempts=1, sleep=slept.append)
+    assert won.decision.applied and (won.attempts, won.conflicts) == (1, 0)
     store = seeded(1)
     with pytest.raises(IngestContentionError) as info:
         ingest(store, ev(State.SUCCEEDED, 10**6), max_attempts=1, sleep=slept.append)

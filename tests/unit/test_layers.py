@@ -181,6 +181,19 @@ def test_no_cycle() -> None:
     assert cycles(GRAPH) == []
 
 
+def test_the_types_live_apart_from_the_decision() -> None:
+    # Stores, views and logs need the domain's types (opstate.model), never the reducer.
+    needs_types_only = [
+        m
+        for m in GRAPH
+        if m.startswith("opstate.store") or m in {"opstate.observability", "opstate.views"}
+    ]
+    assert "opstate.store.port" in needs_types_only
+    assert [m for m in needs_types_only if "opstate.reducer" in GRAPH[m]] == []
+    assert "opstate.model" in GRAPH["opstate.store.port"]
+    assert GRAPH["opstate.model"] <= {"opstate.names", "opstate.states", "opstate.times"}
+
+
 def test_the_checks_can_fail() -> None:
     bad = {
         "opstate.reducer": {"opstate.store.port"},  # domain -> store: upward

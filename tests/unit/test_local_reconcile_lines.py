@@ -3,11 +3,11 @@ replaced the store wrapper guessing the previous record per thread)."""
 
 from __future__ import annotations
 
-from opstate.events import OpEvent
 from opstate.local.reconcile_loop import decision_line
+from opstate.model import OpEvent, OpRecord
 from opstate.reconcile.run import MarkDecision
 from opstate.reconcile.schedule import Mark
-from opstate.reducer import OpRecord, apply_event
+from opstate.reducer import apply_event
 from opstate.states import State
 from opstate.store import PollState
 

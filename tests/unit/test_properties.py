@@ -23,9 +23,10 @@ from hypothesis import strategies as st
 
 from opstate.details import MAX_DETAILS_BYTES
 from opstate.details import size as details_size
-from opstate.events import OpEvent, Source
-from opstate.ingest import ingest
-from opstate.reducer import OBSERVATION_SCOPED_KEYS, STATE_SCOPED_KEYS, OpRecord, apply_event
+from opstate.events import Source
+from opstate.ingest import ingest, ingest_counted
+from opstate.model import OpEvent, OpRecord
+from opstate.reducer import OBSERVATION_SCOPED_KEYS, STATE_SCOPED_KEYS, apply_event
 from opstate.states import TERMINAL, State, rank
 from opstate.store import MemoryStore
 from opstate.store.port import WriteOutcome
@@ -219,8 +220,8 @@ def test_convergence_with_concurrent_writers(
     def write(stream: list[OpEvent]) -> None:
         try:
             for event in stream:
-                decision = ingest(store, event, max_attempts=100, sleep=lambda _s: None)
-                conflicts.append(decision.conflicts)
+                ingested = ingest_counted(store, event, max_attempts=100, sleep=lambda _s: None)
+                conflicts.append(ingested.conflicts)
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from opstate.api import create_app
 from opstate.config import Settings
 from opstate.local.apigw import response_parts
-from opstate.reducer import OpRecord
+from opstate.model import OpRecord
 from opstate.signatures import StaticSecretsVerifier
 from opstate.states import State
 from opstate.store.sqlite import SQLiteStore

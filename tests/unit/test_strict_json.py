@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from opstate import api, strict_json
 from opstate.api import ApiError, create_app, parse_json
 from opstate.config import Settings
-from opstate.reducer import OpRecord
+from opstate.model import OpRecord
 from opstate.signatures import StaticSecretsVerifier
 from opstate.states import State
 from opstate.store.sqlite import SQLiteStore

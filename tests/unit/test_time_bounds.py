@@ -9,8 +9,8 @@ import pytest
 
 from opstate.api import create_app
 from opstate.config import Settings
-from opstate.events import OpEvent, Source
-from opstate.reducer import OpRecord
+from opstate.events import Source
+from opstate.model import OpEvent, OpRecord
 from opstate.signatures import StaticSecretsVerifier
 from opstate.states import State
 from opstate.store import MemoryStore

@@ -39,16 +39,16 @@ from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from opstate.config import Settings, settings
 from opstate.events import (
     InvalidEventError,
-    OpEvent,
     UnsupportedEventError,
     from_report,
     from_webhook,
+    webhook_kind_hint,
 )
-from opstate.ingest import IngestContentionError, find_record, ingest
+from opstate.ingest import IngestContentionError, find_record, ingest_counted
+from opstate.model import Decision, OpEvent
 from opstate.names import (
     VIDEO_DETAIL,
     InvalidNameError,
-    Kind,
     ParsedName,
     canonical_name,
     parse_name,
@@ -63,7 +63,6 @@ from opstate.observability import (
     record_webhook_outcome,
 )
 from opstate.quarantine import Delivery, LogQuarantine, Quarantine
-from opstate.reducer import Decision
 from opstate.signatures import SignatureError, Verifier
 from opstate.store.port import RetryableError, Store
 from opstate.strict_json import InvalidJSONError, dumps, loads
@@ -163,11 +162,8 @@ def _best_effort_name(body: object) -> str | None:
     if not isinstance(data, Mapping):
         return None
     raw = data.get("id") or data.get("name")
-    event_type = body.get("type")
-    family = event_type.split(".", 1)[0] if isinstance(event_type, str) else ""
-    hint = {"batch": Kind.BATCH, "interaction": Kind.INTERACTION, "video": Kind.VIDEO}.get(family)
     try:
-        return canonical_name(raw, hint)
+        return canonical_name(raw, webhook_kind_hint(body.get("type")))
     except InvalidNameError:
         return None
 
@@ -284,7 +280,7 @@ def create_app(
 
     def run_ingest(event: OpEvent, **context: object) -> Decision:
         try:
-            decision = ingest(
+            done = ingest_counted(
                 store, event, max_attempts=settings.ingest_max_attempts, clock_ns=clock_ns
             )
         except IngestContentionError as exc:
@@ -297,7 +293,8 @@ def create_app(
             ) from None
         except RetryableError as exc:
             raise _unavailable(exc, name=event.name, **context) from None
-        record_decision(decision, **context)
+        decision = done.decision
+        record_decision(decision, attempts=done.attempts, conflicts=done.conflicts, **context)
         if on_decision is not None:
             try:
                 on_decision(decision)

@@ -20,41 +20,22 @@ Two kinds of refusal:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 from opstate.details import InvalidDetailsError
 from opstate.details import check as check_details
-from opstate.names import VIDEO_DETAIL, InvalidNameError, Kind, ParsedName, kind_of, parse_name
+from opstate.model import OpEvent
+from opstate.names import VIDEO_DETAIL, InvalidNameError, Kind, ParsedName, parse_name
 from opstate.states import State, UnknownStateError, parse_state
-from opstate.times import InvalidTimeError, check_ns, parse_time
+from opstate.times import InvalidTimeError, parse_time
 
 
 class Source(StrEnum):
     WEBHOOK = "webhook"
     POLL = "poll"
     REPORT = "report"
-
-
-@dataclass(frozen=True, slots=True)
-class OpEvent:
-    """One observation of an operation's state at a server time (ns since epoch, 0 = unknown)."""
-
-    name: str
-    state: State
-    update_time_ns: int
-    source: str
-    details: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        # A time no store can render must never reach one (e.g. a marker 1 ns past year 9999).
-        check_ns(self.update_time_ns)
-
-    @property
-    def kind(self) -> Kind:
-        return kind_of(self.name)
 
 
 class EventError(ValueError):
@@ -95,6 +76,24 @@ WEBHOOK_TYPES: dict[str, tuple[State, Kind, Mapping[str, Any]]] = {
     "interaction.cancelled": (State.CANCELLED, Kind.INTERACTION, {}),
     "interaction.requires_action": (State.REQUIRES_ACTION, Kind.INTERACTION, {}),
 }
+
+# The kind each family of webhook types names ("batch" for "batch.*"), read off WEBHOOK_TYPES.
+WEBHOOK_FAMILIES: dict[str, Kind] = {
+    event_type.partition(".")[0]: hint for event_type, (_, hint, _) in WEBHOOK_TYPES.items()
+}
+
+
+def webhook_kind_hint(event_type: object) -> Kind | None:
+    """The kind of operation a webhook event type refers to: its own (``WEBHOOK_TYPES``), else
+    its family's (``batch.paused``, a type not mapped yet: a batch); None when neither is known
+    (reading the name of a delivery that is not turned into a state, for its log line)."""
+    if not isinstance(event_type, str):
+        return None
+    mapped = WEBHOOK_TYPES.get(event_type)
+    if mapped is not None:
+        return mapped[1]
+    return WEBHOOK_FAMILIES.get(event_type.partition(".")[0])
+
 
 # Webhook `data` fields kept in a record's details.
 WEBHOOK_DETAIL_FIELDS = (

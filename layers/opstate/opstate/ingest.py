@@ -10,6 +10,10 @@ no store can hold) is a permanent refusal, never a retry: the write is tried onc
 record's details emptied (the state change always goes through), and if that is refused too the
 event is dropped with reason ``store-rejected``, logged and counted. Details the reducer had to
 normalise or drop (``Decision.details_problems``) are logged as a warning and counted.
+
+What the decision took is reported beside it, never in it: ``ingest_counted`` returns
+``Ingested`` (the decision, its attempts and the conditional writes lost before it), for the
+callers that log and count those (the API, the reconciler); ``ingest`` returns the decision only.
 """
 
 from __future__ import annotations
@@ -17,13 +21,13 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from opstate.events import OpEvent
+from opstate.model import Decision, OpEvent, OpRecord, Reason
 from opstate.names import legacy_names
 from opstate.observability import count, logger
-from opstate.reducer import Decision, OpRecord, Reason, apply_event
+from opstate.reducer import apply_event
 from opstate.store.port import RecordRejectedError, RetryableError, Store, WriteOutcome
 
 DEFAULT_MAX_ATTEMPTS = 8
@@ -40,6 +44,19 @@ class IngestContentionError(RetryableError):
         self.attempts = attempts
 
 
+@dataclass(frozen=True, slots=True)
+class Ingested:
+    """The decision that took effect and what it took: ``attempts`` reductions, one per
+    conditional write tried (1: no race lost); ``conflicts``, the writes lost before it."""
+
+    decision: Decision
+    attempts: int = 1
+
+    @property
+    def conflicts(self) -> int:
+        return self.attempts - 1
+
+
 def ingest(
     store: Store,
     event: OpEvent,
@@ -51,7 +68,33 @@ def ingest(
     sleep: Callable[[float], None] = time.sleep,
     jitter: Callable[[], float] = random.random,
 ) -> Decision:
-    """Apply ``event`` to ``store`` monotonically; returns the decision that took effect.
+    """Apply ``event`` to ``store`` monotonically; returns the decision that took effect
+    (``ingest_counted`` without the counters)."""
+    return ingest_counted(
+        store,
+        event,
+        max_attempts=max_attempts,
+        base_delay_s=base_delay_s,
+        max_delay_s=max_delay_s,
+        clock_ns=clock_ns,
+        sleep=sleep,
+        jitter=jitter,
+    ).decision
+
+
+def ingest_counted(
+    store: Store,
+    event: OpEvent,
+    *,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    base_delay_s: float = DEFAULT_BASE_DELAY_S,
+    max_delay_s: float = DEFAULT_MAX_DELAY_S,
+    clock_ns: Callable[[], int] = time.time_ns,
+    sleep: Callable[[float], None] = time.sleep,
+    jitter: Callable[[], float] = random.random,
+) -> Ingested:
+    """Apply ``event`` to ``store`` monotonically; returns the decision that took effect and
+    the attempts it took.
 
     One consistent read, then at most ``max_attempts`` conditional writes. A lost write hands
     back the record that beat it, which is reduced again with no second read; between attempts
@@ -61,10 +104,9 @@ def ingest(
         raise ValueError("max_attempts must be at least 1")
     current, event = find_current(store, event)
     for attempt in range(1, max_attempts + 1):
-        conflicts = attempt - 1
         decision = apply_event(current, event, now_ns=clock_ns())
         if not decision.applied:
-            return replace(decision, attempts=attempt, conflicts=conflicts)
+            return Ingested(decision, attempt)
         record = decision.record
         assert record is not None
         try:
@@ -75,9 +117,8 @@ def ingest(
                 outcome = _write(store, record, current)
             except RecordRejectedError as exc:
                 _log_rejected(event, str(exc), dropped=True)
-                return Decision(
-                    False, Reason.STORE_REJECTED, event, current, current, attempt, conflicts
-                )
+                rejected = Decision(False, Reason.STORE_REJECTED, event, current, current)
+                return Ingested(rejected, attempt)
             _log_rejected(event, str(first), dropped=False)
             decision = replace(
                 decision,
@@ -86,7 +127,7 @@ def ingest(
             )
         if outcome.ok:
             _log_problems(decision)
-            return replace(decision, attempts=attempt, conflicts=conflicts)
+            return Ingested(decision, attempt)
         current = outcome.current
         if attempt < max_attempts:
             sleep(jitter() * min(max_delay_s, base_delay_s * (2 ** (attempt - 1))))

@@ -61,8 +61,8 @@ from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from opstate.config import ConfigError, Settings, settings
+from opstate.model import OpRecord
 from opstate.observability import count, logger
-from opstate.reducer import OpRecord
 from opstate.store.dynamodb import record_from_item
 from opstate.strict_json import dumps
 from opstate.times import format_time

@@ -23,7 +23,7 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from aws_lambda_powertools.metrics.functions import is_metrics_disabled
 
-from opstate.reducer import Decision
+from opstate.model import Decision, Reason
 from opstate.times import format_time
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME", "gemini-opstate")
@@ -162,17 +162,22 @@ def count(name: str, value: float = 1, **dimensions: str) -> None:
 _RESERVED = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 
 
-def _emit(level: Callable[..., None], message: str, fields: Mapping[str, object]) -> None:
+def log_fields(
+    level: Callable[..., None], message: str, fields: Mapping[str, object], *, stacklevel: int = 3
+) -> None:
+    """Log ``message`` with ``fields`` as structured keys at ``level`` (``logger.info``, ...),
+    even the ones the stdlib reserves (``name``). ``stacklevel`` 3: the line's location is the
+    caller of this function."""
     reserved = {k: v for k, v in fields.items() if k in _RESERVED}
     extra = {k: v for k, v in fields.items() if k not in _RESERVED}
     if not reserved:
-        level(message, extra=extra, stacklevel=3)
+        level(message, extra=extra, stacklevel=stacklevel)
         return
     logger.thread_safe_append_keys(**reserved)
     try:
-        level(message, extra=extra, stacklevel=3)
+        level(message, extra=extra, stacklevel=stacklevel)
     finally:
-        logger.thread_safe_remove_keys(reserved)
+        logger.thread_safe_remove_keys(list(reserved))
 
 
 def _clip(value: object) -> object:
@@ -190,8 +195,9 @@ def _server_time(ns: int) -> str | None:
     return format_time(ns) if ns > 0 else None
 
 
-def decision_fields(decision: Decision) -> dict[str, Any]:
-    """The structured fields of one decision (what its log line carries)."""
+def decision_fields(decision: Decision, *, attempts: int = 1, conflicts: int = 0) -> dict[str, Any]:
+    """The structured fields of one decision (what its log line carries); ``attempts`` and
+    ``conflicts`` are what ingest reported beside it (``opstate.ingest.Ingested``)."""
     record = decision.record
     return {
         "name": decision.event.name,
@@ -202,39 +208,57 @@ def decision_fields(decision: Decision) -> dict[str, Any]:
         "version": record.version if record is not None else 0,
         "source": str(decision.event.source),
         "update_time": _server_time(decision.event.update_time_ns),
-        "attempts": decision.attempts,
-        "conflicts": decision.conflicts,
+        "attempts": attempts,
+        "conflicts": conflicts,
     }
 
 
-def record_decision(decision: Decision, **context: object) -> None:
-    """Log one structured line and count one metric for a decision.
+def log_decision(
+    decision: Decision, *, attempts: int = 1, conflicts: int = 0, **context: object
+) -> None:
+    """One structured line for a decision, by the one rule of the API and the reconciler:
+    ``event applied`` at INFO; ``event dropped`` at WARNING for a ``terminal-conflict`` (two
+    sources disagree on how the operation ended), at INFO for any other drop."""
+    fields = {
+        **decision_fields(decision, attempts=attempts, conflicts=conflicts),
+        **_context(context),
+    }
+    if decision.applied:
+        log_fields(logger.info, "event applied", fields, stacklevel=4)
+    elif decision.reason == Reason.TERMINAL_CONFLICT:
+        log_fields(logger.warning, "event dropped", fields, stacklevel=4)
+    else:
+        log_fields(logger.info, "event dropped", fields, stacklevel=4)
+
+
+def record_decision(
+    decision: Decision, *, attempts: int = 1, conflicts: int = 0, **context: object
+) -> None:
+    """Log one line (``log_decision``) and count one metric for a decision, and the lost
+    conditional writes before it (``IngestConflicts``).
 
     ``context`` adds identifiers such as ``webhook_id`` (never secrets or bodies).
     """
-    fields = {**decision_fields(decision), **_context(context)}
+    log_decision(decision, attempts=attempts, conflicts=conflicts, **context)
     if decision.applied:
-        _emit(logger.info, "event applied", fields)
         count("EventsApplied", reason=str(decision.reason))
     else:
-        level = logger.warning if decision.reason == "terminal-conflict" else logger.info
-        _emit(level, "event dropped", fields)
         count("EventsDropped", reason=str(decision.reason))
-    if decision.conflicts:
-        count("IngestConflicts", decision.conflicts)
+    if conflicts:
+        count("IngestConflicts", conflicts)
 
 
 def record_unsupported(reason: str, message: str, **context: object) -> None:
     """An event deliberately not turned into a state (``unsupported-event-type``,
     ``unknown-state``): a warning line and ``EventsDropped`` with that reason."""
     fields = {"reason": reason, "applied": False, "detail": _clip(message), **_context(context)}
-    _emit(logger.warning, "event dropped", fields)
+    log_fields(logger.warning, "event dropped", fields)
     count("EventsDropped", reason=reason)
 
 
 def record_signature_rejected(**context: object) -> None:
     """A webhook that failed verification (which check failed is not recorded)."""
-    _emit(logger.warning, "webhook signature rejected", _context(context))
+    log_fields(logger.warning, "webhook signature rejected", _context(context))
     count("SignatureRejected")
 
 
@@ -245,7 +269,7 @@ def record_retry_later(kind: str, message: str, **context: object) -> None:
     or the secrets could not be reached: ``StoreUnavailable``).
     """
     fields = {"retry": kind, "error": message, **_context(context)}
-    _emit(logger.error, "event not acknowledged", fields)
+    log_fields(logger.error, "event not acknowledged", fields)
     count("IngestGaveUp" if kind == "gave-up" else "StoreUnavailable")
 
 

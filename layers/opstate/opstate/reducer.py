@@ -2,7 +2,8 @@
 
 ``apply_event(current, event)`` reads no clock and does no I/O. It can only move an operation
 forward: by rank, then, within a rank, by strictly newer server time. Terminal states are
-absorbing and the first terminal state wins.
+absorbing and the first terminal state wins. The types it works on (``OpEvent``, ``OpRecord``,
+``Decision``, ``Reason``) live in ``opstate.model``.
 
 Details belong to a state. On every applied event the next record's details are:
 
@@ -24,31 +25,11 @@ normalised or dropped, for the caller to log.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from opstate import details as details_rules
-from opstate.events import OpEvent
-from opstate.names import Kind, kind_of
-from opstate.states import State, is_terminal, rank
-
-
-class Reason(StrEnum):
-    # applied
-    CREATED = "created"
-    ADVANCED = "advanced"
-    REFRESHED = "refreshed"
-    # dropped
-    REGRESS_FROM_TERMINAL = "regress-from-terminal"
-    TERMINAL_CONFLICT = "terminal-conflict"
-    LOWER_RANK = "lower-rank"
-    STALE_OR_EQUAL_UPDATE_TIME = "stale-or-equal-update-time"
-    # dropped after the reducer: the store refused the record (set by ``ingest``, never here)
-    STORE_REJECTED = "store-rejected"
-
-
-APPLIED_REASONS = frozenset({Reason.CREATED, Reason.ADVANCED, Reason.REFRESHED})
+from opstate.model import Decision, OpEvent, OpRecord, Reason
+from opstate.states import is_terminal, rank
 
 # Detail keys that describe the state they arrived with: cleared when the state changes.
 STATE_SCOPED_KEYS: frozenset[str] = frozenset(
@@ -76,62 +57,6 @@ def next_details(
     notes = [str(p) for p in problems]
     notes.extend(f"$.{key[:40]}: dropped: record details over the size cap" for key in dropped)
     return fitted, tuple(notes)
-
-
-@dataclass(frozen=True, slots=True)
-class OpRecord:
-    """The stored state of one operation. ``version`` counts applied decisions (1 = created)."""
-
-    name: str
-    state: State
-    update_time_ns: int
-    version: int
-    source: str
-    details: Mapping[str, Any] = field(default_factory=dict)
-    created_ns: int = 0
-    applied_ns: int = 0
-
-    @property
-    def kind(self) -> Kind:
-        return kind_of(self.name)
-
-    @property
-    def rank(self) -> int:
-        return rank(self.state)
-
-    @property
-    def terminal(self) -> bool:
-        return is_terminal(self.state)
-
-    @property
-    def order_key(self) -> tuple[int, int]:
-        """What may never go backwards: (rank, server time)."""
-        return (rank(self.state), self.update_time_ns)
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """The reducer's verdict on one event.
-
-    ``record`` is the record after the decision: the next record when applied, the current one
-    (possibly None) when dropped. ``previous`` is the record the event was reduced against.
-    ``attempts`` and ``conflicts`` are filled in by ``ingest`` (lost races before this verdict).
-    """
-
-    applied: bool
-    reason: Reason
-    event: OpEvent
-    record: OpRecord | None
-    previous: OpRecord | None
-    attempts: int = 1
-    conflicts: int = 0
-    details_problems: tuple[str, ...] = ()
-
-    @property
-    def state_changed(self) -> bool:
-        if not self.applied or self.record is None:
-            return False
-        return self.previous is None or self.previous.state != self.record.state
 
 
 def apply_event(current: OpRecord | None, event: OpEvent, *, now_ns: int = 0) -> Decision:

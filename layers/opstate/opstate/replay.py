@@ -23,8 +23,8 @@ from typing import Any
 
 from opstate.events import InvalidEventError, UnsupportedEventError, from_webhook
 from opstate.ingest import DEFAULT_MAX_ATTEMPTS, ingest
+from opstate.model import Decision
 from opstate.quarantine import Kept, Quarantine
-from opstate.reducer import Decision
 from opstate.store.port import RetryableError, Store
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from opstate.reducer import Decision, OpRecord
+from opstate.model import Decision, OpRecord
 from opstate.times import format_time
 
 

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from opstate.config import ConfigError, Settings, settings
-from opstate.events import OpEvent
+from opstate.model import Decision, OpEvent
 from opstate.names import InvalidNameError, canonical_name
-from opstate.reducer import Decision
 from opstate.store.port import RetryableError
 from opstate.strict_json import dumps
 from opstate.times import InvalidTimeError, parse_time

@@ -43,13 +43,8 @@ from opstate.cli.common import (
     settings_for,
 )
 from opstate.config import Settings
-from opstate.events import (
-    InvalidEventError,
-    OpEvent,
-    UnsupportedEventError,
-    from_report,
-    from_webhook,
-)
+from opstate.events import InvalidEventError, UnsupportedEventError, from_report, from_webhook
+from opstate.model import OpEvent
 from opstate.store.port import RetryableError
 from opstate.strict_json import InvalidJSONError, loads
 

@@ -31,9 +31,9 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs
 
+from opstate.model import OpRecord
 from opstate.names import InvalidNameError, canonical_name
 from opstate.reconcile.tally import MarkDecision, RunDecision
-from opstate.reducer import OpRecord
 from opstate.store.port import RetryableError, Store
 from opstate.times import format_time
 from opstate.views import record_to_json

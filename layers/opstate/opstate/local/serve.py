@@ -42,8 +42,8 @@ from opstate.local.secret_file import (
     api_token_for,
     resolve_secrets,
 )
+from opstate.model import Decision
 from opstate.quarantine import local_quarantine
-from opstate.reducer import Decision
 from opstate.times import format_time
 
 DEFAULT_HOST = "127.0.0.1"

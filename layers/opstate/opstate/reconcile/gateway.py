@@ -12,8 +12,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from opstate.events import EventError, OpEvent
-from opstate.reducer import OpRecord
+from opstate.events import EventError
+from opstate.model import OpEvent, OpRecord
 
 
 class GatewayError(Exception):

@@ -24,10 +24,10 @@ from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 
 from opstate.config import ConfigError, Settings
-from opstate.events import EventError, OpEvent, from_batch_job, from_interaction, from_operation
+from opstate.events import EventError, from_batch_job, from_interaction, from_operation
+from opstate.model import OpEvent, OpRecord
 from opstate.names import Kind, api_name
 from opstate.reconcile.gateway import GatewayError, Listed, WebhookInfo
-from opstate.reducer import OpRecord
 
 if TYPE_CHECKING:
     from google import genai

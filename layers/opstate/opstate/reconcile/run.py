@@ -26,11 +26,13 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from opstate.config import Settings, parse_overdue
-from opstate.events import EventError, OpEvent, UnsupportedEventError
-from opstate.ingest import ingest
+from opstate.events import EventError, UnsupportedEventError
+from opstate.ingest import Ingested, ingest_counted
+from opstate.model import Decision, OpEvent, OpRecord
 from opstate.observability import (
     count,
-    decision_fields,
+    log_decision,
+    log_fields,
     logger,
     record_retry_later,
     record_unsupported,
@@ -52,9 +54,8 @@ from opstate.reconcile.tally import (
     RunDecision,
     RunResult,
     Tally,
-    log_fields,
 )
-from opstate.reducer import Decision, OpRecord, Reason, apply_event
+from opstate.reducer import apply_event
 from opstate.store.port import Due, PollingStore, PollState, RetryableError, StoreUnavailableError
 from opstate.times import format_time
 
@@ -137,7 +138,7 @@ class _Run:
 
     def ingest(self, event: OpEvent, phase: str) -> Decision | None:
         try:
-            decision = ingest(
+            done = ingest_counted(
                 self.store,
                 event,
                 max_attempts=self.settings.ingest_max_attempts,
@@ -149,18 +150,13 @@ class _Run:
             record_retry_later(kind, str(exc), name=event.name, phase=phase)
             self.tally.add(errors=1)
             return None
-        self.settle(decision, phase)
-        return decision
+        self.settle(done, phase)
+        return done.decision
 
-    def settle(self, decision: Decision, phase: str) -> None:
-        self.tally.decision(decision)
-        fields = {**decision_fields(decision), "phase": phase}
-        if decision.applied:
-            log_fields(logger.info, "event applied", fields)
-        elif decision.reason == Reason.TERMINAL_CONFLICT:
-            log_fields(logger.warning, "event dropped", fields)
-        else:
-            log_fields(logger.debug, "event dropped", fields)
+    def settle(self, done: Ingested, phase: str) -> None:
+        decision = done.decision
+        self.tally.decision(decision, done.conflicts)
+        log_decision(decision, attempts=done.attempts, conflicts=done.conflicts, phase=phase)
         self.report(decision)
 
     def unsupported(self, exc: UnsupportedEventError, name: str, phase: str) -> None:
@@ -344,7 +340,7 @@ class _Run:
                     return
                 current = decision.record
             else:
-                self.settle(probe, "poll")
+                self.settle(Ingested(probe), "poll")
         poll, marks = self.schedule.after_poll(
             current, entry.poll, found=found, now_ns=self.clock.now_ns()
         )

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from opstate.config import DEFAULT_OVERDUE_HOURS, parse_overdue
+from opstate.model import OpRecord
 from opstate.names import Kind
-from opstate.reducer import OpRecord
 from opstate.states import State
 from opstate.store.port import PollState
 

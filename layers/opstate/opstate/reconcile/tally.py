@@ -2,33 +2,17 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from aws_lambda_powertools.metrics import MetricUnit
 
+from opstate.model import Decision, OpRecord
 from opstate.observability import count, logger, metrics
 from opstate.reconcile.schedule import Mark
-from opstate.reducer import Decision, OpRecord
 from opstate.store.port import PollState
-
-_RESERVED_LOG_KEYS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
-
-
-def log_fields(level: Callable[..., None], message: str, fields: Mapping[str, object]) -> None:
-    reserved = {k: v for k, v in fields.items() if k in _RESERVED_LOG_KEYS}
-    extra = {k: v for k, v in fields.items() if k not in _RESERVED_LOG_KEYS}
-    if not reserved:
-        level(message, extra=extra)
-        return
-    logger.thread_safe_append_keys(**reserved)
-    try:
-        level(message, extra=extra)
-    finally:
-        logger.thread_safe_remove_keys(list(reserved))
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +73,8 @@ class Tally:
     conflicts: int = 0
     oldest_start_ns: int = 0
 
-    def decision(self, decision: Decision) -> None:
+    def decision(self, decision: Decision, conflicts: int = 0) -> None:
+        """Count one decision, and the conditional writes ingest lost before it."""
         with self.lock:
             if decision.applied:
                 self.result.applied += 1
@@ -97,7 +82,7 @@ class Tally:
             else:
                 self.result.dropped += 1
                 self.dropped_reasons[str(decision.reason)] += 1
-            self.conflicts += decision.conflicts
+            self.conflicts += conflicts
 
     def unsupported(self, reason: str) -> None:
         with self.lock:

@@ -53,7 +53,7 @@ from botocore.exceptions import (
     NoCredentialsError,
 )
 
-from opstate.reducer import OpRecord
+from opstate.model import OpRecord
 from opstate.states import parse_state
 from opstate.store.port import (
     WRITTEN,

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
-from opstate.reducer import OpRecord
+from opstate.model import OpRecord
 from opstate.store.port import WRITTEN, Due, PollState, WriteOutcome, initial_due, validate_record
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from opstate.details import InvalidDetailsError, check
-from opstate.reducer import OpRecord
+from opstate.model import OpRecord
 
 
 class RetryableError(Exception):

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from opstate.reducer import OpRecord
+from opstate.model import OpRecord
 from opstate.states import parse_state
 from opstate.store.port import (
     WRITTEN,
