@@ -200,3 +200,63 @@ def test_a_bad_setting_fails_the_lambda_init_naming_the_variable(
             spec.loader.exec_module(importlib.util.module_from_spec(spec))
     finally:
         settings.cache_clear()
+
+
+# -- parts, secrets, the README ----------------------------------------------------------------
+
+SECRET_ENV = {
+    "OPSTATE_WEBHOOK_SECRETS": "whsec_c2VjcmV0LW9uZQ== whsec_c2VjcmV0LXR3bw==",
+    "GEMINI_API_KEY": "AIza-not-a-real-key-0123456789",
+    "OPSTATE_API_TOKEN": "t0k3n" * 8,
+}
+
+
+def test_repr_never_shows_a_secret_value() -> None:
+    from opstate.config import PARTS
+
+    settings = Settings.from_env(SECRET_ENV)
+    assert settings.webhook_secrets and settings.gemini_api_key and settings.api_token
+    secrets = [*SECRET_ENV["OPSTATE_WEBHOOK_SECRETS"].split(), *list(SECRET_ENV.values())]
+    shown = [repr(settings), str(settings), *(repr(part.from_env(SECRET_ENV)) for part in PARTS)]
+    for text in shown:
+        for secret in secrets:
+            assert secret not in text
+    assert "store_url=" in repr(settings)  # the rest is still shown
+
+
+def test_each_part_reads_its_own_variables_and_settings_is_every_part() -> None:
+    from opstate.config import PARTS, ReconcileSettings, StoreSettings
+
+    env = {"OPSTATE_RETENTION_DAYS": "7", "OPSTATE_RECONCILE_WORKERS": "3"}
+    assert StoreSettings.from_env(env) == StoreSettings(retention_days=7)
+    assert ReconcileSettings.from_env(env) == ReconcileSettings(reconcile_workers=3)
+    settings = Settings.from_env(env)
+    assert settings == Settings(retention_days=7, reconcile_workers=3)
+    assert all(isinstance(settings, part) for part in PARTS)
+
+
+def test_an_unset_variable_keeps_the_field_default() -> None:
+    # from_env({}) builds exactly the dataclass defaults: no second copy of a default to drift.
+    from opstate.config import PARTS
+
+    assert Settings.from_env({}) == Settings()
+    for part in PARTS:
+        assert part.from_env({}) == part()
+
+
+def test_the_readme_lists_every_variable_read() -> None:
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    source = (root / "layers" / "opstate" / "opstate" / "config.py").read_text(encoding="utf-8")
+    variables = set(re.findall(r'"((?:OPSTATE|GEMINI|AWS_SAM)_[A-Z_]+)"', source))
+    assert {"OPSTATE_STORE", "GEMINI_API_KEY", "OPSTATE_EVENT_BUS_NAME"} <= variables
+    table = [line for line in (root / "README.md").read_text().splitlines() if line.startswith("|")]
+    # "`OPSTATE_RECONCILE_LOST_AFTER_RUNS` / `_LOST_AFTER_HOURS`": a shorthand names a suffix.
+    names = set(re.findall(r"`([A-Z_]+)`", " ".join(table)))
+    missing = {
+        v
+        for v in variables
+        if v not in names and not any(n.startswith("_") and v.endswith(n) for n in names)
+    }
+    assert not missing, f"README's configuration table lacks {sorted(missing)}"

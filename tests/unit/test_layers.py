@@ -35,6 +35,7 @@ DOMAIN = (
     "opstate.views",
     "opstate.strict_json",
     "opstate.details",
+    "opstate.routes",
 )
 # (layer name, module prefixes): "opstate.store" places opstate.store and opstate.store.*.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [

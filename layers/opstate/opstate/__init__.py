@@ -4,8 +4,8 @@ Owns, in layers (a module imports its own layer and the ones below, never above;
 tests/unit/test_layers.py checks both):
 
 0. the domain - ``states``, ``times``, ``names``, ``events``, ``reducer``, ``views``,
-   ``strict_json`` - and the settings, ``config``. The domain is pure: no AWS, HTTP or Gemini
-   code, no clock (tests/unit/test_purity.py);
+   ``strict_json``, ``routes`` (the API's paths) - and the settings, ``config`` (one class per
+   part). The domain is pure: no AWS, HTTP or Gemini code, no clock (tests/unit/test_purity.py);
 1. ``store`` (the port and its DynamoDB, SQLite and memory stores), ``signatures`` (webhook
    authenticity), ``webhook_secrets`` (reading and writing the signing secrets), ``api_token``
    (the local server's operations token), ``observability`` (logs, metrics, tracing),

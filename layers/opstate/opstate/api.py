@@ -63,6 +63,7 @@ from opstate.observability import (
     record_webhook_outcome,
 )
 from opstate.quarantine import Delivery, LogQuarantine, Quarantine
+from opstate.routes import OPERATIONS_PREFIX, WEBHOOK_PATH
 from opstate.signatures import SignatureError, Verifier
 from opstate.store.port import RetryableError, Store
 from opstate.strict_json import InvalidJSONError, dumps, loads
@@ -72,8 +73,6 @@ if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.typing import LambdaContext
 
 JSON = "application/json"
-WEBHOOK_PATH = "/gemini/webhook"
-OPERATIONS_PREFIX = "/operations/"
 # Powertools treats a route rule as a regular expression: ".+" is its documented catch-all,
 # here a greedy, slash-containing operation name.
 OPERATIONS_ROUTE = OPERATIONS_PREFIX + ".+"

@@ -1,8 +1,15 @@
 """All configuration, read once, in one place, from documented environment variables.
 
+One frozen dataclass per part — ``StoreSettings``, ``WebhookSettings``, ``ReconcileSettings``,
+``NotifySettings``, ``LocalSettings`` — each reading its own variables; ``Settings`` is all of
+them at once. Every default is written once, as the field's default: ``env_values`` returns only
+the variables that are set, so an unset one falls back to that same default. Secret values
+(webhook secrets, the Gemini API key, the API token) never appear in a ``repr``.
+
 ``settings()`` reads ``os.environ`` on first use and caches the result; ``Settings.from_env``
-builds one from any mapping (tests). A bad value raises ``ConfigError`` naming the variable.
-The README's configuration table lists every variable read here.
+(or a part's ``from_env``) builds one from any mapping (tests). A bad value raises
+``ConfigError`` naming the variable. The README's configuration table lists every variable read
+here.
 """
 
 from __future__ import annotations
@@ -10,23 +17,37 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any, Self
 
 from opstate.names import Kind
 
 DEFAULT_LOCAL_STORE = "sqlite:///.opstate/ops.db"
 DEFAULT_JWKS_URL = "https://generativelanguage.googleapis.com/.well-known/jwks.json"
+# Defaults other modules need too (the stores' own keyword defaults, the CLI's options).
+DEFAULT_OPEN_INDEX_SHARDS = 4
+DEFAULT_RETENTION_DAYS = 90
+DEFAULT_RECONCILE_EVERY_S = 300.0
 
 
 class ConfigError(ValueError):
     """An environment variable holds a value this system cannot use."""
 
 
-def _int(env: Mapping[str, str], key: str, default: int, minimum: int = 0) -> int:
+def _given(**values: Any) -> dict[str, Any]:
+    """The values that were given: None means "unset, keep the field's default"."""
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def _scaled(factor: float, value: float | None) -> float | None:
+    return None if value is None else factor * value
+
+
+def _int(env: Mapping[str, str], key: str, minimum: int = 0) -> int | None:
     raw = env.get(key)
     if raw is None or raw.strip() == "":
-        return default
+        return None
     try:
         value = int(raw)
     except ValueError:
@@ -43,13 +64,12 @@ MAX_SECONDS = 900.0
 def _float(
     env: Mapping[str, str],
     key: str,
-    default: float,
     minimum: float = 0.0,
     maximum: float = MAX_SECONDS,
-) -> float:
+) -> float | None:
     raw = env.get(key)
     if raw is None or raw.strip() == "":
-        return default
+        return None
     try:
         value = float(raw)
     except ValueError:
@@ -72,9 +92,9 @@ def _str(env: Mapping[str, str], key: str) -> str | None:
     return raw.strip()
 
 
-def _bounded_int(env: Mapping[str, str], key: str, default: int, maximum: int) -> int:
-    value = _int(env, key, default, minimum=0)
-    if value > maximum:
+def _bounded_int(env: Mapping[str, str], key: str, maximum: int) -> int | None:
+    value = _int(env, key, minimum=0)
+    if value is not None and value > maximum:
         raise ConfigError(f"{key} must be at most {maximum}, got {value}")
     return value
 
@@ -138,9 +158,11 @@ def parse_overdue(text: str | None) -> dict[Kind, float]:
     return {k: v for k, v in out.items() if v > 0}
 
 
-def _overdue(env: Mapping[str, str]) -> str:
+def _overdue(env: Mapping[str, str]) -> str | None:
     key = "OPSTATE_RECONCILE_OVERDUE_HOURS"
-    raw = _str(env, key) or DEFAULT_OVERDUE_HOURS
+    raw = _str(env, key)
+    if raw is None:
+        return None
     try:
         parse_overdue(raw)
     except ValueError as exc:
@@ -148,19 +170,51 @@ def _overdue(env: Mapping[str, str]) -> str:
     return raw
 
 
-@dataclass(frozen=True, slots=True)
-class Settings:
-    # Store: a URL (dynamodb://TABLE or sqlite:///PATH). In Lambda, OPSTATE_TABLE_NAME is set by
-    # the template and wins over the local default.
+class _Part:
+    """What every part of the settings provides: ``from_env`` on top of ``env_values``."""
+
+    @classmethod
+    def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
+        """The fields whose variables are set in ``env``, checked (``ConfigError``); a field
+        left out keeps its dataclass default, the one place that default is written."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Self:
+        return cls(**cls.env_values(env))
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreSettings(_Part):
+    """The store (``store_from_url``) and ingest's conditional writes."""
+
+    # A URL (dynamodb://TABLE or sqlite:///PATH). In Lambda, OPSTATE_TABLE_NAME is set by the
+    # template and wins over the local default.
     store_url: str = DEFAULT_LOCAL_STORE
-    open_index_shards: int = 4
-    retention_days: int = 90
+    open_index_shards: int = DEFAULT_OPEN_INDEX_SHARDS
+    retention_days: int = DEFAULT_RETENTION_DAYS
     ingest_max_attempts: int = 8
-    # Webhook receiver
+
+    @classmethod
+    def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
+        table = _str(env, "OPSTATE_TABLE_NAME")
+        return _given(
+            store_url=_str(env, "OPSTATE_STORE") or (f"dynamodb://{table}" if table else None),
+            open_index_shards=_int(env, "OPSTATE_OPEN_INDEX_SHARDS", minimum=1),
+            retention_days=_int(env, "OPSTATE_RETENTION_DAYS", minimum=1),
+            ingest_max_attempts=_int(env, "OPSTATE_INGEST_MAX_ATTEMPTS", minimum=1),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class WebhookSettings(_Part):
+    """The webhook receiver: secrets, limits, the quarantine, dynamic (JWT) webhooks."""
+
     webhook_secret_arn: str | None = None
-    webhook_secrets: tuple[str, ...] = ()
+    webhook_secrets: tuple[str, ...] = field(default=(), repr=False)
     webhook_tolerance_s: int = 300
     max_body_bytes: int = 256 * 1024
+    # How long secret values (webhook secrets, the Gemini API key) are cached.
     secrets_cache_s: int = 300
     # Signed deliveries that cannot be read are kept here (SQS queue URL; unset: logged only).
     quarantine_queue_url: str | None = None
@@ -175,76 +229,131 @@ class Settings:
     jwt_leeway_s: int = 30
     jwt_subject: str | None = None
     jwt_email: str | None = None
-    # Local server: the bearer token of the operations routes (else generated into a file).
-    api_token: str | None = None
     # AWS_SAM_LOCAL=true (set by SAM CLI in sam local containers, never in a deployment): SAM
     # does not emulate the AWS_IAM authorizer, so the Lambda's IAM-context check is skipped.
     sam_local: bool = False
-    # Reconciler
+
+    @classmethod
+    def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
+        public_url = _str(env, "OPSTATE_PUBLIC_URL")
+        header = _str(env, "OPSTATE_JWT_HEADER")
+        return _given(
+            webhook_secret_arn=_str(env, "OPSTATE_WEBHOOK_SECRET_ARN"),
+            webhook_secrets=tuple((env.get("OPSTATE_WEBHOOK_SECRETS") or "").split()) or None,
+            webhook_tolerance_s=_int(env, "OPSTATE_WEBHOOK_TOLERANCE_SECONDS", minimum=1),
+            max_body_bytes=_int(env, "OPSTATE_MAX_BODY_BYTES", minimum=1),
+            secrets_cache_s=_int(env, "OPSTATE_SECRETS_CACHE_SECONDS", minimum=0),
+            quarantine_queue_url=_str(env, "OPSTATE_QUARANTINE_QUEUE_URL"),
+            jwks_url=_str(env, "OPSTATE_JWKS_URL"),
+            public_url=public_url,
+            jwt_header=header.lower() if header else None,
+            jwt_issuers=_jwt_issuers(env, public_url=public_url) or None,
+            jwt_max_lifetime_s=_int(env, "OPSTATE_JWT_MAX_LIFETIME_SECONDS", minimum=1),
+            jwt_leeway_s=_bounded_int(env, "OPSTATE_JWT_LEEWAY_SECONDS", maximum=300),
+            jwt_subject=_str(env, "OPSTATE_JWT_SUBJECT"),
+            jwt_email=_str(env, "OPSTATE_JWT_EMAIL"),
+            sam_local=(env.get("AWS_SAM_LOCAL") or "").strip().lower() == "true" or None,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReconcileSettings(_Part):
+    """The reconciler: the Gemini API key, its pacing, schedule and marks."""
+
     gemini_api_key_secret_arn: str | None = None
-    gemini_api_key: str | None = None
+    gemini_api_key: str | None = field(default=None, repr=False)
     reconcile_workers: int = 8
     reconcile_max_pages: int = 5
     reconcile_open_limit: int = 5000
     reconcile_safety_margin_s: float = 10.0
     reconcile_http_timeout_s: float = 5.0
     reconcile_max_rps: float = 20.0
-    reconcile_max_interval_s: float = 1800.0
-    reconcile_polled_only_max_interval_s: float = 600.0
+    # Read in minutes (OPSTATE_RECONCILE_..._MINUTES), kept in seconds.
+    reconcile_max_interval_s: float = 30 * 60.0
+    reconcile_polled_only_max_interval_s: float = 10 * 60.0
     reconcile_lost_after_runs: int = 3
-    reconcile_lost_after_s: float = 86400.0
+    # Read in hours (OPSTATE_RECONCILE_LOST_AFTER_HOURS), kept in seconds.
+    reconcile_lost_after_s: float = 24 * 3600.0
     # "kind=hours,..." (parsed by parse_overdue)
     reconcile_overdue_hours: str = DEFAULT_OVERDUE_HOURS
-    # Notifier
+
+    @classmethod
+    def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
+        return _given(
+            gemini_api_key_secret_arn=_str(env, "OPSTATE_GEMINI_API_KEY_SECRET_ARN"),
+            gemini_api_key=_str(env, "GEMINI_API_KEY"),
+            reconcile_workers=_int(env, "OPSTATE_RECONCILE_WORKERS", minimum=1),
+            reconcile_max_pages=_int(env, "OPSTATE_RECONCILE_MAX_PAGES", minimum=0),
+            reconcile_open_limit=_int(env, "OPSTATE_RECONCILE_OPEN_LIMIT", minimum=1),
+            reconcile_safety_margin_s=_float(env, "OPSTATE_RECONCILE_SAFETY_MARGIN_SECONDS"),
+            reconcile_http_timeout_s=_float(
+                env, "OPSTATE_RECONCILE_HTTP_TIMEOUT_SECONDS", minimum=0.001
+            ),
+            reconcile_max_rps=_float(env, "OPSTATE_RECONCILE_MAX_RPS"),
+            reconcile_max_interval_s=_scaled(
+                60.0, _float(env, "OPSTATE_RECONCILE_MAX_INTERVAL_MINUTES", minimum=1.0)
+            ),
+            reconcile_polled_only_max_interval_s=_scaled(
+                60.0,
+                _float(env, "OPSTATE_RECONCILE_POLLED_ONLY_MAX_INTERVAL_MINUTES", minimum=1.0),
+            ),
+            reconcile_lost_after_runs=_int(env, "OPSTATE_RECONCILE_LOST_AFTER_RUNS", minimum=1),
+            reconcile_lost_after_s=_scaled(
+                3600.0, _float(env, "OPSTATE_RECONCILE_LOST_AFTER_HOURS")
+            ),
+            reconcile_overdue_hours=_overdue(env),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class NotifySettings(_Part):
+    """The notifier."""
+
     event_bus_name: str | None = None
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Settings:
-        table = _str(env, "OPSTATE_TABLE_NAME")
-        store_url = _str(env, "OPSTATE_STORE") or (
-            f"dynamodb://{table}" if table else DEFAULT_LOCAL_STORE
-        )
-        secrets = tuple((env.get("OPSTATE_WEBHOOK_SECRETS") or "").split())
-        return cls(
-            store_url=store_url,
-            open_index_shards=_int(env, "OPSTATE_OPEN_INDEX_SHARDS", 4, minimum=1),
-            retention_days=_int(env, "OPSTATE_RETENTION_DAYS", 90, minimum=1),
-            ingest_max_attempts=_int(env, "OPSTATE_INGEST_MAX_ATTEMPTS", 8, minimum=1),
-            webhook_secret_arn=_str(env, "OPSTATE_WEBHOOK_SECRET_ARN"),
-            webhook_secrets=secrets,
-            webhook_tolerance_s=_int(env, "OPSTATE_WEBHOOK_TOLERANCE_SECONDS", 300, minimum=1),
-            max_body_bytes=_int(env, "OPSTATE_MAX_BODY_BYTES", 256 * 1024, minimum=1),
-            secrets_cache_s=_int(env, "OPSTATE_SECRETS_CACHE_SECONDS", 300, minimum=0),
-            quarantine_queue_url=_str(env, "OPSTATE_QUARANTINE_QUEUE_URL"),
-            jwks_url=_str(env, "OPSTATE_JWKS_URL") or DEFAULT_JWKS_URL,
-            public_url=_str(env, "OPSTATE_PUBLIC_URL"),
-            jwt_header=(_str(env, "OPSTATE_JWT_HEADER") or "authorization").lower(),
-            jwt_issuers=_jwt_issuers(env, public_url=_str(env, "OPSTATE_PUBLIC_URL")),
-            jwt_max_lifetime_s=_int(env, "OPSTATE_JWT_MAX_LIFETIME_SECONDS", 3600, minimum=1),
-            jwt_leeway_s=_bounded_int(env, "OPSTATE_JWT_LEEWAY_SECONDS", 30, maximum=300),
-            jwt_subject=_str(env, "OPSTATE_JWT_SUBJECT"),
-            jwt_email=_str(env, "OPSTATE_JWT_EMAIL"),
-            api_token=_api_token(env),
-            sam_local=(env.get("AWS_SAM_LOCAL") or "").strip().lower() == "true",
-            gemini_api_key_secret_arn=_str(env, "OPSTATE_GEMINI_API_KEY_SECRET_ARN"),
-            gemini_api_key=_str(env, "GEMINI_API_KEY"),
-            reconcile_workers=_int(env, "OPSTATE_RECONCILE_WORKERS", 8, minimum=1),
-            reconcile_max_pages=_int(env, "OPSTATE_RECONCILE_MAX_PAGES", 5, minimum=0),
-            reconcile_open_limit=_int(env, "OPSTATE_RECONCILE_OPEN_LIMIT", 5000, minimum=1),
-            reconcile_safety_margin_s=_float(env, "OPSTATE_RECONCILE_SAFETY_MARGIN_SECONDS", 10.0),
-            reconcile_http_timeout_s=_float(
-                env, "OPSTATE_RECONCILE_HTTP_TIMEOUT_SECONDS", 5.0, minimum=0.001
-            ),
-            reconcile_max_rps=_float(env, "OPSTATE_RECONCILE_MAX_RPS", 20.0),
-            reconcile_max_interval_s=60.0
-            * _float(env, "OPSTATE_RECONCILE_MAX_INTERVAL_MINUTES", 30.0, minimum=1.0),
-            reconcile_polled_only_max_interval_s=60.0
-            * _float(env, "OPSTATE_RECONCILE_POLLED_ONLY_MAX_INTERVAL_MINUTES", 10.0, minimum=1.0),
-            reconcile_lost_after_runs=_int(env, "OPSTATE_RECONCILE_LOST_AFTER_RUNS", 3, minimum=1),
-            reconcile_lost_after_s=3600.0 * _float(env, "OPSTATE_RECONCILE_LOST_AFTER_HOURS", 24.0),
-            reconcile_overdue_hours=_overdue(env),
-            event_bus_name=_str(env, "OPSTATE_EVENT_BUS_NAME"),
-        )
+    def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
+        return _given(event_bus_name=_str(env, "OPSTATE_EVENT_BUS_NAME"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalSettings(_Part):
+    """The local server (``opstate serve``)."""
+
+    # The bearer token of the operations routes (else generated into a file).
+    api_token: str | None = field(default=None, repr=False)
+    # Seconds between reconciler passes (with a Gemini API key); ``--reconcile-every`` overrides.
+    reconcile_every_s: float = DEFAULT_RECONCILE_EVERY_S
+
+    @classmethod
+    def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
+        return _given(api_token=_api_token(env))
+
+
+PARTS: tuple[type[_Part], ...] = (
+    StoreSettings,
+    WebhookSettings,
+    ReconcileSettings,
+    NotifySettings,
+    LocalSettings,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings(LocalSettings, NotifySettings, ReconcileSettings, WebhookSettings, StoreSettings):
+    """Every part's settings in one object (fields in the order of ``PARTS``).
+
+    A ``Settings`` is each of its parts, so code that needs one part takes that part's type
+    (``store_from_url`` takes a ``StoreSettings``) and is handed the whole. Keyword construction
+    is flat: ``Settings(store_url="memory://", reconcile_workers=2)``.
+    """
+
+    @classmethod
+    def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for part in PARTS:
+            values.update(part.env_values(env))
+        return values
 
 
 @lru_cache(maxsize=1)

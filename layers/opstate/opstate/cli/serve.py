@@ -10,6 +10,7 @@ from opstate.cli.common import CliError, UsageError, settings_for, store_error
 
 
 def add_parser(sub: Any, *, store: argparse.ArgumentParser) -> None:
+    from opstate.config import DEFAULT_RECONCILE_EVERY_S
     from opstate.local.secret_file import DEFAULT_SECRET_FILE
     from opstate.local.serve import DEFAULT_HOST, DEFAULT_PORT
 
@@ -19,9 +20,10 @@ def add_parser(sub: Any, *, store: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--reconcile-every",
         type=_positive_float,
-        default=300.0,
+        default=None,
         metavar="SECONDS",
-        help="reconciler period when GEMINI_API_KEY is set (default 300)",
+        help="reconciler period when GEMINI_API_KEY is set "
+        f"(default {DEFAULT_RECONCILE_EVERY_S:g})",
     )
     p.add_argument(
         "--secret-file",
@@ -42,7 +44,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         store_url=config.store_url,
-        reconcile_every_s=args.reconcile_every,
+        reconcile_every_s=(
+            config.reconcile_every_s if args.reconcile_every is None else args.reconcile_every
+        ),
         secret_file=Path(args.secret_file),
         verbose=args.verbose,
     )

@@ -3,7 +3,7 @@
 ``build_event`` turns one HTTP request into the event API Gateway would hand the function;
 ``response_parts`` turns the resolver's answer back into status, headers and body;
 ``LocalLambdaContext`` stands in for the Lambda context. Used by ``opstate serve`` and by tests
-and benchmarks that drive the app without AWS. Imports nothing from the rest of opstate.
+and benchmarks that drive the app without AWS. Imports only ``opstate.routes``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-WEBHOOK_PATH = "/gemini/webhook"
-OPERATIONS_PREFIX = "/operations/"
+from opstate.routes import OPERATIONS_PATH, OPERATIONS_PREFIX, WEBHOOK_PATH
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +46,7 @@ def _route_key(method: str, path: str) -> tuple[str, dict[str, str] | None]:
     if method in ("GET", "PUT") and path.startswith(OPERATIONS_PREFIX):
         rest = path[len(OPERATIONS_PREFIX) :]
         if rest:
-            return f"{method} /operations/{{name+}}", {"name": unquote(rest)}
+            return f"{method} {OPERATIONS_PATH}", {"name": unquote(rest)}
     return "$default", None
 
 

@@ -31,8 +31,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from opstate.api_token import API_TOKEN_ENV, ApiToken, bearer_token_ok
-from opstate.config import Settings
-from opstate.local.apigw import WEBHOOK_PATH
+from opstate.config import DEFAULT_RECONCILE_EVERY_S, Settings
 from opstate.local.console import Console, DecisionLog
 from opstate.local.reconcile_loop import ReconcileLoop, start_reconciler
 from opstate.local.secret_file import (
@@ -44,11 +43,11 @@ from opstate.local.secret_file import (
 )
 from opstate.model import Decision
 from opstate.quarantine import local_quarantine
+from opstate.routes import OPERATIONS_PREFIX, WEBHOOK_PATH
 from opstate.times import format_time
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 3000
-DEFAULT_RECONCILE_EVERY_S = 300.0
 
 
 class LocalApp:
@@ -116,7 +115,7 @@ def track_example(base_url: str, token: ApiToken) -> str:
     """A ready-to-paste ``curl`` that tracks a job through the token-protected route."""
     return (
         f'curl -sS -X PUT -H "Authorization: Bearer {token_expression(token)}" '
-        f"{base_url}/operations/batches/<id>"
+        f"{base_url}{OPERATIONS_PREFIX}batches/<id>"
     )
 
 

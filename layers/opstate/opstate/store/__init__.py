@@ -28,7 +28,7 @@ from opstate.store.port import (
 )
 
 if TYPE_CHECKING:
-    from opstate.config import Settings
+    from opstate.config import StoreSettings
 
 __all__ = [
     "WRITTEN",
@@ -46,7 +46,7 @@ __all__ = [
 URL_FORMS = "dynamodb://TABLE, sqlite:///relative/path.db, sqlite:////absolute/path.db, memory://"
 
 
-def store_from_url(url: str, settings: Settings | None = None) -> Store:
+def store_from_url(url: str, settings: StoreSettings | None = None) -> Store:
     """The store a URL names.
 
     - ``dynamodb://TABLE``: ``DynamoDBStore`` on TABLE (shards and retention from ``settings``;

@@ -53,6 +53,7 @@ from botocore.exceptions import (
     NoCredentialsError,
 )
 
+from opstate.config import DEFAULT_OPEN_INDEX_SHARDS, DEFAULT_RETENTION_DAYS
 from opstate.model import OpRecord
 from opstate.states import parse_state
 from opstate.store.port import (
@@ -62,15 +63,14 @@ from opstate.store.port import (
     RecordRejectedError,
     StoreUnavailableError,
     WriteOutcome,
+    expires_at,
     initial_due,
     validate_record,
 )
-from opstate.times import NS_PER_SECOND, format_time
+from opstate.times import format_time
 
 OPEN_INDEX = "open-index"
-DEFAULT_SHARDS = 4
-DEFAULT_RETENTION_DAYS = 90
-SECONDS_PER_DAY = 86_400
+DEFAULT_SHARDS = DEFAULT_OPEN_INDEX_SHARDS
 
 # The retry policy of every client this module builds: standard mode (exponential backoff with
 # jitter, retry quotas, retries throttling and transient errors), short timeouts so a webhook
@@ -244,12 +244,6 @@ def plain(value: Any) -> Any:
 
 # ---------------------------------------------------------------------------------------------
 # Records <-> items
-
-
-def expires_at(record: OpRecord, retention_days: int, now_ns: int) -> int:
-    """The TTL of a terminal record: its applied time (or now) plus the retention, in seconds."""
-    applied_ns = record.applied_ns or now_ns
-    return applied_ns // NS_PER_SECOND + retention_days * SECONDS_PER_DAY
 
 
 def item_from_record(

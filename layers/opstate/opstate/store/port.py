@@ -13,6 +13,9 @@ from typing import Protocol, runtime_checkable
 
 from opstate.details import InvalidDetailsError, check
 from opstate.model import OpRecord
+from opstate.times import NS_PER_SECOND
+
+SECONDS_PER_DAY = 86_400
 
 
 class RetryableError(Exception):
@@ -79,6 +82,14 @@ class PollState:
     @property
     def lost(self) -> bool:
         return self.lost_ns > 0
+
+
+def expires_at(record: OpRecord, retention_days: int, now_ns: int) -> int:
+    """When a terminal record may be deleted (epoch seconds; DynamoDB's TTL attribute, SQLite's
+    ``purge_expired``): its applied time (or ``now_ns``) plus ``retention_days``
+    (``StoreSettings.retention_days``, ``OPSTATE_RETENTION_DAYS``)."""
+    applied_ns = record.applied_ns or now_ns
+    return applied_ns // NS_PER_SECOND + retention_days * SECONDS_PER_DAY
 
 
 def initial_due(record: OpRecord) -> int:

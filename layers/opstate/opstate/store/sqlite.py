@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from opstate.config import DEFAULT_RETENTION_DAYS
 from opstate.model import OpRecord
 from opstate.states import parse_state
 from opstate.store.port import (
@@ -41,13 +42,12 @@ from opstate.store.port import (
     PollState,
     StoreUnavailableError,
     WriteOutcome,
+    expires_at,
     initial_due,
     validate_record,
 )
-from opstate.times import NS_PER_SECOND
 
 DEFAULT_BUSY_TIMEOUT_S = 5.0
-DEFAULT_RETENTION_DAYS = 90
 _NS_DIGITS = 21  # enough for any instant up to year 9999 in ns
 _PAGE = 500
 
@@ -361,8 +361,7 @@ class SQLiteStore:
         expires: int | None = None
         open_ns: str | None = None
         if record.terminal:
-            applied = record.applied_ns or self._clock()
-            expires = applied // NS_PER_SECOND + self.retention_days * 86_400
+            expires = expires_at(record, self.retention_days, self._clock())
         else:
             open_ns = _ns_text(max(0, initial_due(record)))
         return (
