@@ -29,6 +29,7 @@ DEFAULT_JWKS_URL = "https://generativelanguage.googleapis.com/.well-known/jwks.j
 DEFAULT_OPEN_INDEX_SHARDS = 4
 DEFAULT_RETENTION_DAYS = 90
 DEFAULT_RECONCILE_EVERY_S = 300.0
+DEFAULT_INGEST_MAX_ATTEMPTS = 8
 
 
 class ConfigError(ValueError):
@@ -193,7 +194,7 @@ class StoreSettings(_Part):
     store_url: str = DEFAULT_LOCAL_STORE
     open_index_shards: int = DEFAULT_OPEN_INDEX_SHARDS
     retention_days: int = DEFAULT_RETENTION_DAYS
-    ingest_max_attempts: int = 8
+    ingest_max_attempts: int = DEFAULT_INGEST_MAX_ATTEMPTS
 
     @classmethod
     def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:

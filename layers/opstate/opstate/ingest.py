@@ -24,13 +24,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from opstate.config import DEFAULT_INGEST_MAX_ATTEMPTS
 from opstate.model import Decision, OpEvent, OpRecord, Reason
 from opstate.names import legacy_names
 from opstate.observability import count, logger
 from opstate.reducer import apply_event
 from opstate.store.port import RecordRejectedError, RetryableError, Store, WriteOutcome
 
-DEFAULT_MAX_ATTEMPTS = 8
+DEFAULT_MAX_ATTEMPTS = DEFAULT_INGEST_MAX_ATTEMPTS
 DEFAULT_BASE_DELAY_S = 0.02
 DEFAULT_MAX_DELAY_S = 0.5
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from opstate.config import DEFAULT_OVERDUE_HOURS, parse_overdue
+from opstate.config import DEFAULT_OVERDUE_HOURS, ReconcileSettings, parse_overdue
 from opstate.model import OpRecord
 from opstate.names import Kind
 from opstate.states import State
@@ -44,14 +44,18 @@ def _default_overdue() -> Mapping[Kind, float]:
     return parse_overdue(DEFAULT_OVERDUE_HOURS)
 
 
+# The defaults of the settable parts are ReconcileSettings' (written once, in config).
+_DEFAULTS = ReconcileSettings()
+
+
 @dataclass(frozen=True, slots=True)
 class Schedule:
     fast_for_s: float = 15 * 60.0
     backoff_ratio: float = 0.125
-    max_interval_s: float = 30 * 60.0
-    polled_only_max_interval_s: float = 10 * 60.0
-    lost_after_misses: int = 3
-    lost_after_s: float = 24 * 3600.0
+    max_interval_s: float = _DEFAULTS.reconcile_max_interval_s
+    polled_only_max_interval_s: float = _DEFAULTS.reconcile_polled_only_max_interval_s
+    lost_after_misses: int = _DEFAULTS.reconcile_lost_after_runs
+    lost_after_s: float = _DEFAULTS.reconcile_lost_after_s
     overdue_after_s: Mapping[Kind, float] = field(default_factory=_default_overdue)
 
     def age_s(self, record: OpRecord, now_ns: int) -> float:
