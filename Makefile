@@ -27,7 +27,7 @@ help:
 	@echo "              the template checks, sam build and the whole pytest suite (incl. e2e)"
 	@echo "make unit   - the inner loop: the domain and unit tests only (tests/unit, under 30 s)"
 	@echo "make bench  - benchmarks (not part of make test); make bench-quick for a short run"
-	@echo "make mutate - mutation testing of the domain modules and signatures.py (not part of"
+	@echo "make mutate - mutation testing of the domain modules and signatures (not part of"
 	@echo "              make test; slow: lists the surviving mutants)"
 	@echo "make template-check - sam validate --lint and cfn-lint (+ serverless rules) on template.yaml"
 	@echo "make build  - sam build (cached, parallel) into .aws-sam/build"
@@ -111,7 +111,7 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	$(PY) benchmarks/run.py --quick
 
-# Mutation testing (tools/mutate.py): every mutant of the domain modules and signatures.py
+# Mutation testing (tools/mutate.py): every mutant of the domain modules and signatures
 # against their tests; exits 1 and lists the survivors if any. MUTATE_ARGS e.g. --module names.
 mutate: $(STAMP)
 	$(PY) tools/mutate.py $(MUTATE_ARGS)
