@@ -108,11 +108,11 @@ def _resource_path(raw: str) -> str:
     if url is not None:
         text = url.group("path") or ""
     for sep in ("?", "#"):
-        text = text.split(sep, 1)[0]
+        text = text.partition(sep)[0]
     segments = text.lstrip("/").split("/")
     if _API_VERSION.fullmatch(segments[0]) and len(segments) > 1:
         segments = segments[1:]
-    segments[-1] = segments[-1].split(":", 1)[0]
+    segments[-1] = segments[-1].partition(":")[0]
     text = "/".join(segments)
     if not text:
         raise InvalidNameError(raw, "empty")
