@@ -46,8 +46,9 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -169,12 +170,19 @@ def open_store(kind: str, tmp: Path) -> Iterator[tuple[PollingStore, Counter[str
             server.stop()
 
 
-def measure(
-    store_kind: str, ops: int = 10_000, hours: float = 24.0, seed: int = 1
-) -> dict[str, Any]:
-    logger.setLevel(logging.ERROR)
+@dataclass
+class Timeline:
+    """The simulated operations: name -> (created_ns, finish_ns), and those Gemini lost."""
+
+    hours: float
+    runs: int
+    end_ns: int
+    ops: dict[str, tuple[int, int]]
+    missing: set[str]
+
+
+def make_timeline(ops: int, hours: float, seed: int) -> Timeline:
     rng = random.Random(seed)
-    end_ns = T0 + int(hours * 3600 * S)
     timeline: dict[str, tuple[int, int]] = {}
     missing: set[str] = set()
     for i in range(ops):
@@ -185,136 +193,186 @@ def measure(
         if rng.random() < 0.005:
             missing.add(name)
     runs = int(hours * 3600 // RUN_EVERY_S)
-    settings = Settings(
-        store_url="memory://",
-        reconcile_workers=8,
-        reconcile_max_pages=0,
-        reconcile_max_rps=100.0,
-        reconcile_open_limit=100_000,
-    )
-    schedule = Schedule()
-    clock = FakeClock(T0)
-    gateway = SimGateway(clock, timeline, missing)
-    terminal_at_run: dict[str, int] = {}
-    marks: Counter[str] = Counter()
-    current_run = [0]
+    return Timeline(hours, runs, T0 + int(hours * 3600 * S), timeline, missing)
 
-    def on_decision(decision: RunDecision) -> None:
+
+@dataclass
+class Simulation:
+    """What the runs did: the gateway's polls, the run each operation turned terminal in, the
+    marks, each run's modelled seconds and the store (and DynamoDB API) calls."""
+
+    gateway: SimGateway
+    schedule: Schedule
+    terminal_at_run: dict[str, int] = field(default_factory=dict)
+    marks: Counter[str] = field(default_factory=Counter)
+    seconds: list[float] = field(default_factory=list)
+    wall_total: float = 0.0
+    store_calls: dict[str, int] = field(default_factory=dict)
+    api: Counter[str] | None = None
+    current_run: int = 0
+
+    def on_decision(self, decision: RunDecision) -> None:
         if isinstance(decision, MarkDecision):
-            marks[str(decision.mark)] += 1
+            self.marks[str(decision.mark)] += 1
             return
         record = decision.record
         if decision.applied and record is not None and record.terminal:
-            terminal_at_run[record.name] = current_run[0]
+            self.terminal_at_run[record.name] = self.current_run
 
-    def budget(deadline: int) -> Callable[[], int]:
-        return lambda: clock.remaining_ms(deadline)
 
+SETTINGS = Settings(
+    store_url="memory://",
+    reconcile_workers=8,
+    reconcile_max_pages=0,
+    reconcile_max_rps=100.0,
+    reconcile_open_limit=100_000,
+)
+
+
+def simulate(store_kind: str, timeline: Timeline) -> Simulation:
+    """Every run of the reconciler over the timeline, on a fake clock."""
+    clock = FakeClock(T0)
+    sim = Simulation(SimGateway(clock, timeline.ops, timeline.missing), Schedule())
     with tempfile.TemporaryDirectory() as tmp, open_store(store_kind, Path(tmp)) as (inner, api):
-        for name, (created, _) in timeline.items():
+        for name, (created, _) in timeline.ops.items():
             record = OpRecord(name, State.RUNNING, created, 1, "report", {}, created, created)
             inner.put_if_absent(record)
         if api is not None:
             api.clear()
         store = CountingStore(inner)
-        seconds: list[float] = []
-        wall_total = 0.0
-        for run in range(runs):
-            current_run[0] = run
-            start_ns = T0 + run * RUN_EVERY_S * S
-            clock.set(start_ns)
-            before = gateway.requests
-            deadline = start_ns + int(BUDGET_S * S)
-            started = time.perf_counter()
-            with contextlib.redirect_stdout(io.StringIO()):  # the EMF metric lines
-                reconcile_once(
-                    store,
-                    gateway,
-                    settings=settings,
-                    remaining_ms=budget(deadline),
-                    clock=clock,
-                    schedule=schedule,
-                    on_decision=on_decision,
-                )
-                metrics.clear_metrics()
-            wall = time.perf_counter() - started
-            wall_total += wall
-            waited = (clock.now_ns() - start_ns) / S
-            floor = (gateway.requests - before) * LATENCY_S / settings.reconcile_workers
-            seconds.append(max(waited, floor) + wall)
-    # Delays and the poll-everything baseline on the same timeline.
-    run_starts = [T0 + r * RUN_EVERY_S * S for r in range(runs)]
-    over = 0
-    max_delay = 0
-    baseline = 0
-    open_hours = 0.0
-    unseen_at_end = 0
-    for name, (created, finish) in timeline.items():
-        if name in missing or finish >= end_ns:
-            baseline += runs
-            open_hours += hours
+        for run in range(timeline.runs):
+            sim.current_run = run
+            one_run(store, clock, sim, T0 + run * RUN_EVERY_S * S)
+        sim.store_calls = dict(store.calls)
+        sim.api = api
+    return sim
+
+
+def one_run(store: CountingStore, clock: FakeClock, sim: Simulation, start_ns: int) -> None:
+    """One production run starting at ``start_ns``; its modelled seconds join ``sim``."""
+    clock.set(start_ns)
+    before = sim.gateway.requests
+    deadline = start_ns + int(BUDGET_S * S)
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):  # the EMF metric lines
+        reconcile_once(
+            store,
+            sim.gateway,
+            settings=SETTINGS,
+            remaining_ms=lambda: clock.remaining_ms(deadline),
+            clock=clock,
+            schedule=sim.schedule,
+            on_decision=sim.on_decision,
+        )
+        metrics.clear_metrics()
+    wall = time.perf_counter() - started
+    sim.wall_total += wall
+    waited = (clock.now_ns() - start_ns) / S
+    floor = (sim.gateway.requests - before) * LATENCY_S / SETTINGS.reconcile_workers
+    sim.seconds.append(max(waited, floor) + wall)
+
+
+@dataclass
+class Delays:
+    """Delays against the schedule, and the poll-everything baseline on the same timeline."""
+
+    over: int = 0
+    max_delay: int = 0
+    baseline: int = 0
+    open_hours: float = 0.0
+    unseen_at_end: int = 0
+
+
+def delays(timeline: Timeline, sim: Simulation) -> Delays:
+    run_starts = [T0 + r * RUN_EVERY_S * S for r in range(timeline.runs)]
+    out = Delays()
+    for name, (created, finish) in timeline.ops.items():
+        if name in timeline.missing or finish >= timeline.end_ns:
+            out.baseline += timeline.runs
+            out.open_hours += timeline.hours
             continue
-        first_after = next(r for r, t in enumerate([*run_starts, end_ns]) if t >= finish)
-        baseline += first_after + 1
-        open_hours += (finish - T0) / S / 3600
-        polls_before = [t for t in gateway.polls.get(name, []) if t < finish]
-        last = polls_before[-1] if polls_before else T0
-        record = OpRecord(name, State.RUNNING, created, 1, "x", {}, created)
-        interval = schedule.interval_s(record, last)
-        allowed = math.ceil(interval / RUN_EVERY_S) + 2
-        done = terminal_at_run.get(name)
+        first_after = next(r for r, t in enumerate([*run_starts, timeline.end_ns]) if t >= finish)
+        out.baseline += first_after + 1
+        out.open_hours += (finish - T0) / S / 3600
+        allowed = allowed_runs(sim, name, created, finish)
+        done = sim.terminal_at_run.get(name)
         if done is None:
-            if first_after + allowed <= runs:  # it had its chance within the simulation
-                over += 1
+            if first_after + allowed <= timeline.runs:  # it had its chance within the simulation
+                out.over += 1
             else:
-                unseen_at_end += 1
+                out.unseen_at_end += 1
             continue
         waited_runs = done - first_after + 1
-        max_delay = max(max_delay, waited_runs)
+        out.max_delay = max(out.max_delay, waited_runs)
         if waited_runs > allowed:
-            over += 1
-    cap_ns = int((schedule.max_interval_s + 2 * RUN_EVERY_S) * S)
-    starved = 0
-    for name, (_, finish) in timeline.items():
-        times = gateway.polls.get(name, [])
-        stop = min(finish, end_ns) if name not in missing else end_ns
+            out.over += 1
+    return out
+
+
+def allowed_runs(sim: Simulation, name: str, created: int, finish: int) -> int:
+    """Runs an operation may take to turn terminal: its poll interval in runs, plus 2."""
+    polls_before = [t for t in sim.gateway.polls.get(name, []) if t < finish]
+    last = polls_before[-1] if polls_before else T0
+    record = OpRecord(name, State.RUNNING, created, 1, "x", {}, created)
+    interval = sim.schedule.interval_s(record, last)
+    return math.ceil(interval / RUN_EVERY_S) + 2
+
+
+def starved(timeline: Timeline, sim: Simulation) -> int:
+    """Operations whose gap between two polls exceeded the longest interval + 2 runs."""
+    cap_ns = int((sim.schedule.max_interval_s + 2 * RUN_EVERY_S) * S)
+    count = 0
+    for name, (_, finish) in timeline.ops.items():
+        times = sim.gateway.polls.get(name, [])
+        lost = name in timeline.missing
+        stop = min(finish, timeline.end_ns) if not lost else timeline.end_ns
         gaps = [b - a for a, b in zip([T0, *times], [*times, stop], strict=False)]
-        if name in missing and marks["lost"]:
+        if lost and sim.marks["lost"]:
             gaps = gaps[:-1]  # lost operations leave the polling set on purpose
         if gaps and max(gaps) > cap_ns + RUN_EVERY_S * S:
-            starved += 1
-    calls = dict(store.calls)
-    polls = gateway.requests
+            count += 1
+    return count
+
+
+def measure(
+    store_kind: str, ops: int = 10_000, hours: float = 24.0, seed: int = 1
+) -> dict[str, Any]:
+    logger.setLevel(logging.ERROR)
+    timeline = make_timeline(ops, hours, seed)
+    sim = simulate(store_kind, timeline)
+    late = delays(timeline, sim)
+    calls = dict(sim.store_calls)
+    polls = sim.gateway.requests
     entries = calls.pop("iter_due_entries", 0)
     result: dict[str, Any] = {
         "store": store_kind,
         "ops": ops,
         "hours": hours,
-        "runs": runs,
+        "runs": timeline.runs,
         "requests": polls,
-        "rate_limited_429": gateway.rate_limited,
-        "baseline_requests": baseline,
-        "operation_hours": round(open_hours, 1),
-        "requests_per_op_hour": round(polls / open_hours, 3),
-        "baseline_per_op_hour": round(baseline / open_hours, 3),
-        "reduction": round(baseline / max(polls, 1), 2),
-        "max_delay_runs": max_delay,
-        "over_schedule": over,
-        "finished_too_late_to_see": unseen_at_end,
-        "starved": starved,
-        "lost": marks["lost"],
-        "overdue": marks["overdue"],
+        "rate_limited_429": sim.gateway.rate_limited,
+        "baseline_requests": late.baseline,
+        "operation_hours": round(late.open_hours, 1),
+        "requests_per_op_hour": round(polls / late.open_hours, 3),
+        "baseline_per_op_hour": round(late.baseline / late.open_hours, 3),
+        "reduction": round(late.baseline / max(polls, 1), 2),
+        "max_delay_runs": late.max_delay,
+        "over_schedule": late.over,
+        "finished_too_late_to_see": late.unseen_at_end,
+        "starved": starved(timeline, sim),
+        "lost": sim.marks["lost"],
+        "overdue": sim.marks["overdue"],
         "store_calls": calls,
         "index_entries_read": entries,
         "store_calls_per_poll": round((sum(calls.values()) + entries / 100) / max(polls, 1), 3),
-        "seconds_per_run_mean": round(sum(seconds) / len(seconds), 2),
-        "seconds_per_run_max": round(max(seconds), 2),
-        "wall_s": round(wall_total, 1),
+        "seconds_per_run_mean": round(sum(sim.seconds) / len(sim.seconds), 2),
+        "seconds_per_run_max": round(max(sim.seconds), 2),
+        "wall_s": round(sim.wall_total, 1),
     }
-    if api is not None:
-        result["dynamodb_calls"] = dict(api)
-        result["dynamodb_calls_per_poll"] = round(sum(api.values()) / max(polls, 1), 3)
-        result["scans"] = api.get("Scan", 0)
+    if sim.api is not None:
+        result["dynamodb_calls"] = dict(sim.api)
+        result["dynamodb_calls_per_poll"] = round(sum(sim.api.values()) / max(polls, 1), 3)
+        result["scans"] = sim.api.get("Scan", 0)
     return result
 
 

@@ -1,5 +1,5 @@
-"""Mutation testing of the domain modules and signatures.py (``make mutate``; not part of
-``make test``).
+"""Mutation testing of the domain modules and the signatures package (``make mutate``; not part
+of ``make test``).
 
 An AST driver of our own rather than mutmut: the package lives in a SAM layer directory
 (``layers/opstate``) and is installed in editable mode, which mutmut 3's copy-the-tree runner
@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +58,9 @@ TARGETS: dict[str, list[str]] = {
         "tests/unit/test_time_bounds.py",
     ],
     "details": ["tests/unit/test_details.py", "tests/unit/test_reducer.py"],
-    "signatures": ["tests/unit/test_signatures.py"],
+    "signatures.standard": ["tests/unit/test_signatures.py"],
+    "signatures.jwt_tokens": ["tests/unit/test_signatures.py"],
+    "signatures.wiring": ["tests/unit/test_signatures.py"],
 }
 
 _COMPARE_SWAP: dict[type[ast.cmpop], type[ast.cmpop]] = {
@@ -114,45 +116,64 @@ def _raise_strings(tree: ast.AST) -> set[int]:
     return out
 
 
-def _points(tree: ast.AST) -> Iterator[tuple[ast.AST, str, int]]:
-    """(node, kind, slot) for every mutation point, in a stable order."""
-    skip = _skipped_nodes(tree)
-    messages = _raise_strings(tree)
-    bounded_splits = {
+def _bounded_splits(tree: ast.AST) -> set[int]:
+    """ids of ``.split``/``.rsplit`` attributes called with a maxsplit."""
+    return {
         id(call.func)
         for call in ast.walk(tree)
         if isinstance(call, ast.Call)
         and isinstance(call.func, ast.Attribute)
         and (len(call.args) >= 2 or any(k.arg == "maxsplit" for k in call.keywords))
     }
+
+
+# Node kinds with a single mutation point, each with the test that spots it.
+_SIMPLE_KINDS: list[tuple[str, Callable[[ast.AST], bool]]] = [
+    ("arith", lambda n: isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add | ast.Sub)),
+    ("boolop", lambda n: isinstance(n, ast.BoolOp)),
+    ("not", lambda n: isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not)),
+    ("if", lambda n: isinstance(n, ast.If)),
+    ("loop", lambda n: isinstance(n, ast.Break | ast.Continue)),
+]
+
+
+def _points(tree: ast.AST) -> Iterator[tuple[ast.AST, str, int]]:
+    """(node, kind, slot) for every mutation point, in a stable order."""
+    skip = _skipped_nodes(tree)
+    messages = _raise_strings(tree)
+    bounded_splits = _bounded_splits(tree)
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
-        if isinstance(node, ast.Compare):
-            for slot, op in enumerate(node.ops):
-                if type(op) in _COMPARE_SWAP:
-                    yield node, "compare", slot
-        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub):
-            yield node, "arith", 0
-        elif isinstance(node, ast.BoolOp):
-            yield node, "boolop", 0
-        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-            yield node, "not", 0
-        elif isinstance(node, ast.Constant):
-            if isinstance(node.value, bool):
-                yield node, "bool", 0
-            elif isinstance(node.value, int):
-                yield node, "int", 0
-            elif isinstance(node.value, str) and id(node) in messages:
-                yield node, "message", 0
-        elif isinstance(node, ast.Attribute) and node.attr in _METHOD_SWAP:
-            if node.attr in ("split", "rsplit") and id(node) not in bounded_splits:
-                continue  # without maxsplit, split and rsplit agree: an equivalent mutant
-            yield node, "method", 0
-        elif isinstance(node, ast.If):
-            yield node, "if", 0
-        elif isinstance(node, ast.Break | ast.Continue):
-            yield node, "loop", 0
+        if id(node) not in skip:
+            for kind, slot in _node_points(node, messages, bounded_splits):
+                yield node, kind, slot
+
+
+def _node_points(
+    node: ast.AST, messages: set[int], bounded_splits: set[int]
+) -> list[tuple[str, int]]:
+    """(kind, slot) of every mutation point of one node."""
+    if isinstance(node, ast.Compare):
+        return [("compare", s) for s, op in enumerate(node.ops) if type(op) in _COMPARE_SWAP]
+    if isinstance(node, ast.Constant):
+        kind = _constant_kind(node, messages)
+        return [] if kind is None else [(kind, 0)]
+    if isinstance(node, ast.Attribute):
+        if node.attr not in _METHOD_SWAP:
+            return []
+        if node.attr in ("split", "rsplit") and id(node) not in bounded_splits:
+            return []  # without maxsplit, split and rsplit agree: an equivalent mutant
+        return [("method", 0)]
+    return [(kind, 0) for kind, matches in _SIMPLE_KINDS if matches(node)]
+
+
+def _constant_kind(node: ast.Constant, messages: set[int]) -> str | None:
+    if isinstance(node.value, bool):
+        return "bool"
+    if isinstance(node.value, int):
+        return "int"
+    if isinstance(node.value, str) and id(node) in messages:
+        return "message"
+    return None
 
 
 def _describe(node: ast.AST, kind: str, slot: int) -> str:
@@ -187,40 +208,74 @@ def _describe(node: ast.AST, kind: str, slot: int) -> str:
 def _apply(tree: ast.Module, target: int) -> tuple[ast.Module, str, int]:
     tree = copy.deepcopy(tree)
     for i, (node, kind, slot) in enumerate(_points(tree)):
-        if i != target:
-            continue
-        text = _describe(node, kind, slot)
-        line = getattr(node, "lineno", 0)
-        if kind == "compare":
-            assert isinstance(node, ast.Compare)
-            node.ops[slot] = _COMPARE_SWAP[type(node.ops[slot])]()
-        elif kind == "arith":
-            assert isinstance(node, ast.BinOp)
-            node.op = ast.Sub() if isinstance(node.op, ast.Add) else ast.Add()
-        elif kind == "boolop":
-            assert isinstance(node, ast.BoolOp)
-            node.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
-        elif kind == "int":
-            assert isinstance(node, ast.Constant) and isinstance(node.value, int)
-            node.value = node.value + 1
-        elif kind == "bool":
-            assert isinstance(node, ast.Constant)
-            node.value = not node.value
-        elif kind == "message":
-            assert isinstance(node, ast.Constant) and isinstance(node.value, str)
-            node.value = "XX" + node.value + "XX"
-        elif kind == "method":
-            assert isinstance(node, ast.Attribute)
-            node.attr = _METHOD_SWAP[node.attr]
-        elif kind == "if":
-            assert isinstance(node, ast.If)
-            node.test = ast.UnaryOp(op=ast.Not(), operand=node.test)
-        elif kind == "not":
-            return _replace_not(tree, node), text, line
-        else:
-            return _swap_loop(tree, node), text, line
-        return ast.fix_missing_locations(tree), text, line
+        if i == target:
+            text = _describe(node, kind, slot)
+            line = getattr(node, "lineno", 0)
+            return _mutate(tree, node, kind, slot), text, line
     raise IndexError(target)
+
+
+def _mutate(tree: ast.Module, node: ast.AST, kind: str, slot: int) -> ast.Module:
+    """``tree`` with the mutation ``kind`` applied at ``node`` (changed in place when it can be)."""
+    if kind == "not":
+        return _replace_not(tree, node)
+    if kind == "loop":
+        return _swap_loop(tree, node)
+    _IN_PLACE[kind](node, slot)
+    return ast.fix_missing_locations(tree)
+
+
+def _flip_compare(node: ast.AST, slot: int) -> None:
+    assert isinstance(node, ast.Compare)
+    node.ops[slot] = _COMPARE_SWAP[type(node.ops[slot])]()
+
+
+def _flip_arith(node: ast.AST, slot: int) -> None:
+    assert isinstance(node, ast.BinOp)
+    node.op = ast.Sub() if isinstance(node.op, ast.Add) else ast.Add()
+
+
+def _flip_boolop(node: ast.AST, slot: int) -> None:
+    assert isinstance(node, ast.BoolOp)
+    node.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
+
+
+def _bump_int(node: ast.AST, slot: int) -> None:
+    assert isinstance(node, ast.Constant) and isinstance(node.value, int)
+    node.value = node.value + 1
+
+
+def _flip_bool(node: ast.AST, slot: int) -> None:
+    assert isinstance(node, ast.Constant)
+    node.value = not node.value
+
+
+def _mark_message(node: ast.AST, slot: int) -> None:
+    assert isinstance(node, ast.Constant) and isinstance(node.value, str)
+    node.value = "XX" + node.value + "XX"
+
+
+def _swap_method(node: ast.AST, slot: int) -> None:
+    assert isinstance(node, ast.Attribute)
+    node.attr = _METHOD_SWAP[node.attr]
+
+
+def _negate_if(node: ast.AST, slot: int) -> None:
+    assert isinstance(node, ast.If)
+    node.test = ast.UnaryOp(op=ast.Not(), operand=node.test)
+
+
+# The mutations that change one node in place, by kind.
+_IN_PLACE: dict[str, Callable[[ast.AST, int], None]] = {
+    "compare": _flip_compare,
+    "arith": _flip_arith,
+    "boolop": _flip_boolop,
+    "int": _bump_int,
+    "bool": _flip_bool,
+    "message": _mark_message,
+    "method": _swap_method,
+    "if": _negate_if,
+}
 
 
 class _Replacer(ast.NodeTransformer):
@@ -260,8 +315,14 @@ def snapshot(into: Path) -> Path:
     return into
 
 
+def module_file(module: str) -> str:
+    """The file of a module, relative to the package: ``signatures.standard`` ->
+    ``signatures/standard.py``."""
+    return module.replace(".", "/") + ".py"
+
+
 def mutants_of(module: str, root: Path = ROOT) -> list[Mutant]:
-    tree = ast.parse((root / "layers" / "opstate" / "opstate" / f"{module}.py").read_text())
+    tree = ast.parse((root / "layers" / "opstate" / "opstate" / module_file(module)).read_text())
     return [
         Mutant(module, i, getattr(node, "lineno", 0), _describe(node, kind, slot))
         for i, (node, kind, slot) in enumerate(_points(tree))
@@ -271,12 +332,12 @@ def mutants_of(module: str, root: Path = ROOT) -> list[Mutant]:
 def run_mutant(mutant: Mutant, timeout_s: float, root: Path = ROOT) -> bool:
     """True when the tests killed the mutant (index -1: the module unmutated, the baseline)."""
     source = root / "layers" / "opstate" / "opstate"
-    tree = ast.parse((source / f"{mutant.module}.py").read_text())
+    tree = ast.parse((source / module_file(mutant.module)).read_text())
     mutated = tree if mutant.index < 0 else _apply(tree, mutant.index)[0]
     with tempfile.TemporaryDirectory(prefix="opstate-mutant-") as scratch:
         package = Path(scratch) / "opstate"
         shutil.copytree(source, package, ignore=shutil.ignore_patterns("__pycache__"))
-        (package / f"{mutant.module}.py").write_text(ast.unparse(mutated) + "\n")
+        (package / module_file(mutant.module)).write_text(ast.unparse(mutated) + "\n")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([scratch, str(root)])
         env["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -313,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     mutants = [m for module in modules for m in mutants_of(module)[: args.max or None]]
     if args.list:
         for m in mutants:
-            print(f"{m.module}.py:{m.line}: #{m.index} {m.description}")
+            print(f"{module_file(m.module)}:{m.line}: #{m.index} {m.description}")
         return 0
     with tempfile.TemporaryDirectory(prefix="opstate-mutate-") as frozen:
         return _run(args, modules, mutants, snapshot(Path(frozen)))
@@ -330,7 +391,8 @@ def _run(args: argparse.Namespace, modules: list[str], mutants: list[Mutant], ro
     def one(m: Mutant) -> tuple[Mutant, bool]:
         killed = run_mutant(m, args.timeout, root)
         if not killed:
-            print(f"  survived {m.module}.py:{m.line}: #{m.index} {m.description}", flush=True)
+            where = f"{module_file(m.module)}:{m.line}"
+            print(f"  survived {where}: #{m.index} {m.description}", flush=True)
         return m, killed
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
@@ -338,9 +400,9 @@ def _run(args: argparse.Namespace, modules: list[str], mutants: list[Mutant], ro
     survivors = [m for m, killed in results if not killed]
     for module in modules:
         mine = [killed for m, killed in results if m.module == module]
-        print(f"{module:<11} {len(mine):>4} mutants, {len(mine) - sum(mine):>3} survived")
+        print(f"{module:<21} {len(mine):>4} mutants, {len(mine) - sum(mine):>3} survived")
     for m in survivors:
-        print(f"SURVIVED {m.module}.py:{m.line}: #{m.index} {m.description}")
+        print(f"SURVIVED {module_file(m.module)}:{m.line}: #{m.index} {m.description}")
     print(
         f"{len(results)} mutants, {len(survivors)} survived, {time.monotonic() - started:.0f} s",
         flush=True,

@@ -34,7 +34,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,29 +148,38 @@ class BuiltTemplate:
             return str(value)
         if isinstance(value, dict) and len(value) == 1:
             ((fn, arg),) = value.items()
-            if fn == "Ref":
-                return self._ref(str(arg), refs)
-            if fn == "Fn::GetAtt":
-                key = ".".join(arg) if isinstance(arg, list) else str(arg)
-                if key in refs:
-                    return refs[key]
-                raise UnresolvableError(f"GetAtt {key}")
-            if fn == "Fn::FindInMap":
-                m, k1, k2 = (self.resolve(a, refs) for a in arg)
-                return str(self.data["Mappings"][m][k1][k2])
-            if fn == "Fn::Sub":
-                text, local = (arg, {}) if isinstance(arg, str) else (arg[0], arg[1])
-
-                def sub(match: re.Match[str]) -> str:
-                    name = match.group(1)
-                    if name in local:
-                        return self.resolve(local[name], refs)
-                    if "." in name:
-                        return self.resolve({"Fn::GetAtt": name.split(".", 1)}, refs)
-                    return self._ref(name, refs)
-
-                return re.sub(r"\$\{([^}!]+)\}", sub, str(text))
+            intrinsics: dict[str, Callable[[Any, Mapping[str, str]], str]] = {
+                "Ref": lambda name, refs: self._ref(str(name), refs),
+                "Fn::GetAtt": self._get_att,
+                "Fn::FindInMap": self._find_in_map,
+                "Fn::Sub": self._sub,
+            }
+            if fn in intrinsics:
+                return intrinsics[fn](arg, refs)
         raise UnresolvableError(f"intrinsic {value!r}")
+
+    def _get_att(self, arg: Any, refs: Mapping[str, str]) -> str:
+        key = ".".join(arg) if isinstance(arg, list) else str(arg)
+        if key in refs:
+            return refs[key]
+        raise UnresolvableError(f"GetAtt {key}")
+
+    def _find_in_map(self, arg: Any, refs: Mapping[str, str]) -> str:
+        m, k1, k2 = (self.resolve(a, refs) for a in arg)
+        return str(self.data["Mappings"][m][k1][k2])
+
+    def _sub(self, arg: Any, refs: Mapping[str, str]) -> str:
+        text, local = (arg, {}) if isinstance(arg, str) else (arg[0], arg[1])
+
+        def sub(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name in local:
+                return self.resolve(local[name], refs)
+            if "." in name:
+                return self.resolve({"Fn::GetAtt": name.split(".", 1)}, refs)
+            return self._ref(name, refs)
+
+        return re.sub(r"\$\{([^}!]+)\}", sub, str(text))
 
     def _ref(self, name: str, refs: Mapping[str, str]) -> str:
         if name in refs:

@@ -382,6 +382,20 @@ class FakeGemini:
     # answering
 
     def _answer(self, request: Request) -> Response:
+        self._arrive(request)
+        if self.api_key is not None and request.headers.get("x-goog-api-key") != self.api_key:
+            return 401, error_body(401, "API key not valid")
+        with self._lock:
+            faulted = self._take_fault(request)
+            handler = self._route_for(request) if faulted is None else None
+        if faulted is not None:
+            return faulted
+        if handler is not None:
+            return handler(request)
+        return self._builtin(request)
+
+    def _arrive(self, request: Request) -> None:
+        """Record ``request``, wait out its delay and run its hook."""
         with self._lock:
             self.requests.append(request)
             hook = self._state.hooks.get(request.name)
@@ -390,28 +404,33 @@ class FakeGemini:
             self._stopping.wait(delay)
         if hook is not None:
             hook(request)
-        if self.api_key is not None and request.headers.get("x-goog-api-key") != self.api_key:
-            return 401, error_body(401, "API key not valid")
-        with self._lock:
-            fault = self._state.faults.get(request.name)
-            if fault is not None:
-                if fault.times is not None:
-                    fault.times -= 1
-                    if fault.times <= 0:
-                        del self._state.faults[request.name]
-                if fault.retry_after is not None:
-                    self._reply_headers[id(request)] = {"Retry-After": fault.retry_after}
-                return fault.status, error_body(fault.status, fault.message)
-            handler = next(
-                (
-                    route_handler
-                    for method, pattern, route_handler in self._state.routes
-                    if method == request.method and pattern.fullmatch(request.name)
-                ),
-                None,
-            )
-        if handler is not None:
-            return handler(request)
+
+    def _take_fault(self, request: Request) -> Response | None:
+        """The injected error for ``request``, counting it down (hold the lock)."""
+        fault = self._state.faults.get(request.name)
+        if fault is None:
+            return None
+        if fault.times is not None:
+            fault.times -= 1
+            if fault.times <= 0:
+                del self._state.faults[request.name]
+        if fault.retry_after is not None:
+            self._reply_headers[id(request)] = {"Retry-After": fault.retry_after}
+        return fault.status, error_body(fault.status, fault.message)
+
+    def _route_for(self, request: Request) -> Handler | None:
+        """The first added route matching ``request`` (hold the lock)."""
+        return next(
+            (
+                route_handler
+                for method, pattern, route_handler in self._state.routes
+                if method == request.method and pattern.fullmatch(request.name)
+            ),
+            None,
+        )
+
+    def _builtin(self, request: Request) -> Response:
+        """The built-in routes: GET a resource, list batches or webhooks."""
         if request.method != "GET" or request.verb is not None:
             return 404, error_body(404, f"no fake route for {request.method} {request.path}")
         if request.name == "batches":

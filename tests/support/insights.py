@@ -138,41 +138,48 @@ class _Parser:
             raise QueryError(f"expected a field, found {field!r}")
         op = self.take()[1].lower()
         if op in ("=", "!="):
-            expected = self.literal()
-            negate = op == "!="
-
-            def compare(line: Line) -> bool:
-                value = value_of(line, field)
-                if value is None:
-                    return False
-                if isinstance(expected, float) and not isinstance(value, bool):
-                    equal = isinstance(value, (int, float)) and float(value) == expected
-                else:
-                    equal = value == expected
-                return equal != negate
-
-            return compare
+            return self.equality(field, negate=op == "!=")
         if op == "like":
-            kind, text = self.take()
-            if kind == "regex":
-                pattern = re.compile(text[1:-1])
-            elif kind == "string":
-                pattern = re.compile(re.escape(json.loads(text)))
-            else:
-                raise QueryError(f"like needs /regex/ or a string, found {text!r}")
-            return lambda line: (
-                isinstance(value_of(line, field), str)
-                and bool(pattern.search(value_of(line, field)))
-            )
+            return self.like(field)
         if op == "in":
-            self.take("[")
-            options = [self.literal()]
-            while self.peek() is not None and self.peek() == ("op", ","):
-                self.take()
-                options.append(self.literal())
-            self.take("]")
-            return lambda line: value_of(line, field) in options
+            return self.membership(field)
         raise QueryError(f"unsupported operator {op!r}")
+
+    def equality(self, field: str, *, negate: bool) -> Predicate:
+        expected = self.literal()
+
+        def compare(line: Line) -> bool:
+            value = value_of(line, field)
+            if value is None:
+                return False
+            if isinstance(expected, float) and not isinstance(value, bool):
+                equal = isinstance(value, (int, float)) and float(value) == expected
+            else:
+                equal = value == expected
+            return equal != negate
+
+        return compare
+
+    def like(self, field: str) -> Predicate:
+        kind, text = self.take()
+        if kind == "regex":
+            pattern = re.compile(text[1:-1])
+        elif kind == "string":
+            pattern = re.compile(re.escape(json.loads(text)))
+        else:
+            raise QueryError(f"like needs /regex/ or a string, found {text!r}")
+        return lambda line: (
+            isinstance(value_of(line, field), str) and bool(pattern.search(value_of(line, field)))
+        )
+
+    def membership(self, field: str) -> Predicate:
+        self.take("[")
+        options = [self.literal()]
+        while self.peek() is not None and self.peek() == ("op", ","):
+            self.take()
+            options.append(self.literal())
+        self.take("]")
+        return lambda line: value_of(line, field) in options
 
 
 def parse_filter(expression: str) -> Predicate:

@@ -412,30 +412,7 @@ def test_processor_is_reusable_across_invocations() -> None:
 def test_ordering_and_reporting_invariants(plan: list[tuple[int, int, bool]]) -> None:
     """Any batch: chunks ≤ 10 with one entry per operation, versions sent in order, nothing
     sent after an operation's failure, failures reported == rejected + held back."""
-    stream = Stream()
-    versions: dict[str, OpRecord] = {}
-    records: list[dict[str, Any]] = []
-    rejected_keys: set[str] = set()
-    emitting: list[tuple[str, str, str]] = []  # (seq, name, key) of records that emit
-    for op_index, step, reject in plan:
-        name = f"batches/h{op_index}"
-        current = versions.get(name)
-        if current is None:
-            new = op(name, State.PENDING, 1)
-            rec = stream.insert(new)
-        else:
-            state = current.state if step == 0 else State.RUNNING if step == 1 else State.FAILED
-            if current.terminal:
-                state = current.state
-            new = op(name, state, current.version + 1)
-            rec = stream.modify(current, new)
-        versions[name] = new
-        records.append(rec)
-        if current is None or current.state != new.state:
-            key = idem_key(name, new.version)
-            emitting.append((seq_of(rec), name, key))
-            if reject:
-                rejected_keys.add(key)
+    records, emitting, rejected_keys = planned_batch(plan)
     client = FakeEvents(
         reject=lambda d: "Injected" if d["idempotencyKey"] in rejected_keys else None
     )
@@ -445,13 +422,7 @@ def test_ordering_and_reporting_invariants(plan: list[tuple[int, int, bool]]) ->
         names = [json.loads(e["Detail"])["name"] for e in call]
         assert 1 <= len(call) <= 10
         assert len(names) == len(set(names))
-    expected_failed: list[str] = []
-    dead: set[str] = set()
-    for seq, name, key in emitting:
-        if name in dead or key in rejected_keys:
-            dead.add(name)
-            expected_failed.append(seq)
-    assert failures(response) == expected_failed
+    assert failures(response) == expected_failures(emitting, rejected_keys)
     sent = [d["idempotencyKey"] for d in client.details]
     for name in {n for _, n, _ in emitting}:
         mine = [k for _, n, k in emitting if n == name]
@@ -460,6 +431,54 @@ def test_ordering_and_reporting_invariants(plan: list[tuple[int, int, bool]]) ->
         # Nothing after the first rejected entry of the operation was sent.
         if any(k in rejected_keys for k in sent_mine):
             assert sent_mine[-1] in rejected_keys
+
+
+def planned_batch(
+    plan: list[tuple[int, int, bool]],
+) -> tuple[list[dict[str, Any]], list[tuple[str, str, str]], set[str]]:
+    """(stream records, (seq, name, key) of those that emit, keys to reject) for a plan of
+    (operation, step: 0 same state / 1 running / 2 failed, reject) steps."""
+    stream = Stream()
+    versions: dict[str, OpRecord] = {}
+    records: list[dict[str, Any]] = []
+    rejected_keys: set[str] = set()
+    emitting: list[tuple[str, str, str]] = []
+    for op_index, step, reject in plan:
+        name = f"batches/h{op_index}"
+        current = versions.get(name)
+        if current is None:
+            new = op(name, State.PENDING, 1)
+            rec = stream.insert(new)
+        else:
+            new = op(name, next_state(current, step), current.version + 1)
+            rec = stream.modify(current, new)
+        versions[name] = new
+        records.append(rec)
+        if current is None or current.state != new.state:
+            key = idem_key(name, new.version)
+            emitting.append((seq_of(rec), name, key))
+            if reject:
+                rejected_keys.add(key)
+    return records, emitting, rejected_keys
+
+
+def next_state(current: OpRecord, step: int) -> State:
+    """The state a plan's step moves ``current`` to (a terminal state stays)."""
+    if current.terminal or step == 0:
+        return current.state
+    return State.RUNNING if step == 1 else State.FAILED
+
+
+def expected_failures(emitting: list[tuple[str, str, str]], rejected_keys: set[str]) -> list[str]:
+    """The sequence numbers reported failed: each rejected entry and every later entry of its
+    operation (held back)."""
+    expected: list[str] = []
+    dead: set[str] = set()
+    for seq, name, key in emitting:
+        if name in dead or key in rejected_keys:
+            dead.add(name)
+            expected.append(seq)
+    return expected
 
 
 # --- configuration and the Lambda entry ----------------------------------------------------------

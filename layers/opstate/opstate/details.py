@@ -126,30 +126,44 @@ class _Walk:
         if value is None or isinstance(value, bool):
             return True, value
         if isinstance(value, int | float | Decimal):
-            why = number_problem(value)
-            if why is None:
-                return True, value
-            self.note(path, why)
-            return True, _number_text(value)
+            return True, self.number(value, path)
         if isinstance(value, str):
-            if _has_lone_surrogate(value):
-                self.note(path, "lone surrogate in text")
-                return True, _clean_text(value)
-            return True, value
+            return True, self.text(value, path)
         if isinstance(value, Mapping | list | tuple):
-            if depth > MAX_DEPTH:
-                self.note(path, f"nested deeper than {MAX_DEPTH} levels")
-                return False, None
-            if isinstance(value, Mapping):
-                return True, self.mapping(value, path, depth)
-            out: list[Any] = []
-            for i, item in enumerate(value):
-                keep, cleaned = self.value(item, f"{path}[{i}]", depth + 1)
-                if keep:
-                    out.append(cleaned)
-            return True, out
+            return self.container(value, path, depth)
         self.note(path, f"not a JSON value ({type(value).__name__})")
         return True, str(value)
+
+    def number(self, value: int | float | Decimal, path: str) -> Any:
+        """``value`` itself, or its text (noted) when a store cannot hold it as a number."""
+        why = number_problem(value)
+        if why is None:
+            return value
+        self.note(path, why)
+        return _number_text(value)
+
+    def text(self, value: str, path: str) -> str:
+        """``value`` with any lone surrogate replaced (noted)."""
+        if _has_lone_surrogate(value):
+            self.note(path, "lone surrogate in text")
+            return _clean_text(value)
+        return value
+
+    def container(
+        self, value: Mapping[Any, Any] | list[Any] | tuple[Any, ...], path: str, depth: int
+    ) -> tuple[bool, Any]:
+        """(keep, cleaned copy) of a map or a list; dropped (noted) beyond ``MAX_DEPTH``."""
+        if depth > MAX_DEPTH:
+            self.note(path, f"nested deeper than {MAX_DEPTH} levels")
+            return False, None
+        if isinstance(value, Mapping):
+            return True, self.mapping(value, path, depth)
+        out: list[Any] = []
+        for i, item in enumerate(value):
+            keep, cleaned = self.value(item, f"{path}[{i}]", depth + 1)
+            if keep:
+                out.append(cleaned)
+        return True, out
 
     def mapping(self, value: Mapping[Any, Any], path: str, depth: int) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -85,6 +85,20 @@ def parse_name(raw: object, kind_hint: Kind | str | None = None) -> ParsedName:
     """``canonical_name`` and the video model of ``raw`` (when it named one)."""
     if not isinstance(raw, str):
         raise InvalidNameError(raw, "expected a string")
+    text = _resource_path(raw)
+    # The hint matters only for a bare id or a bare "operations/<id>" (which must be a video).
+    needs_hint = "/" not in text or text.startswith("operations/")
+    hint = _parse_kind(kind_hint) if needs_hint else None
+    if "/" not in text:
+        text = _bare_id_key(raw, text, hint)
+    text, model = _video_key(raw, text, hint)
+    _check_key(raw, text)
+    return ParsedName(text, model)
+
+
+def _resource_path(raw: str) -> str:
+    """``raw`` without scheme and host, query or fragment, leading ``/``, API version or
+    trailing ``:verb``; ``InvalidNameError`` when nothing (or far too much) is left."""
     text = raw.strip()
     if not text:
         raise InvalidNameError(raw, "empty")
@@ -94,40 +108,42 @@ def parse_name(raw: object, kind_hint: Kind | str | None = None) -> ParsedName:
     if url is not None:
         text = url.group("path") or ""
     for sep in ("?", "#"):
-        text = text.split(sep, 1)[0]
-    text = text.lstrip("/")
-    segments = text.split("/")
-    if segments and _API_VERSION.fullmatch(segments[0]) and len(segments) > 1:
+        text = text.partition(sep)[0]
+    segments = text.lstrip("/").split("/")
+    if _API_VERSION.fullmatch(segments[0]) and len(segments) > 1:
         segments = segments[1:]
-    if segments:
-        last = segments[-1]
-        if ":" in last:
-            segments[-1] = last.split(":", 1)[0]
+    segments[-1] = segments[-1].partition(":")[0]
     text = "/".join(segments)
     if not text:
         raise InvalidNameError(raw, "empty")
-    # The hint matters only for a bare id or a bare "operations/<id>" (which must be a video).
-    needs_hint = "/" not in text or text.startswith("operations/")
-    hint = _parse_kind(kind_hint) if needs_hint else None
-    model: str | None = None
-    if "/" not in text:
-        if hint is Kind.VIDEO:
-            text = f"models/{ANY_MODEL}/operations/{text}"
-        else:
-            collection = _BARE_ID_COLLECTION.get(hint) if hint is not None else None
-            if collection is None:
-                raise InvalidNameError(
-                    raw, "a bare id names no collection (expected e.g. 'batches/<id>')"
-                )
-            text = f"{collection}/{text}"
+    return text
+
+
+def _bare_id_key(raw: str, text: str, hint: Kind | None) -> str:
+    """The key of a bare id: in the collection ``hint`` names, or ``InvalidNameError``."""
+    if hint is Kind.VIDEO:
+        return f"models/{ANY_MODEL}/operations/{text}"
+    collection = _BARE_ID_COLLECTION.get(hint) if hint is not None else None
+    if collection is None:
+        raise InvalidNameError(raw, "a bare id names no collection (expected e.g. 'batches/<id>')")
+    return f"{collection}/{text}"
+
+
+def _video_key(raw: str, text: str, hint: Kind | None) -> tuple[str, str | None]:
+    """(key, model): a video operation keyed under ``models/-``, with the model it named."""
     parts = text.split("/")
     if hint is Kind.VIDEO and len(parts) == 2 and parts[0] == "operations":
-        text = f"models/{ANY_MODEL}/{text}"
-    elif len(parts) == 4 and _is_video_model(parts) and parts[1] != ANY_MODEL:
+        return f"models/{ANY_MODEL}/{text}", None
+    if len(parts) == 4 and _is_video_model(parts) and parts[1] != ANY_MODEL:
         model = parts[1]
         if _SEGMENT.fullmatch(model) is None:
             raise InvalidNameError(raw, "only A-Z a-z 0-9 . _ ~ - and / are allowed")
-        text = f"models/{ANY_MODEL}/operations/{parts[3]}"
+        return f"models/{ANY_MODEL}/operations/{parts[3]}", model
+    return text, None
+
+
+def _check_key(raw: str, text: str) -> None:
+    """``InvalidNameError`` unless ``text`` is a well-formed key."""
     if len(text) > MAX_NAME_LENGTH:
         raise InvalidNameError(raw, f"longer than {MAX_NAME_LENGTH} characters")
     if _ALLOWED.fullmatch(text) is None:
@@ -135,7 +151,6 @@ def parse_name(raw: object, kind_hint: Kind | str | None = None) -> ParsedName:
     for segment in text.split("/"):
         if segment in ("", ".", ".."):
             raise InvalidNameError(raw, "empty, '.' or '..' path segment")
-    return ParsedName(text, model)
 
 
 def _is_video_model(parts: list[str]) -> bool:

@@ -63,14 +63,23 @@ def parse_time(value: str | datetime) -> int:
     frac = m.group("frac") or ""
     if len(frac) > 9:
         raise InvalidTimeError(value, "more than 9 fractional digits")
-    offset_minutes = 0
-    if m.group("sign") is not None:
-        oh, om = int(m.group("oh")), int(m.group("om"))
-        if oh > 23 or om > 59:
-            raise InvalidTimeError(value, "offset out of range")
-        offset_minutes = oh * 60 + om
-        if m.group("sign") == "-":
-            offset_minutes = -offset_minutes
+    seconds = _wall_seconds(value, m) - _offset_minutes(value, m) * 60
+    return _in_range(value, seconds * NS_PER_SECOND + int(frac.ljust(9, "0") or "0"))
+
+
+def _offset_minutes(value: str, m: re.Match[str]) -> int:
+    """The match's UTC offset in minutes (east positive); 0 for ``Z``."""
+    if m.group("sign") is None:
+        return 0
+    oh, om = int(m.group("oh")), int(m.group("om"))
+    if oh > 23 or om > 59:
+        raise InvalidTimeError(value, "offset out of range")
+    minutes = oh * 60 + om
+    return -minutes if m.group("sign") == "-" else minutes
+
+
+def _wall_seconds(value: str, m: re.Match[str]) -> int:
+    """Whole seconds since the epoch of the match's wall-clock date and time, read as UTC."""
     try:
         wall = datetime(
             int(m.group("year")),
@@ -83,8 +92,11 @@ def parse_time(value: str | datetime) -> int:
         )
     except ValueError as exc:
         raise InvalidTimeError(value, f"impossible date or time ({exc})") from None
-    seconds = (wall - _EPOCH) // timedelta(seconds=1) - offset_minutes * 60
-    ns = seconds * NS_PER_SECOND + int(frac.ljust(9, "0") or "0")
+    return (wall - _EPOCH) // timedelta(seconds=1)
+
+
+def _in_range(value: str | datetime, ns: int) -> int:
+    """``ns`` if a source may report it (the epoch to ``MAX_EVENT_NS``), else an error."""
     if ns < 0:
         raise InvalidTimeError(value, "before 1970-01-01T00:00:00Z")
     if ns > MAX_EVENT_NS:
@@ -97,12 +109,9 @@ def _from_datetime(value: datetime) -> int:
     if offset is None:
         raise InvalidTimeError(value, "naive datetime (no timezone)")
     delta = value - _EPOCH
-    ns = (delta.days * 86_400 + delta.seconds) * NS_PER_SECOND + delta.microseconds * 1_000
-    if ns < 0:
-        raise InvalidTimeError(value, "before 1970-01-01T00:00:00Z")
-    if ns > MAX_EVENT_NS:
-        raise InvalidTimeError(value, _TOO_LATE)
-    return ns
+    return _in_range(
+        value, (delta.days * 86_400 + delta.seconds) * NS_PER_SECOND + delta.microseconds * 1_000
+    )
 
 
 def check_ns(ns: int) -> int:

@@ -172,7 +172,7 @@ def _clear_metrics() -> None:
         metrics.clear_metrics()
 
 
-def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -> int:
+def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -> int:  # noqa: C901  # split pending (issue 15)
     """Run the local server until SIGINT / SIGTERM; returns the process exit code."""
     say = Printer(out)
     _quiet_powertools(options.verbose)

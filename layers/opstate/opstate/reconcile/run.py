@@ -238,7 +238,7 @@ class _Run:
 
     # --- 3. polling ---------------------------------------------------------------------------
 
-    def poll_due(self, pool: ThreadPoolExecutor, discovered: Mapping[str, OpRecord | None]) -> None:
+    def poll_due(self, pool: ThreadPoolExecutor, discovered: Mapping[str, OpRecord | None]) -> None:  # noqa: C901  # split pending (issue 15)
         now_ns = self.clock.now_ns()
         entries: Iterator[Due] = iter(self.store.iter_due(now_ns, DUE_PAGE_SIZE))
         queue_lock = threading.Lock()

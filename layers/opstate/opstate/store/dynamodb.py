@@ -167,6 +167,20 @@ def to_attr(value: Any) -> dict[str, Any]:
     written through their shortest ``repr`` (exact); a non-finite float (NaN, ±Infinity, which
     DynamoDB cannot hold) is written as its text; anything else as its ``str()``.
     """
+    scalar = _scalar_attr(value)
+    if scalar is not None:
+        return scalar
+    if isinstance(value, Mapping):
+        return {"M": {str(k): to_attr(v) for k, v in value.items()}}
+    if isinstance(value, list | tuple):
+        return {"L": [to_attr(v) for v in value]}
+    if isinstance(value, set | frozenset):
+        return {"L": [to_attr(v) for v in sorted(value, key=repr)]}
+    return {"S": str(value)}
+
+
+def _scalar_attr(value: Any) -> dict[str, Any] | None:
+    """``value`` as an attribute value if it is null, a boolean, a number, text or bytes."""
     if value is None:
         return {"NULL": True}
     if isinstance(value, bool):
@@ -181,43 +195,35 @@ def to_attr(value: Any) -> dict[str, Any]:
         return {"S": value}
     if isinstance(value, bytes | bytearray):
         return {"B": bytes(value)}
-    if isinstance(value, Mapping):
-        return {"M": {str(k): to_attr(v) for k, v in value.items()}}
-    if isinstance(value, list | tuple):
-        return {"L": [to_attr(v) for v in value]}
-    if isinstance(value, set | frozenset):
-        return {"L": [to_attr(v) for v in sorted(value, key=repr)]}
-    return {"S": str(value)}
+    return None
 
 
 def _number(text: str) -> Decimal:
     return Decimal(text)
 
 
+# Each attribute type's tag and how its raw value becomes a python value.
+_FROM_ATTR: dict[str, Callable[[Any], Any]] = {
+    "S": lambda raw: raw,
+    "N": _number,
+    "BOOL": bool,
+    "NULL": lambda raw: None,
+    "M": lambda raw: {k: from_attr(v) for k, v in raw.items()},
+    "L": lambda raw: [from_attr(v) for v in raw],
+    "B": bytes,
+    "SS": set,
+    "NS": lambda raw: {_number(v) for v in raw},
+    "BS": lambda raw: {bytes(v) for v in raw},
+}
+
+
 def from_attr(attr: Mapping[str, Any]) -> Any:
     """One DynamoDB attribute value as a python value (numbers as ``Decimal``)."""
     ((tag, raw),) = attr.items()
-    if tag == "S":
-        return raw
-    if tag == "N":
-        return _number(raw)
-    if tag == "BOOL":
-        return bool(raw)
-    if tag == "NULL":
-        return None
-    if tag == "M":
-        return {k: from_attr(v) for k, v in raw.items()}
-    if tag == "L":
-        return [from_attr(v) for v in raw]
-    if tag == "B":
-        return bytes(raw)
-    if tag == "SS":
-        return set(raw)
-    if tag == "NS":
-        return {_number(v) for v in raw}
-    if tag == "BS":
-        return {bytes(v) for v in raw}
-    raise ValueError(f"unknown DynamoDB attribute type {tag!r}")
+    convert = _FROM_ATTR.get(tag)
+    if convert is None:
+        raise ValueError(f"unknown DynamoDB attribute type {tag!r}")
+    return convert(raw)
 
 
 def serialize_item(item: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

@@ -1,0 +1,190 @@
+"""Building ``PutEvents`` entries from stream records: pure, no I/O (the record handler).
+
+See the package docstring for what a record announces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import (
+    DynamoDBRecord,
+    DynamoDBRecordEventName,
+)
+
+from opstate.model import OpRecord
+from opstate.store.dynamodb import record_from_item
+from opstate.strict_json import dumps
+from opstate.times import format_time
+
+if TYPE_CHECKING:
+    from mypy_boto3_events.type_defs import PutEventsRequestEntryTypeDef
+
+SOURCE = "gemini-opstate"
+DETAIL_TYPE = "Operation State Changed"
+LOST_DETAIL_TYPE = "Operation Lost"
+OVERDUE_DETAIL_TYPE = "Operation Overdue"
+# PutEvents limits: 10 entries and 256 KiB per request (entry size as AWS counts it).
+MAX_ENTRIES_PER_CALL = 10
+MAX_REQUEST_BYTES = 256 * 1024
+
+
+class InvalidStreamRecordError(ValueError):
+    """A stream record the notifier cannot turn into an event (missing image or attribute)."""
+
+
+def _record(image: Mapping[str, Any], which: str) -> OpRecord:
+    try:
+        return record_from_item(image)
+    except (KeyError, TypeError, ValueError, ArithmeticError) as exc:
+        raise InvalidStreamRecordError(f"{which} is not an operation item: {exc!r}") from None
+
+
+def idempotency_key(record: OpRecord) -> str:
+    """One key per announced change for the record's whole life: ``<name>@<created_ns>#<version>``.
+
+    ``version`` restarts at 1 when a record is created again (TTL removed a terminal record and
+    discovery or a report re-created it); ``created_ns`` (the ingest clock when the record was
+    created, copied to every later version) tells the incarnations apart. A record without a
+    creation time (``created_ns`` 0) keeps the old ``<name>#<version>``, so its key is stable.
+    Canonical names never contain ``@`` or ``#``.
+    """
+    if record.created_ns:
+        return f"{record.name}@{record.created_ns}#{record.version}"
+    return f"{record.name}#{record.version}"
+
+
+def event_detail(record: OpRecord, previous_state: str | None) -> dict[str, Any]:
+    """The detail announcing ``record``: ``previous_state`` is None for a new operation."""
+    return {
+        "name": record.name,
+        "kind": str(record.kind),
+        "state": str(record.state),
+        "previousState": previous_state,
+        "version": record.version,
+        "updateTime": format_time(record.update_time_ns) if record.update_time_ns else None,
+        "details": dict(record.details),
+        "idempotencyKey": idempotency_key(record),
+    }
+
+
+def _ns(image: Mapping[str, Any] | None, key: str) -> int:
+    if not image:
+        return 0
+    value = image.get(key)
+    try:
+        return int(value) if value is not None else 0
+    except (TypeError, ValueError, ArithmeticError):
+        raise InvalidStreamRecordError(f"{key} is not a number: {value!r}") from None
+
+
+def _when(ns: int) -> str | None:
+    return format_time(ns) if ns > 0 else None
+
+
+def mark_detail(record: OpRecord, image: Mapping[str, Any], detail_type: str) -> dict[str, Any]:
+    """The detail of an ``Operation Lost`` / ``Operation Overdue`` event for ``image``."""
+    detail = event_detail(record, str(record.state))
+    del detail["previousState"]
+    if detail_type == LOST_DETAIL_TYPE:
+        lost_ns = _ns(image, "lost_ns")
+        detail.update(
+            lostAt=_when(lost_ns),
+            notFoundSince=_when(_ns(image, "poll_missing_since_ns")),
+            notFoundCount=_ns(image, "poll_misses"),
+            idempotencyKey=f"{record.name}#lost#{lost_ns}",
+        )
+    else:
+        detail.update(
+            overdueAt=_when(_ns(image, "overdue_ns")),
+            openSince=_when(record.created_ns or record.update_time_ns),
+            idempotencyKey=f"{record.name}#overdue",
+        )
+    return detail
+
+
+def _mark_type(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
+    """The mark a same-state MODIFY newly sets, if any (lost wins if, unexpectedly, both)."""
+    lost = _ns(new, "lost_ns")
+    if lost and lost != _ns(old, "lost_ns"):
+        return LOST_DETAIL_TYPE
+    if _ns(new, "overdue_ns") and not _ns(old, "overdue_ns"):
+        return OVERDUE_DETAIL_TYPE
+    return None
+
+
+def _dumps(detail: Mapping[str, Any]) -> str:
+    return dumps(detail, compact=True)
+
+
+def entry_size(entry: PutEventsRequestEntryTypeDef) -> int:
+    """The size EventBridge charges against the 256 KiB request limit."""
+    size = 14 if "Time" in entry else 0
+    for key in ("Source", "DetailType", "Detail"):
+        text = entry.get(key)
+        if isinstance(text, str):
+            size += len(text.encode("utf-8"))
+    size += sum(len(r.encode("utf-8")) for r in entry.get("Resources", ()))
+    return size
+
+
+def build_entry(record: DynamoDBRecord, bus_name: str) -> PutEventsRequestEntryTypeDef | None:
+    """The ``PutEvents`` entry announcing ``record``, or None when it announces nothing.
+
+    INSERT → an entry with ``previousState`` null; MODIFY with a different ``state`` → an entry;
+    MODIFY with the same state (``refreshed``) and REMOVE (TTL expiry) → None. Raises
+    ``InvalidStreamRecordError`` for a record that lacks what it needs.
+    """
+    stream = record.dynamodb
+    if stream is None:
+        raise InvalidStreamRecordError("record has no 'dynamodb' section")
+    event_name = record.event_name
+    if event_name is DynamoDBRecordEventName.REMOVE:
+        return None
+    if event_name is DynamoDBRecordEventName.INSERT:
+        old_image = None
+    elif event_name is DynamoDBRecordEventName.MODIFY:
+        old_image = stream.old_image
+        if not old_image:
+            raise InvalidStreamRecordError(
+                "MODIFY without OldImage (the stream must be NEW_AND_OLD_IMAGES)"
+            )
+    else:
+        raise InvalidStreamRecordError(f"unexpected eventName {record.get('eventName')!r}")
+    new_image = stream.new_image
+    if not new_image:
+        raise InvalidStreamRecordError("record has no NewImage (the stream must carry images)")
+    current = _record(new_image, "NewImage")
+    previous = None if old_image is None else _record(old_image, "OldImage").state
+    detail_type = DETAIL_TYPE
+    if previous is not None and previous == current.state:
+        assert old_image is not None
+        mark = _mark_type(old_image, new_image)
+        if mark is None:
+            return None
+        detail_type = mark
+        detail = mark_detail(current, new_image, mark)
+    else:
+        detail = event_detail(current, None if previous is None else str(previous))
+    entry: PutEventsRequestEntryTypeDef = {
+        "Source": SOURCE,
+        "DetailType": detail_type,
+        "Detail": _dumps(detail),
+        "EventBusName": bus_name,
+    }
+    if entry_size(entry) > MAX_REQUEST_BYTES:
+        # Never sendable as is: announce the change without details (consumers read the record).
+        detail = {**detail, "details": {}, "detailsOmitted": True}
+        entry["Detail"] = _dumps(detail)
+    return entry
+
+
+def operation_key(record: DynamoDBRecord, position: int) -> str:
+    """The item key (operation name) a record belongs to; unique fallback if unreadable."""
+    try:
+        stream = record.dynamodb
+        name = stream.keys.get("name") if stream is not None else None
+    except Exception:  # a malformed Keys map must not hide which record failed
+        name = None
+    return str(name) if isinstance(name, str) else f"<record {position}>"

@@ -1,0 +1,82 @@
+"""The verifier a request meets: Standard Webhooks, or a JWT when dynamic webhooks are on, as
+the configuration asks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from opstate.config import ConfigError
+from opstate.signatures.common import SignatureError, Verifier, lower_headers
+from opstate.signatures.jwt_tokens import JwksCache, JwtVerifier
+from opstate.signatures.standard import (
+    HEADER_SIGNATURE,
+    SecretsProviderVerifier,
+    StaticSecretsVerifier,
+    log_ignored_entries,
+    secrets_manager_provider,
+)
+from opstate.webhook_secrets import parse_stored
+
+if TYPE_CHECKING:
+    from opstate.config import Settings
+
+
+class WebhookVerifier:
+    """Standard Webhooks when the request carries ``webhook-signature``; else, when dynamic
+    webhooks are configured, the JWT; else refuse."""
+
+    def __init__(self, standard: Verifier, jwt_verifier: JwtVerifier | None = None) -> None:
+        self.standard = standard
+        self.jwt = jwt_verifier
+
+    def verify(self, raw_body: bytes, headers: Mapping[str, str]) -> None:
+        lowered = lower_headers(headers)
+        if HEADER_SIGNATURE in lowered or self.jwt is None:
+            self.standard.verify(raw_body, lowered)
+            return
+        if lowered.get(self.jwt.header):
+            self.jwt.verify(raw_body, lowered)
+            return
+        raise SignatureError()
+
+
+def verifier_from_settings(
+    settings: Settings, *, clock_s: Callable[[], float] = time.time
+) -> WebhookVerifier:
+    """The verifier the configuration asks for.
+
+    Secrets Manager (``webhook_secret_arn``) wins over local ``webhook_secrets``; with neither
+    (or with no usable key among them), every Standard Webhooks request answers 503. JWTs are
+    accepted only with ``public_url`` set, and then ``jwt_issuers`` must be set too.
+    """
+    standard: Verifier
+    if settings.webhook_secret_arn:
+        standard = SecretsProviderVerifier(
+            secrets_manager_provider(settings.webhook_secret_arn, settings.secrets_cache_s),
+            settings.webhook_tolerance_s,
+            clock_s=clock_s,
+            where="OPSTATE_WEBHOOK_SECRET_ARN",
+        )
+    else:
+        parsed = parse_stored(settings.webhook_secrets)
+        log_ignored_entries(parsed, "OPSTATE_WEBHOOK_SECRETS")
+        standard = StaticSecretsVerifier(parsed.keys, settings.webhook_tolerance_s, clock_s=clock_s)
+    jwt_verifier = None
+    if settings.public_url:
+        if not settings.jwt_issuers:
+            raise ConfigError(
+                "OPSTATE_JWT_ISSUER must be set when OPSTATE_PUBLIC_URL turns on JWT verification"
+            )
+        jwt_verifier = JwtVerifier(
+            JwksCache(settings.jwks_url),
+            audience=settings.public_url,
+            issuers=settings.jwt_issuers,
+            header=settings.jwt_header,
+            max_lifetime_s=settings.jwt_max_lifetime_s,
+            leeway_s=settings.jwt_leeway_s,
+            subject=settings.jwt_subject,
+            email=settings.jwt_email,
+        )
+    return WebhookVerifier(standard, jwt_verifier)
