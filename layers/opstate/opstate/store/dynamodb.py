@@ -1,24 +1,9 @@
 """The production store: one DynamoDB table, conditional writes on ``version``.
 
-Item shape (``name`` is the partition key):
-
-- ``name`` S, ``state`` S, ``rank`` N, ``update_ns`` N (server time, ns), ``update_time`` S
-  (canonical RFC3339, absent when ``update_ns`` is 0), ``version`` N, ``kind`` S, ``source`` S,
-  ``details`` M, ``created_ns``/``applied_ns`` N, ``created_at``/``applied_at`` S (canonical,
-  absent when 0).
-- While open (non-terminal) and not lost only: ``open_shard`` N (stable CRC-32 of the name mod
-  ``shards``) and ``open_update_ns`` N. They key the sparse GSI ``open-index``; a terminal write
-  (or marking the operation lost) drops both, so the operation leaves the index.
-  ``open_update_ns`` is when the operation is next due for a poll (``PollState.due_ns``; the
-  attribute keeps its first name because it is the index's key schema, which CloudFormation
-  cannot change in place). The previous release wrote the update time there, which simply reads
-  as "due since then": its items are polled like any other.
-- Poll state, written by the reconciler (``set_poll``), absent means 0: ``poll_misses`` N,
-  ``poll_missing_since_ns`` N, ``lost_ns`` N, ``overdue_ns`` N. A replace keeps ``open_update_ns``
-  and ``overdue_ns`` (it is an ``UpdateItem``), and clears the not-found streak and the lost
-  mark: an applied write is a real observation.
-- When terminal only: ``expires_at`` N (epoch seconds: applied time + ``retention_days``), the
-  table's TTL attribute.
+The item shape (``name`` is the partition key, a sparse GSI ``open-index`` keys the open
+operations by shard and due time) and its codec live in ``dynamodb_items``; the client, its
+retry policy and the fault mapping in ``dynamodb_client``. This module re-exports the public
+names of both, so ``opstate.store.dynamodb`` stays the one import for callers.
 
 A create is a full ``PutItem`` under ``attribute_not_exists(#name)``; a replace is an
 ``UpdateItem`` that sets every record attribute under ``#version = :expected`` (so the poll state
@@ -35,322 +20,67 @@ propagate as ``ClientError``.
 from __future__ import annotations
 
 import heapq
-import math
 import time
-import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from decimal import Decimal
-from typing import Any, NoReturn
+from typing import Any
 
-import boto3
-from botocore.config import Config
-from botocore.exceptions import (
-    BotoCoreError,
-    ClientError,
-    ConnectionError,
-    CredentialRetrievalError,
-    HTTPClientError,
-    NoCredentialsError,
-)
+from botocore.exceptions import BotoCoreError, ClientError
 
-from opstate.config import DEFAULT_OPEN_INDEX_SHARDS, DEFAULT_RETENTION_DAYS
+from opstate.config import DEFAULT_RETENTION_DAYS
 from opstate.model import OpRecord
-from opstate.states import parse_state
-from opstate.store.port import (
-    WRITTEN,
-    Due,
-    PollState,
-    RecordRejectedError,
-    StoreUnavailableError,
-    WriteOutcome,
-    expires_at,
-    initial_due,
-    validate_record,
+from opstate.store.dynamodb_client import (
+    CLIENT_CONFIG,
+    CONDITION_FAILED,
+    UNAVAILABLE_CODES,
+    fault,
+    is_unavailable,
+    make_client,
+    refused,
 )
-from opstate.times import format_time
+from opstate.store.dynamodb_items import (
+    DEFAULT_SHARDS,
+    OPTIONAL_RECORD_ATTRS,
+    POLL_ATTRS,
+    deserialize_item,
+    from_attr,
+    item_from_record,
+    plain,
+    poll_from_item,
+    record_from_item,
+    record_from_wire,
+    serialize_item,
+    shard_of,
+    to_attr,
+)
+from opstate.store.port import WRITTEN, Due, PollState, WriteOutcome, validate_record
 
 OPEN_INDEX = "open-index"
-DEFAULT_SHARDS = DEFAULT_OPEN_INDEX_SHARDS
-
-# The retry policy of every client this module builds: standard mode (exponential backoff with
-# jitter, retry quotas, retries throttling and transient errors), short timeouts so a webhook
-# answers "retry later" well within its sender's timeout.
-CLIENT_CONFIG = Config(
-    retries={"mode": "standard", "total_max_attempts": 3},
-    connect_timeout=2,
-    read_timeout=5,
-    max_pool_connections=32,
-)
-
-# Error codes that mean "the store is not available right now", not "this request is wrong".
-UNAVAILABLE_CODES = frozenset(
-    {
-        "ProvisionedThroughputExceededException",
-        "ThrottlingException",
-        "Throttling",
-        "RequestLimitExceeded",
-        "LimitExceededException",
-        "InternalServerError",
-        "InternalFailure",
-        "ServiceUnavailable",
-        "ServiceUnavailableException",
-        "RequestTimeout",
-        "RequestTimeoutException",
-        "TransactionConflictException",
-        "TransactionInProgressException",
-        "ResourceNotFoundException",
-        "ResourceInUseException",
-        "TableNotFoundException",
-        "UnrecognizedClientException",
-        "ExpiredTokenException",
-        "AccessDeniedException",
-        "InvalidSignatureException",
-        "MissingAuthenticationTokenException",
-    }
-)
-
-_CONDITION_FAILED = "ConditionalCheckFailedException"
-_VALIDATION = "ValidationException"
-# Attributes a record may lack (written only when non-zero / in some states).
-_OPTIONAL_RECORD_ATTRS = (
-    "update_time",
-    "created_at",
-    "applied_at",
-    "expires_at",
-    "open_shard",
-    "open_update_ns",
-)
-# The poll state beside the record (absent means 0).
-POLL_ATTRS = ("poll_misses", "poll_missing_since_ns", "lost_ns", "overdue_ns")
 _NAMES = {"#name": "name"}
 
-
-def _refused(exc: ClientError, record: OpRecord) -> None:
-    """Raise ``RecordRejectedError`` if DynamoDB refused ``record``'s item itself
-    (``ValidationException``: permanent, never retried); return otherwise."""
-    if exc.response.get("Error", {}).get("Code") == _VALIDATION:
-        message = exc.response.get("Error", {}).get("Message", "")
-        raise RecordRejectedError(f"DynamoDB refused the item of {record.name}: {message}") from exc
-
-
-def make_client(endpoint_url: str | None = None, config: Config | None = None) -> Any:
-    """A low-level DynamoDB client with the standard retry mode.
-
-    ``endpoint_url`` is passed only when given, so boto3 keeps honouring
-    ``AWS_ENDPOINT_URL_DYNAMODB`` / ``AWS_ENDPOINT_URL`` (moto server, DynamoDB Local).
-    """
-    kwargs: dict[str, Any] = {"config": config or CLIENT_CONFIG}
-    if endpoint_url is not None:
-        kwargs["endpoint_url"] = endpoint_url
-    return boto3.client("dynamodb", **kwargs)
-
-
-def shard_of(name: str, shards: int) -> int:
-    """The open-index shard of ``name``: CRC-32 of its UTF-8 bytes mod ``shards`` (stable)."""
-    return zlib.crc32(name.encode("utf-8")) % shards
-
-
-# ---------------------------------------------------------------------------------------------
-# Python values <-> the DynamoDB low-level wire format ({"S": ...}, {"N": ...}, ...)
-
-
-def _number_text(value: int | float | Decimal) -> str:
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
-
-
-def to_attr(value: Any) -> dict[str, Any]:
-    """One python value as a DynamoDB attribute value.
-
-    JSON-shaped values map one to one (maps, lists, strings, numbers, booleans, null); floats are
-    written through their shortest ``repr`` (exact); a non-finite float (NaN, ±Infinity, which
-    DynamoDB cannot hold) is written as its text; anything else as its ``str()``.
-    """
-    scalar = _scalar_attr(value)
-    if scalar is not None:
-        return scalar
-    if isinstance(value, Mapping):
-        return {"M": {str(k): to_attr(v) for k, v in value.items()}}
-    if isinstance(value, list | tuple):
-        return {"L": [to_attr(v) for v in value]}
-    if isinstance(value, set | frozenset):
-        return {"L": [to_attr(v) for v in sorted(value, key=repr)]}
-    return {"S": str(value)}
-
-
-def _scalar_attr(value: Any) -> dict[str, Any] | None:
-    """``value`` as an attribute value if it is null, a boolean, a number, text or bytes."""
-    if value is None:
-        return {"NULL": True}
-    if isinstance(value, bool):
-        return {"BOOL": value}
-    if isinstance(value, int | Decimal):
-        return {"N": _number_text(value)}
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return {"S": repr(value).replace("inf", "Infinity").replace("nan", "NaN")}
-        return {"N": _number_text(value)}
-    if isinstance(value, str):
-        return {"S": value}
-    if isinstance(value, bytes | bytearray):
-        return {"B": bytes(value)}
-    return None
-
-
-def _number(text: str) -> Decimal:
-    return Decimal(text)
-
-
-# Each attribute type's tag and how its raw value becomes a python value.
-_FROM_ATTR: dict[str, Callable[[Any], Any]] = {
-    "S": lambda raw: raw,
-    "N": _number,
-    "BOOL": bool,
-    "NULL": lambda raw: None,
-    "M": lambda raw: {k: from_attr(v) for k, v in raw.items()},
-    "L": lambda raw: [from_attr(v) for v in raw],
-    "B": bytes,
-    "SS": set,
-    "NS": lambda raw: {_number(v) for v in raw},
-    "BS": lambda raw: {bytes(v) for v in raw},
-}
-
-
-def from_attr(attr: Mapping[str, Any]) -> Any:
-    """One DynamoDB attribute value as a python value (numbers as ``Decimal``)."""
-    ((tag, raw),) = attr.items()
-    convert = _FROM_ATTR.get(tag)
-    if convert is None:
-        raise ValueError(f"unknown DynamoDB attribute type {tag!r}")
-    return convert(raw)
-
-
-def serialize_item(item: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    return {key: to_attr(value) for key, value in item.items()}
-
-
-def deserialize_item(item: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """A wire-format item (GetItem, a stream image) as python values, numbers as ``Decimal``."""
-    return {key: from_attr(value) for key, value in item.items()}
-
-
-def plain(value: Any) -> Any:
-    """``Decimal`` numbers back to ``int`` (integral) or ``float``, through maps and lists."""
-    if isinstance(value, Decimal):
-        if value == value.to_integral_value():
-            return int(value)
-        return float(value)
-    if isinstance(value, Mapping):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    return value
-
-
-# ---------------------------------------------------------------------------------------------
-# Records <-> items
-
-
-def item_from_record(
-    record: OpRecord,
-    *,
-    shards: int = DEFAULT_SHARDS,
-    retention_days: int = DEFAULT_RETENTION_DAYS,
-    now_ns: int | None = None,
-) -> dict[str, Any]:
-    """The item of ``record`` as python values (what a ``TypeSerializer`` would accept)."""
-    item: dict[str, Any] = {
-        "name": record.name,
-        "state": str(record.state),
-        "rank": record.rank,
-        "update_ns": record.update_time_ns,
-        "version": record.version,
-        "kind": str(record.kind),
-        "source": str(record.source),
-        "details": dict(record.details),
-        "created_ns": record.created_ns,
-        "applied_ns": record.applied_ns,
-    }
-    if record.update_time_ns:
-        item["update_time"] = format_time(record.update_time_ns)
-    if record.created_ns:
-        item["created_at"] = format_time(record.created_ns)
-    if record.applied_ns:
-        item["applied_at"] = format_time(record.applied_ns)
-    if record.terminal:
-        item["expires_at"] = expires_at(
-            record, retention_days, time.time_ns() if now_ns is None else now_ns
-        )
-    else:
-        item["open_shard"] = shard_of(record.name, shards)
-        item["open_update_ns"] = max(0, initial_due(record))
-    return item
-
-
-def record_from_item(item: Mapping[str, Any]) -> OpRecord:
-    """The record of a deserialised item (numbers as ``Decimal`` or ``int``).
-
-    For a stream image, deserialise first (``deserialize_item``) or call ``record_from_wire``.
-    """
-    details = plain(item.get("details") or {})
-    return OpRecord(
-        name=str(item["name"]),
-        state=parse_state(item["state"]),
-        update_time_ns=int(item.get("update_ns", 0)),
-        version=int(item["version"]),
-        source=str(item.get("source", "")),
-        details=details if isinstance(details, dict) else {},
-        created_ns=int(item.get("created_ns", 0)),
-        applied_ns=int(item.get("applied_ns", 0)),
-    )
-
-
-def poll_from_item(item: Mapping[str, Any]) -> PollState:
-    """The poll state stored beside a record (deserialised item; absent attributes are 0)."""
-
-    def number(key: str) -> int:
-        value = item.get(key)
-        return int(value) if value is not None else 0
-
-    return PollState(
-        due_ns=number("open_update_ns"),
-        misses=number("poll_misses"),
-        missing_since_ns=number("poll_missing_since_ns"),
-        lost_ns=number("lost_ns"),
-        overdue_ns=number("overdue_ns"),
-    )
-
-
-def record_from_wire(item: Mapping[str, Mapping[str, Any]]) -> OpRecord:
-    """The record of a wire-format item (``{"name": {"S": ...}, ...}``)."""
-    return record_from_item(deserialize_item(item))
-
-
-# ---------------------------------------------------------------------------------------------
-# Faults
-
-
-def is_unavailable(exc: BaseException) -> bool:
-    """True for the faults that mean "try again later" (see ``UNAVAILABLE_CODES``)."""
-    if isinstance(exc, ClientError):
-        code = str(exc.response.get("Error", {}).get("Code", ""))
-        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        return code in UNAVAILABLE_CODES or status >= 500
-    return isinstance(
-        exc, ConnectionError | HTTPClientError | NoCredentialsError | CredentialRetrievalError
-    )
-
-
-def _fault(exc: ClientError | BotoCoreError, action: str) -> NoReturn:
-    """Raise ``StoreUnavailableError`` for a fault, or ``exc`` itself for a bug."""
-    if is_unavailable(exc):
-        raise StoreUnavailableError(f"DynamoDB {action} failed: {exc}") from exc
-    raise exc
+__all__ = [
+    "CLIENT_CONFIG",
+    "DEFAULT_SHARDS",
+    "OPEN_INDEX",
+    "POLL_ATTRS",
+    "UNAVAILABLE_CODES",
+    "DynamoDBStore",
+    "deserialize_item",
+    "from_attr",
+    "is_unavailable",
+    "item_from_record",
+    "make_client",
+    "plain",
+    "poll_from_item",
+    "record_from_item",
+    "record_from_wire",
+    "serialize_item",
+    "shard_of",
+    "to_attr",
+]
 
 
 class DynamoDBStore:
-    """The store port on one DynamoDB table (see the module docstring for the item shape)."""
+    """The store port on one DynamoDB table (``dynamodb_items`` describes the item shape)."""
 
     def __init__(
         self,
@@ -383,7 +113,7 @@ class DynamoDBStore:
                 TableName=self.table_name, Key={"name": {"S": name}}, ConsistentRead=True
             )
         except (ClientError, BotoCoreError) as exc:
-            _fault(exc, "GetItem")
+            fault(exc, "GetItem")
         item = response.get("Item")
         return record_from_wire(item) if item else None
 
@@ -407,7 +137,7 @@ class DynamoDBStore:
             names["#due"] = "open_update_ns"
             values[":due"] = to_attr(item["open_update_ns"])
             sets.append("#due = if_not_exists(#due, :due)")
-        removes = [k for k in _OPTIONAL_RECORD_ATTRS if k not in item]
+        removes = [k for k in OPTIONAL_RECORD_ATTRS if k not in item]
         removes += ["poll_misses", "poll_missing_since_ns", "lost_ns"]
         for index, key in enumerate(removes):
             names[f"#r{index}"] = key
@@ -424,13 +154,13 @@ class DynamoDBStore:
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == _CONDITION_FAILED:
+            if exc.response.get("Error", {}).get("Code") == CONDITION_FAILED:
                 old: Any = exc.response.get("Item")
                 return WriteOutcome(ok=False, current=record_from_wire(old) if old else None)
-            _refused(exc, record)
-            _fault(exc, "UpdateItem")
+            refused(exc, record)
+            fault(exc, "UpdateItem")
         except BotoCoreError as exc:
-            _fault(exc, "UpdateItem")
+            fault(exc, "UpdateItem")
         return WRITTEN
 
     def list_open(self, limit: int = 100) -> Sequence[OpRecord]:
@@ -496,11 +226,11 @@ class DynamoDBStore:
                 ExpressionAttributeValues=values,
             )
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == _CONDITION_FAILED:
+            if exc.response.get("Error", {}).get("Code") == CONDITION_FAILED:
                 return False
-            _fault(exc, "UpdateItem")
+            fault(exc, "UpdateItem")
         except BotoCoreError as exc:
-            _fault(exc, "UpdateItem")
+            fault(exc, "UpdateItem")
         return True
 
     def iter_marked(self) -> Iterator[Due]:
@@ -518,7 +248,7 @@ class DynamoDBStore:
             try:
                 page = self.client.scan(**kwargs)
             except (ClientError, BotoCoreError) as exc:
-                _fault(exc, "Scan")
+                fault(exc, "Scan")
             for raw in page.get("Items", []):
                 item = deserialize_item(raw)
                 record = record_from_item(item)
@@ -538,7 +268,7 @@ class DynamoDBStore:
             try:
                 page = self.client.scan(**kwargs)
             except (ClientError, BotoCoreError) as exc:
-                _fault(exc, "Scan")
+                fault(exc, "Scan")
             for item in page.get("Items", []):
                 yield record_from_wire(item)
             start = page.get("LastEvaluatedKey")
@@ -581,13 +311,13 @@ class DynamoDBStore:
         try:
             self.client.put_item(**kwargs)
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == _CONDITION_FAILED:
+            if exc.response.get("Error", {}).get("Code") == CONDITION_FAILED:
                 old: Any = exc.response.get("Item")
                 return WriteOutcome(ok=False, current=record_from_wire(old) if old else None)
-            _refused(exc, record)
-            _fault(exc, "PutItem")
+            refused(exc, record)
+            fault(exc, "PutItem")
         except BotoCoreError as exc:
-            _fault(exc, "PutItem")
+            fault(exc, "PutItem")
         return WRITTEN
 
     def _due_pages(self, shard: int, now_ns: int | None, page_size: int) -> Iterator[Due]:
@@ -611,7 +341,7 @@ class DynamoDBStore:
             try:
                 page = self.client.query(**kwargs)
             except (ClientError, BotoCoreError) as exc:
-                _fault(exc, "Query")
+                fault(exc, "Query")
             for raw in page.get("Items", []):
                 item = deserialize_item(raw)
                 yield Due(record_from_item(item), poll_from_item(item))
