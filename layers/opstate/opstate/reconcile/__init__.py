@@ -9,6 +9,8 @@ One module per concern:
 - ``pacing``: clock, token-bucket rate limit, shared backoff and breaker, time budget;
 - ``schedule``: when an operation is next due, and when it is lost or overdue (pure);
 - ``run``: one run, ``reconcile_once``, reporting through ``on_decision``;
+- ``poll_writer``: writing what a poll decided (the next ``PollState``, each lost / overdue
+  mark in its own write);
 - ``tally``: what a run reports: ``RunResult``, ``MarkDecision``, its counters and metrics;
 - ``wiring``: ``run_from_settings``.
 

@@ -47,7 +47,8 @@ from opstate.reconcile.pacing import (
     Throttle,
     TokenBucket,
 )
-from opstate.reconcile.schedule import Mark, Schedule
+from opstate.reconcile.poll_writer import PollWriter
+from opstate.reconcile.schedule import Schedule
 from opstate.reconcile.tally import (
     DecisionHook,
     MarkDecision,
@@ -56,8 +57,7 @@ from opstate.reconcile.tally import (
     Tally,
 )
 from opstate.reducer import apply_event
-from opstate.store.port import Due, PollingStore, PollState, RetryableError, StoreUnavailableError
-from opstate.times import format_time
+from opstate.store.port import Due, PollingStore, RetryableError, StoreUnavailableError
 
 # Batch jobs asked per discovery page (the API caps it; fewer may come back).
 DISCOVERY_PAGE_SIZE = 100
@@ -99,6 +99,7 @@ class _Run:
         self.tally = Tally()
         self.throttle = Throttle(backoff, clock)
         self.bucket = TokenBucket(settings.reconcile_max_rps, clock)
+        self.writer = PollWriter(store, self.tally, self.report)
         self.stop_reason: str | None = None
         self._lock = threading.Lock()
 
@@ -238,56 +239,33 @@ class _Run:
 
     # --- 3. polling ---------------------------------------------------------------------------
 
-    def poll_due(self, pool: ThreadPoolExecutor, discovered: Mapping[str, OpRecord | None]) -> None:  # noqa: C901  # split pending (issue 15)
-        now_ns = self.clock.now_ns()
-        entries: Iterator[Due] = iter(self.store.iter_due(now_ns, DUE_PAGE_SIZE))
-        queue_lock = threading.Lock()
-        started = 0
-
-        def next_entry() -> Due | None:
-            nonlocal started
-            with queue_lock:
-                while True:
-                    if self.stop_reason is not None:
-                        return None
-                    if self.max_polls and started >= self.max_polls:
-                        self.stop("max-polls")
-                        return None
-                    entry = next(entries, None)
-                    if entry is None:
-                        return None
-                    self.tally.seen_open(entry.record)
-                    name = entry.record.name
-                    if name in discovered:
-                        # The listing just read it: reschedule without a request.
-                        self.reschedule_discovered(entry, discovered[name])
-                        continue
-                    started += 1
-                    return entry
-
-        def worker() -> None:
-            while (entry := next_entry()) is not None:
-                if not self.pace():
-                    self.tally.add(remaining_due=1)
-                    break
-                self.tally.add(polled=1)
-                try:
-                    self.poll_one(entry)
-                except Exception as exc:  # one bad operation never stops the others
-                    self.error(
-                        "poll failed",
-                        name=entry.record.name,
-                        error=f"{type(exc).__name__}: {exc}",
-                    )
-
+    def poll_due(self, pool: ThreadPoolExecutor, discovered: Mapping[str, OpRecord | None]) -> None:
+        """Poll the due entries with ``reconcile_workers`` workers, until done or stopped."""
+        entries = iter(self.store.iter_due(self.clock.now_ns(), DUE_PAGE_SIZE))
+        queue = _DueQueue(self, entries, discovered)
         workers = max(1, self.settings.reconcile_workers)
-        futures = [pool.submit(worker) for _ in range(workers)]
+        futures = [pool.submit(self.poll_worker, queue) for _ in range(workers)]
         for future in futures:
             future.result()
         if self.stop_reason is not None:
             # Count what is still due, at most one more page (never the whole index).
-            rest = sum(1 for _, _ in zip(range(DUE_PAGE_SIZE), entries, strict=False))
-            self.tally.add(remaining_due=rest)
+            self.tally.add(remaining_due=queue.rest(DUE_PAGE_SIZE))
+
+    def poll_worker(self, queue: _DueQueue) -> None:
+        """One worker: take, pace and poll entries until the queue or the run says stop."""
+        while (entry := queue.take()) is not None:
+            if not self.pace():
+                self.tally.add(remaining_due=1)
+                break
+            self.tally.add(polled=1)
+            try:
+                self.poll_one(entry)
+            except Exception as exc:  # one bad operation never stops the others
+                self.error(
+                    "poll failed",
+                    name=entry.record.name,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
 
     def reschedule_discovered(self, entry: Due, record: OpRecord | None) -> None:
         if record is None or record.terminal:
@@ -295,7 +273,7 @@ class _Run:
         poll, marks = self.schedule.after_poll(
             record, entry.poll, found=True, now_ns=self.clock.now_ns()
         )
-        self.write_poll(record, entry.poll, poll, marks)
+        self.writer.write(record, entry.poll, poll, marks)
 
     def poll_one(self, entry: Due) -> None:
         record = entry.record
@@ -344,64 +322,52 @@ class _Run:
         poll, marks = self.schedule.after_poll(
             current, entry.poll, found=found, now_ns=self.clock.now_ns()
         )
-        self.write_poll(current, entry.poll, poll, marks)
-
-    def write_poll(
-        self, record: OpRecord, before: PollState, poll: PollState, marks: list[Mark]
-    ) -> None:
-        """Write the poll state; each mark in its own write (one stream record each)."""
-        step = before
-        for mark in marks:
-            if mark is Mark.OVERDUE:
-                step = PollState(
-                    due_ns=poll.due_ns,
-                    misses=poll.misses,
-                    missing_since_ns=poll.missing_since_ns,
-                    lost_ns=step.lost_ns,
-                    overdue_ns=poll.overdue_ns,
-                )
-            else:
-                step = poll
-            try:
-                written = self.store.set_poll(record.name, record.version, step)
-            except RetryableError as exc:
-                record_retry_later("unavailable", str(exc), name=record.name, phase="schedule")
-                self.tally.add(errors=1)
-                return
-            if not written:
-                return  # the record moved on meanwhile: the next run sees it afresh
-            self.marked(mark, record, step)
-        if step != poll:
-            try:
-                self.store.set_poll(record.name, record.version, poll)
-            except RetryableError as exc:
-                record_retry_later("unavailable", str(exc), name=record.name, phase="schedule")
-                self.tally.add(errors=1)
-
-    def marked(self, mark: Mark, record: OpRecord, poll: PollState) -> None:
-        if mark is Mark.LOST:
-            self.tally.add(lost=1)
-            log_fields(
-                logger.warning,
-                "operation lost",
-                {
-                    "name": record.name,
-                    "state": str(record.state),
-                    "misses": poll.misses,
-                    "missing_since": format_time(poll.missing_since_ns),
-                },
-            )
-        else:
-            self.tally.add(overdue=1)
-            log_fields(
-                logger.warning,
-                "operation overdue",
-                {"name": record.name, "state": str(record.state), "kind": str(record.kind)},
-            )
-        self.report(MarkDecision(mark, record, poll))
+        self.writer.write(current, entry.poll, poll, marks)
 
     def emit(self) -> RunResult:
         return self.tally.emit(self.stop_reason, self.clock.now_ns())
+
+
+class _DueQueue:
+    """A run's due entries, handed to its workers one at a time (under a lock)."""
+
+    def __init__(
+        self, run: _Run, entries: Iterator[Due], discovered: Mapping[str, OpRecord | None]
+    ) -> None:
+        self.run = run
+        self.entries = entries
+        self.discovered = discovered
+        self.started = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> Due | None:
+        """The next entry to poll; None once the run stopped, reached ``max_polls`` or ran out.
+
+        An entry the discovery just read is rescheduled without a request, never handed out.
+        """
+        with self._lock:
+            while (entry := self._next()) is not None:
+                self.run.tally.seen_open(entry.record)
+                name = entry.record.name
+                if name not in self.discovered:
+                    self.started += 1
+                    return entry
+                # The listing just read it: reschedule without a request.
+                self.run.reschedule_discovered(entry, self.discovered[name])
+            return None
+
+    def _next(self) -> Due | None:
+        run = self.run
+        if run.stop_reason is not None:
+            return None
+        if run.max_polls and self.started >= run.max_polls:
+            run.stop("max-polls")
+            return None
+        return next(self.entries, None)
+
+    def rest(self, limit: int) -> int:
+        """How many entries are left, counting at most ``limit``."""
+        return sum(1 for _, _ in zip(range(limit), self.entries, strict=False))
 
 
 def reconcile_once(

@@ -1,0 +1,82 @@
+"""Writing what a poll decided: the next ``PollState`` and the lost / overdue marks it reached.
+
+Each mark is written on its own (``set_poll``, conditional on the record's version), so the
+table's stream announces each once; a lost condition means the record moved on meanwhile and the
+next run sees it afresh. A store fault is counted and left for the next run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from opstate.model import OpRecord
+from opstate.observability import log_fields, logger, record_retry_later
+from opstate.reconcile.schedule import Mark
+from opstate.reconcile.tally import MarkDecision, RunDecision, Tally
+from opstate.store.port import PollingStore, PollState, RetryableError
+from opstate.times import format_time
+
+
+class PollWriter:
+    """Writes one run's poll states, counting into its ``tally`` and reporting each mark."""
+
+    def __init__(
+        self, store: PollingStore, tally: Tally, report: Callable[[RunDecision], None]
+    ) -> None:
+        self.store = store
+        self.tally = tally
+        self.report = report
+
+    def write(
+        self, record: OpRecord, before: PollState, poll: PollState, marks: list[Mark]
+    ) -> None:
+        """Write the poll state; each mark in its own write (one stream record each)."""
+        step = before
+        for mark in marks:
+            if mark is Mark.OVERDUE:
+                step = PollState(
+                    due_ns=poll.due_ns,
+                    misses=poll.misses,
+                    missing_since_ns=poll.missing_since_ns,
+                    lost_ns=step.lost_ns,
+                    overdue_ns=poll.overdue_ns,
+                )
+            else:
+                step = poll
+            try:
+                written = self.store.set_poll(record.name, record.version, step)
+            except RetryableError as exc:
+                record_retry_later("unavailable", str(exc), name=record.name, phase="schedule")
+                self.tally.add(errors=1)
+                return
+            if not written:
+                return  # the record moved on meanwhile: the next run sees it afresh
+            self.marked(mark, record, step)
+        if step != poll:
+            try:
+                self.store.set_poll(record.name, record.version, poll)
+            except RetryableError as exc:
+                record_retry_later("unavailable", str(exc), name=record.name, phase="schedule")
+                self.tally.add(errors=1)
+
+    def marked(self, mark: Mark, record: OpRecord, poll: PollState) -> None:
+        if mark is Mark.LOST:
+            self.tally.add(lost=1)
+            log_fields(
+                logger.warning,
+                "operation lost",
+                {
+                    "name": record.name,
+                    "state": str(record.state),
+                    "misses": poll.misses,
+                    "missing_since": format_time(poll.missing_since_ns),
+                },
+            )
+        else:
+            self.tally.add(overdue=1)
+            log_fields(
+                logger.warning,
+                "operation overdue",
+                {"name": record.name, "state": str(record.state), "kind": str(record.kind)},
+            )
+        self.report(MarkDecision(mark, record, poll))
