@@ -171,7 +171,54 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _cold_rows(cold: dict[str, Any], row: Callable[[str, Any, Any, Any, str], None]) -> None:
+Row = Callable[[str, Any, Any, Any, str], None]
+
+
+def _ingest_rows(ing: dict[str, Any], row: Row) -> None:
+    for store in ("sqlite", "moto"):
+        r = ing.get(store)
+        if isinstance(r, dict) and "ratio" in r:
+            ok = "ok" if r["ratio"] >= TARGETS["ingest_ratio"] else "MISSED"
+            row(
+                f"ingest {store}: handler vs bare get+put (ev/s)",
+                r["handler_eps"],
+                r["bare_eps"],
+                r["ratio"],
+                f">= 0.67 {ok}",
+            )
+
+
+def _calls_rows(calls: dict[str, Any], row: Row) -> None:
+    for key, limit in (("new", 2), ("advancing", 2), ("duplicate", 1), ("contended", 3)):
+        if key in calls:
+            ok = "ok" if calls[key] <= limit else "MISSED"
+            row(f"DynamoDB calls per event: {key}", calls[key], "", "", f"<= {limit} {ok}")
+
+
+def _contention_rows(con: dict[str, Any], row: Row) -> None:
+    if "lost" not in con:
+        return
+    row(
+        f"contention DynamoDB {con['threads']}x1 op, {con['events']} events: lost",
+        con["lost"],
+        "",
+        "",
+        "== 0 " + ("ok" if con["lost"] == 0 else "MISSED"),
+    )
+    row("contention: gave-up answers (503, retried)", con["gave_up"], "", "", "")
+    row("contention: DynamoDB calls per event", con["calls_per_event"], "", "", "<= 3")
+    sq = con.get("sqlite")
+    if isinstance(sq, dict):
+        row(
+            f"contention SQLite 8x1 op, {sq['events']} events: lost / gave-up",
+            f"{sq['lost']} / {sq['gave_up']}",
+            "",
+            "",
+            "lost == 0 " + ("ok" if sq["lost"] == 0 else "MISSED"),
+        )
+
+
+def _cold_rows(cold: dict[str, Any], row: Row) -> None:
     if "webhook_ms" not in cold:
         return
     limit = TARGETS["webhook_cold_ratio"]
@@ -194,98 +241,64 @@ def _cold_rows(cold: dict[str, Any], row: Callable[[str, Any, Any, Any, str], No
     )
 
 
-def table(results: dict[str, Any]) -> list[str]:  # noqa: C901  # split pending (issue 15)
-    rows: list[tuple[str, str, str, str, str]] = []
+def _seed_rows(seed: dict[str, Any], row: Row) -> None:
+    if "seed_wrong" not in seed:
+        return
+    ok = "ok" if seed["ours_wrong"] == 0 and seed["ours_lost"] == 0 else "MISSED"
+    row(
+        f"seed vs ours, {seed['operations']} ops: wrong final states",
+        seed["ours_wrong"],
+        seed["seed_wrong"],
+        "",
+        f"ours == 0 {ok}",
+    )
+    row(
+        f"seed vs ours, {seed['deliveries']} deliveries: lost events",
+        seed["ours_lost"],
+        seed["seed_lost"],
+        "",
+        f"ours == 0 {ok}",
+    )
+    row("seed: 200 after max-retry-exceeded", "", seed["seed_max_retry_acks"], "", "")
 
-    def row(what: str, ours: Any, ref: Any, ratio: Any, target: str) -> None:
-        rows.append((what, _fmt(ours), _fmt(ref), _fmt(ratio), target))
 
-    ing = results.get("ingest", {})
-    for store in ("sqlite", "moto"):
-        r = ing.get(store)
-        if isinstance(r, dict) and "ratio" in r:
-            ok = "ok" if r["ratio"] >= TARGETS["ingest_ratio"] else "MISSED"
-            row(
-                f"ingest {store}: handler vs bare get+put (ev/s)",
-                r["handler_eps"],
-                r["bare_eps"],
-                r["ratio"],
-                f">= 0.67 {ok}",
-            )
-    calls = results.get("calls_per_event", {})
-    for key, limit in (("new", 2), ("advancing", 2), ("duplicate", 1), ("contended", 3)):
-        if key in calls:
-            ok = "ok" if calls[key] <= limit else "MISSED"
-            row(f"DynamoDB calls per event: {key}", calls[key], "", "", f"<= {limit} {ok}")
-    con = results.get("contention", {})
-    if "lost" in con:
-        row(
-            f"contention DynamoDB {con['threads']}x1 op, {con['events']} events: lost",
-            con["lost"],
-            "",
-            "",
-            "== 0 " + ("ok" if con["lost"] == 0 else "MISSED"),
-        )
-        row("contention: gave-up answers (503, retried)", con["gave_up"], "", "", "")
-        row("contention: DynamoDB calls per event", con["calls_per_event"], "", "", "<= 3")
-        sq = con.get("sqlite")
-        if isinstance(sq, dict):
-            row(
-                f"contention SQLite 8x1 op, {sq['events']} events: lost / gave-up",
-                f"{sq['lost']} / {sq['gave_up']}",
-                "",
-                "",
-                "lost == 0 " + ("ok" if sq["lost"] == 0 else "MISSED"),
-            )
-    _cold_rows(results.get("cold_start", {}), row)
-    seed = results.get("seed_baseline", {})
-    if "seed_wrong" in seed:
-        ok = "ok" if seed["ours_wrong"] == 0 and seed["ours_lost"] == 0 else "MISSED"
-        row(
-            f"seed vs ours, {seed['operations']} ops: wrong final states",
-            seed["ours_wrong"],
-            seed["seed_wrong"],
-            "",
-            f"ours == 0 {ok}",
-        )
-        row(
-            f"seed vs ours, {seed['deliveries']} deliveries: lost events",
-            seed["ours_lost"],
-            seed["seed_lost"],
-            "",
-            f"ours == 0 {ok}",
-        )
-        row("seed: 200 after max-retry-exceeded", "", seed["seed_max_retry_acks"], "", "")
-    scale = results.get("reconcile_scale", {})
+def _scale_rows(scale: Any, row: Row) -> None:
     for store in ("sqlite", "moto"):
         got = scale.get(store) if isinstance(scale, dict) else None
-        if not isinstance(got, dict) or "requests" not in got:
-            continue
-        label = f"reconcile {store}, {got['ops']} ops / {got['hours']:g} h"
-        ok = "ok" if got["reduction"] >= 5 else "MISSED"
-        row(
-            f"{label}: Gemini requests/op-hour",
-            got["requests_per_op_hour"],
-            got["baseline_per_op_hour"],
-            got["reduction"],
-            f">= 5x fewer {ok}",
-        )
-        ok = "ok" if got["over_schedule"] == 0 and got["starved"] == 0 else "MISSED"
-        row(
-            f"{label}: over schedule+2 runs / starved",
-            f"{got['over_schedule']} / {got['starved']}",
-            "",
-            f"max {got['max_delay_runs']} runs",
-            f"0 / 0 {ok}",
-        )
-        scans = got.get("scans", 0)
-        row(
-            f"{label}: store calls per poll, s per run",
-            got["store_calls_per_poll"],
-            "",
-            f"{got['seconds_per_run_mean']} s (max {got['seconds_per_run_max']})",
-            f"scans {scans} {'ok' if scans == 0 else 'MISSED'}",
-        )
+        if isinstance(got, dict) and "requests" in got:
+            _scale_store_rows(store, got, row)
+
+
+def _scale_store_rows(store: str, got: dict[str, Any], row: Row) -> None:
+    label = f"reconcile {store}, {got['ops']} ops / {got['hours']:g} h"
+    ok = "ok" if got["reduction"] >= 5 else "MISSED"
+    row(
+        f"{label}: Gemini requests/op-hour",
+        got["requests_per_op_hour"],
+        got["baseline_per_op_hour"],
+        got["reduction"],
+        f">= 5x fewer {ok}",
+    )
+    ok = "ok" if got["over_schedule"] == 0 and got["starved"] == 0 else "MISSED"
+    row(
+        f"{label}: over schedule+2 runs / starved",
+        f"{got['over_schedule']} / {got['starved']}",
+        "",
+        f"max {got['max_delay_runs']} runs",
+        f"0 / 0 {ok}",
+    )
+    scans = got.get("scans", 0)
+    row(
+        f"{label}: store calls per poll, s per run",
+        got["store_calls_per_poll"],
+        "",
+        f"{got['seconds_per_run_mean']} s (max {got['seconds_per_run_max']})",
+        f"scans {scans} {'ok' if scans == 0 else 'MISSED'}",
+    )
+
+
+def _aligned(rows: list[tuple[str, str, str, str, str]]) -> list[str]:
+    """The rows under a header, each column padded to its widest cell."""
     header = ("measure", "ours", "reference", "ratio", "target")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(5)]
     lines = [
@@ -293,6 +306,12 @@ def table(results: dict[str, Any]) -> list[str]:  # noqa: C901  # split pending 
         "  ".join("-" * w for w in widths),
     ]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return lines
+
+
+def _notes(results: dict[str, Any], ing: Any) -> list[str]:
+    """The lines under the table: the SQLite handler's breakdown, the sections not measured."""
+    lines: list[str] = []
     parts = ing.get("sqlite", {}).get("breakdown") if isinstance(ing, dict) else None
     if isinstance(parts, dict):
         lines.append(
@@ -303,6 +322,23 @@ def table(results: dict[str, Any]) -> list[str]:  # noqa: C901  # split pending 
         if isinstance(value, dict) and "error" in value:
             lines.append(f"{section}: NOT MEASURED ({value['error']})")
     return lines
+
+
+def table(results: dict[str, Any]) -> list[str]:
+    """The results as an aligned text table, one row per measure, then notes."""
+    rows: list[tuple[str, str, str, str, str]] = []
+
+    def row(what: str, ours: Any, ref: Any, ratio: Any, target: str) -> None:
+        rows.append((what, _fmt(ours), _fmt(ref), _fmt(ratio), target))
+
+    ing = results.get("ingest", {})
+    _ingest_rows(ing, row)
+    _calls_rows(results.get("calls_per_event", {}), row)
+    _contention_rows(results.get("contention", {}), row)
+    _cold_rows(results.get("cold_start", {}), row)
+    _seed_rows(results.get("seed_baseline", {}), row)
+    _scale_rows(results.get("reconcile_scale", {}), row)
+    return _aligned(rows) + _notes(results, ing)
 
 
 def section_reconcile(size: dict[str, int]) -> dict[str, Any]:
