@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from opstate import api, strict_json
+from opstate import strict_json
 from opstate.api import ApiError, create_app, parse_json
+from opstate.api import request as api_request
 from opstate.config import Settings
 from opstate.model import OpRecord
 from opstate.signatures import StaticSecretsVerifier
@@ -64,7 +65,7 @@ def test_the_api_uses_the_same_rule(raw: bytes) -> None:
     with pytest.raises(ApiError) as caught:
         parse_json(raw)
     assert (caught.value.status, caught.value.code) == (400, "malformed-json")
-    assert api.loads is strict_json.loads  # one implementation, not a copy
+    assert api_request.loads is strict_json.loads  # one implementation, not a copy
 
 
 def test_loads_accepts_json() -> None:

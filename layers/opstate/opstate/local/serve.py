@@ -25,10 +25,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from opstate.api_token import API_TOKEN_ENV, ApiToken, bearer_token_ok
 from opstate.config import DEFAULT_RECONCILE_EVERY_S, Settings
@@ -45,6 +45,11 @@ from opstate.model import Decision
 from opstate.quarantine import local_quarantine
 from opstate.routes import OPERATIONS_PREFIX, WEBHOOK_PATH
 from opstate.times import format_time
+
+if TYPE_CHECKING:
+    from opstate.local.http_server import LocalHTTPServer
+    from opstate.signatures import Verifier
+    from opstate.store.port import Store
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 3000
@@ -172,46 +177,84 @@ def _clear_metrics() -> None:
         metrics.clear_metrics()
 
 
-def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -> int:  # noqa: C901  # split pending (issue 15)
+def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -> int:
     """Run the local server until SIGINT / SIGTERM; returns the process exit code."""
     say = Printer(out)
     _quiet_powertools(options.verbose)
 
-    from opstate.api import create_app, require_bearer_token
-    from opstate.signatures import SecretsProviderVerifier, StaticSecretsVerifier
     from opstate.store import store_from_url
 
     store_url = options.store_url or settings.store_url
     settings = dataclasses.replace(settings, store_url=store_url)
+    source, token = _credentials(settings, options.secret_file)
+    verifier = _verifier(source, settings)
+
+    store = store_from_url(store_url, settings)
+    _purge_expired(store, say)
+
+    # The operations page (opstate.local.console) shows the decisions this server took.
+    decisions = DecisionLog()
+    # Built now: configuration errors surface before "listening".
+    apps = _local_app(store, verifier, settings, token, decisions, say)
+    httpd = _http_server(options, apps, store, decisions, token, say)
+    base_url = f"http://{httpd.host}:{httpd.port}"
+    _print_start(say, store_url, source, token, base_url)
+
+    loop: ReconcileLoop | None = None
+    if settings.gemini_api_key or settings.gemini_api_key_secret_arn:
+        loop = start_reconciler(store, settings, options.reconcile_every_s, say, also=decisions.add)
+    else:
+        say("reconciler: off (set GEMINI_API_KEY to poll Gemini)")
+    _run_until_signalled(httpd, loop, store, say, base_url)
+    return 0
+
+
+def _credentials(settings: Settings, secret_file: Path) -> tuple[SecretSource, ApiToken]:
+    """The webhook secret source and the API token, or a ``ServeError`` naming which failed."""
     try:
-        source = resolve_secrets(settings, options.secret_file)
+        source = resolve_secrets(settings, secret_file)
     except (OSError, ValueError) as exc:
         raise ServeError(f"cannot set up the webhook secret: {exc}") from None
     try:
-        token = api_token_for(settings, options.secret_file)
+        token = api_token_for(settings, secret_file)
     except (OSError, ValueError) as exc:
         raise ServeError(f"cannot set up the API token: {exc}") from None
-    verifier: Any
+    return source, token
+
+
+def _verifier(source: SecretSource, settings: Settings) -> Verifier:
+    """A secret file is re-read as it changes (rotation); environment secrets are fixed."""
+    from opstate.signatures import SecretsProviderVerifier, StaticSecretsVerifier
+
     if source.origin == "file" and source.path is not None:
-        verifier = SecretsProviderVerifier(
+        return SecretsProviderVerifier(
             SecretFileReader(source.path),
             tolerance_s=settings.webhook_tolerance_s,
             where=f"the webhook secret file {source.path}",
         )
-    else:
-        verifier = StaticSecretsVerifier(source.secrets, tolerance_s=settings.webhook_tolerance_s)
+    return StaticSecretsVerifier(source.secrets, tolerance_s=settings.webhook_tolerance_s)
 
-    store = store_from_url(store_url, settings)
-    # SQLite has no TTL of its own: terminal records past their expires_at (applied time +
-    # OPSTATE_RETENTION_DAYS when written) are removed at start-up.
+
+def _purge_expired(store: Store, say: Callable[[str], None]) -> None:
+    """SQLite has no TTL of its own: terminal records past their expires_at (applied time +
+    OPSTATE_RETENTION_DAYS when written) are removed at start-up."""
     purge_expired = getattr(store, "purge_expired", None)
     if callable(purge_expired):
         purged = purge_expired()
         if purged:
             say(f"retention: removed {purged} terminal record(s) past their expires_at")
 
-    # The operations page (opstate.local.console) shows the decisions this server took.
-    decisions = DecisionLog()
+
+def _local_app(
+    store: Store,
+    verifier: Verifier,
+    settings: Settings,
+    token: ApiToken,
+    decisions: DecisionLog,
+    say: Callable[[str], None],
+) -> LocalApp:
+    """The API app: every decision goes to the page's log, every state change is printed."""
+    from opstate.api import create_app, require_bearer_token
 
     def on_decision(decision: Decision) -> None:
         decisions.add(decision)
@@ -219,19 +262,29 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
         if line is not None:
             say(line)
 
-    # Built now: configuration errors surface before "listening".
-    apps = LocalApp(
+    return LocalApp(
         create_app(
             store=store,
             verifier=verifier,
             settings=settings,
             on_decision=on_decision,
             # Signed webhooks that cannot be read are kept here (opstate replay --quarantine).
-            quarantine=local_quarantine(store_url),
+            quarantine=local_quarantine(settings.store_url),
             operations_auth=require_bearer_token(token.token),
         )
     )
 
+
+def _http_server(
+    options: ServeOptions,
+    apps: LocalApp,
+    store: Store,
+    decisions: DecisionLog,
+    token: ApiToken,
+    say: Callable[[str], None],
+) -> LocalHTTPServer:
+    """The HTTP server (not started yet) with the page in front of the API; on failure the
+    store is closed and a ``ServeError`` says why."""
     # waitress is imported here: the CLI builds its parser from this module's defaults.
     try:
         from opstate.local.http_server import ApiGatewayApp, LocalHTTPServer
@@ -253,31 +306,25 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
         authorized=lambda headers: bearer_token_ok(headers.get("authorization"), token.token),
     )
     try:
-        httpd = LocalHTTPServer(options.host, options.port, page)
+        return LocalHTTPServer(options.host, options.port, page)
     except OSError as exc:
         store.close()
         raise ServeError(
             f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc}"
         ) from None
-    host, port = httpd.host, httpd.port
-    base_url = f"http://{host}:{port}"
 
+
+def _print_start(
+    say: Callable[[str], None],
+    store_url: str,
+    source: SecretSource,
+    token: ApiToken,
+    base_url: str,
+) -> None:
+    """Where things are: the store, the secret and token origins, the URLs, paste-ready tries."""
     say(f"opstate serve: store {store_url}")
-    if source.origin == "env":
-        say(f"webhook secrets: {len(source.secrets)} from OPSTATE_WEBHOOK_SECRETS")
-    elif source.generated:
-        say(f"webhook secret (generated, saved in {source.path} with mode 0600):")
-        say(f"  {source.secrets[0]}")
-    else:
-        say(f"webhook secrets: {len(source.secrets)} from {source.path}")
-    for warning in source.warnings:
-        say(f"warning: {warning}")
-    if token.origin == "env":
-        say(f"API token (operations routes): from {API_TOKEN_ENV}")
-    elif token.generated:
-        say(f"API token (operations routes): generated, saved in {token.path} with mode 0600")
-    else:
-        say(f"API token (operations routes): from {token.path}")
+    _print_secret_origin(say, source)
+    _print_token_origin(say, token)
     say(f"webhook URL: {base_url}{WEBHOOK_PATH}")
     say("  give Gemini the public https URL of a tunnel that forwards only this path, e.g.")
     say(f"  opstate webhooks register --url https://<your-tunnel>{WEBHOOK_PATH}")
@@ -287,12 +334,36 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
     say(f"operations page: {base_url}/")
     say(f'  it asks for the API token; or open "{base_url}/#token={token_expression(token)}"')
 
-    loop: ReconcileLoop | None = None
-    if settings.gemini_api_key or settings.gemini_api_key_secret_arn:
-        loop = start_reconciler(store, settings, options.reconcile_every_s, say, also=decisions.add)
-    else:
-        say("reconciler: off (set GEMINI_API_KEY to poll Gemini)")
 
+def _print_secret_origin(say: Callable[[str], None], source: SecretSource) -> None:
+    if source.origin == "env":
+        say(f"webhook secrets: {len(source.secrets)} from OPSTATE_WEBHOOK_SECRETS")
+    elif source.generated:
+        say(f"webhook secret (generated, saved in {source.path} with mode 0600):")
+        say(f"  {source.secrets[0]}")
+    else:
+        say(f"webhook secrets: {len(source.secrets)} from {source.path}")
+    for warning in source.warnings:
+        say(f"warning: {warning}")
+
+
+def _print_token_origin(say: Callable[[str], None], token: ApiToken) -> None:
+    if token.origin == "env":
+        say(f"API token (operations routes): from {API_TOKEN_ENV}")
+    elif token.generated:
+        say(f"API token (operations routes): generated, saved in {token.path} with mode 0600")
+    else:
+        say(f"API token (operations routes): from {token.path}")
+
+
+def _run_until_signalled(
+    httpd: LocalHTTPServer,
+    loop: ReconcileLoop | None,
+    store: Store,
+    say: Callable[[str], None],
+    base_url: str,
+) -> None:
+    """Serve until SIGINT / SIGTERM, then shut down in order (see the module docstring)."""
     stopping = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -315,4 +386,3 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
             loop.stop()
         store.close()
         say("stopped")
-    return 0

@@ -12,6 +12,7 @@ the notifier, the local server or the CLI.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,7 +47,7 @@ __all__ = [
 URL_FORMS = "dynamodb://TABLE, sqlite:///relative/path.db, sqlite:////absolute/path.db, memory://"
 
 
-def store_from_url(url: str, settings: StoreSettings | None = None) -> Store:  # noqa: C901  # split pending (issue 15)
+def store_from_url(url: str, settings: StoreSettings | None = None) -> Store:
     """The store a URL names.
 
     - ``dynamodb://TABLE``: ``DynamoDBStore`` on TABLE (shards and retention from ``settings``;
@@ -60,38 +61,53 @@ def store_from_url(url: str, settings: StoreSettings | None = None) -> Store:  #
     """
     text = url.strip()
     scheme, sep, rest = text.partition("://")
-    scheme = scheme.lower()
     if not sep:
         raise ValueError(f"invalid store URL {url!r}: expected one of {URL_FORMS}")
-    if scheme == "memory":
-        if rest.strip("/"):
-            raise ValueError(f"invalid store URL {url!r}: memory:// takes no path")
-        return MemoryStore()
-    if scheme == "dynamodb":
-        table = rest.strip("/")
-        if not table or "/" in table:
-            raise ValueError(f"invalid store URL {url!r}: expected dynamodb://TABLE")
-        from opstate.store.dynamodb import DynamoDBStore
+    build = _BUILDERS.get(scheme.lower())
+    if build is None:
+        raise ValueError(f"unsupported store URL {url!r}: expected one of {URL_FORMS}")
+    return build(url, rest, settings)
 
-        if settings is None:
-            return DynamoDBStore(table)
-        return DynamoDBStore(
-            table, shards=settings.open_index_shards, retention_days=settings.retention_days
+
+def _memory_store(url: str, rest: str, settings: StoreSettings | None) -> Store:
+    if rest.strip("/"):
+        raise ValueError(f"invalid store URL {url!r}: memory:// takes no path")
+    return MemoryStore()
+
+
+def _dynamodb_store(url: str, rest: str, settings: StoreSettings | None) -> Store:
+    table = rest.strip("/")
+    if not table or "/" in table:
+        raise ValueError(f"invalid store URL {url!r}: expected dynamodb://TABLE")
+    from opstate.store.dynamodb import DynamoDBStore
+
+    if settings is None:
+        return DynamoDBStore(table)
+    return DynamoDBStore(
+        table, shards=settings.open_index_shards, retention_days=settings.retention_days
+    )
+
+
+def _sqlite_store(url: str, rest: str, settings: StoreSettings | None) -> Store:
+    if not rest.startswith("/") or rest in ("/", "//") or rest.endswith("/"):
+        raise ValueError(
+            f"invalid store URL {url!r}: expected sqlite:///relative.db or sqlite:////absolute.db"
         )
-    if scheme == "sqlite":
-        if not rest.startswith("/") or rest in ("/", "//") or rest.endswith("/"):
-            raise ValueError(
-                f"invalid store URL {url!r}: expected sqlite:///relative.db or "
-                "sqlite:////absolute.db"
-            )
-        raw_path = rest[1:]  # "sqlite:///a.db" -> "a.db"; "sqlite:////a.db" -> "/a.db"
-        if raw_path == ":memory:":
-            raise ValueError(f"invalid store URL {url!r}: use memory:// for an in-memory store")
-        path = Path(raw_path).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        from opstate.store.sqlite import SQLiteStore
+    raw_path = rest[1:]  # "sqlite:///a.db" -> "a.db"; "sqlite:////a.db" -> "/a.db"
+    if raw_path == ":memory:":
+        raise ValueError(f"invalid store URL {url!r}: use memory:// for an in-memory store")
+    path = Path(raw_path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    from opstate.store.sqlite import SQLiteStore
 
-        if settings is None:
-            return SQLiteStore(path)
-        return SQLiteStore(path, retention_days=settings.retention_days)
-    raise ValueError(f"unsupported store URL {url!r}: expected one of {URL_FORMS}")
+    if settings is None:
+        return SQLiteStore(path)
+    return SQLiteStore(path, retention_days=settings.retention_days)
+
+
+# scheme (lower case) -> builder(url, the part after "://", settings)
+_BUILDERS: dict[str, Callable[[str, str, StoreSettings | None], Store]] = {
+    "memory": _memory_store,
+    "dynamodb": _dynamodb_store,
+    "sqlite": _sqlite_store,
+}

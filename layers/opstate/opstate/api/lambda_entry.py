@@ -1,0 +1,72 @@
+"""The Lambda entry: ``handle`` routes one event through the app built once by ``default_app``
+(settings, the configured store, verifier, quarantine and the IAM rule)."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from aws_lambda_powertools.event_handler import APIGatewayHttpResolver
+
+from opstate.api.app import create_app
+from opstate.api.auth import lambda_operations_auth
+from opstate.config import settings
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.typing import LambdaContext
+
+_app: APIGatewayHttpResolver | None = None
+_app_lock = threading.Lock()
+
+
+@contextmanager
+def _built_for_life() -> Iterator[None]:
+    """Build objects that live as long as the process with the cyclic GC paused, then freeze
+    them out of its reach (``gc.freeze``). Building the app imports boto3 and loads botocore's
+    service model: a full collection set off by those allocations would find nothing to free
+    and cost about a tenth of the cold start (benchmarks/bench_cold.py)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+        gc.freeze()
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def default_app() -> APIGatewayHttpResolver:
+    """The app the Lambda serves, built once from ``settings()``: the store named by
+    ``OPSTATE_STORE`` / ``OPSTATE_TABLE_NAME`` and the configured webhook verifier."""
+    global _app
+    with _app_lock:
+        if _app is None:
+            from opstate.quarantine import quarantine_from_settings
+            from opstate.signatures import verifier_from_settings
+            from opstate.store import store_from_url
+
+            with _built_for_life():
+                config = settings()
+                _app = create_app(
+                    store=store_from_url(config.store_url, config),
+                    verifier=verifier_from_settings(config),
+                    settings=config,
+                    operations_auth=lambda_operations_auth(config),
+                    quarantine=quarantine_from_settings(config.quarantine_queue_url),
+                )
+        return _app
+
+
+def reset_default_app() -> None:
+    """Forget the cached app (tests; a changed environment)."""
+    global _app
+    with _app_lock:
+        _app = None
+
+
+def handle(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
+    """The Lambda entry: route one API Gateway HTTP API (payload v2) event."""
+    return default_app().resolve(event, context)

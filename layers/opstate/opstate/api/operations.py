@@ -1,0 +1,92 @@
+"""``GET`` and ``PUT /operations/{name+}``: a record out, a report from the user's own producer
+in; each request admitted by ``operations_auth`` before anything else."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import unquote
+
+from aws_lambda_powertools.event_handler import Response
+
+from opstate.api.auth import OperationsAuth
+from opstate.api.errors import ApiError, json_response, unavailable
+from opstate.api.ingesting import Ingester
+from opstate.api.request import parse_json, raw_body
+from opstate.events import InvalidEventError, UnsupportedEventError, from_report
+from opstate.ingest import find_record
+from opstate.names import VIDEO_DETAIL, InvalidNameError, ParsedName, parse_name
+from opstate.routes import OPERATIONS_PREFIX
+from opstate.store.port import RetryableError, Store
+from opstate.views import decision_to_json, record_to_json
+
+# Powertools treats a route rule as a regular expression: ".+" is its documented catch-all,
+# here a greedy, slash-containing operation name.
+OPERATIONS_ROUTE = OPERATIONS_PREFIX + ".+"
+
+
+class OperationsRoutes:
+    """The operations routes over ``store``; ``path`` is the request's path as the resolver
+    sees it (its stage removed)."""
+
+    __slots__ = ("clock_ns", "ingest", "max_bytes", "operations_auth", "store")
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        ingest: Ingester,
+        operations_auth: OperationsAuth,
+        max_bytes: int,
+        clock_ns: Callable[[], int],
+    ) -> None:
+        self.store = store
+        self.ingest = ingest
+        self.operations_auth = operations_auth
+        self.max_bytes = max_bytes
+        self.clock_ns = clock_ns
+
+    def get(self, event: Mapping[str, Any], path: str) -> Response[str]:
+        """The record (``views.record_to_json``) or 404."""
+        self.operations_auth(event)
+        parsed = _path_parsed(path)
+        name = parsed.key
+        try:
+            # A video operation tracked before its key dropped the model is still found.
+            record = find_record(
+                self.store, name, {VIDEO_DETAIL: parsed.model} if parsed.model else None
+            )
+        except RetryableError as exc:
+            raise unavailable(exc, name=name) from None
+        if record is None:
+            raise ApiError(404, "not-found", f"no operation named {name!r} is tracked")
+        return json_response(200, record_to_json(record))
+
+    def put(self, event: Mapping[str, Any], path: str) -> Response[str]:
+        """A report; no body = "track this job" (PENDING now)."""
+        self.operations_auth(event)
+        raw_name = _raw_path_name(path)
+        raw = raw_body(event, self.max_bytes)
+        body = None if not raw.strip() else parse_json(raw)
+        if body is not None and not isinstance(body, Mapping):
+            raise ApiError(400, "invalid-body", "the report body must be a JSON object")
+        try:
+            op_event = from_report(raw_name, body, now_ns=self.clock_ns())
+        except InvalidEventError as exc:
+            raise ApiError(400, exc.code, exc.message) from None
+        except UnsupportedEventError as exc:
+            # The producer is the user's own code: an unknown state is its bug to fix.
+            raise ApiError(400, "invalid-state", exc.message) from None
+        decision = self.ingest(op_event)
+        return json_response(200, decision_to_json(decision))
+
+
+def _raw_path_name(path: str) -> str:
+    return unquote(path[len(OPERATIONS_PREFIX) :])
+
+
+def _path_parsed(path: str) -> ParsedName:
+    try:
+        return parse_name(_raw_path_name(path))
+    except InvalidNameError as exc:
+        raise ApiError(400, "invalid-name", str(exc)) from None

@@ -1,0 +1,171 @@
+"""``POST /gemini/webhook``: size check, signature, JSON, ``from_webhook``, ingest; a signed
+delivery that cannot be read is kept in the quarantine and answered 200."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from aws_lambda_powertools.event_handler import Response
+
+from opstate.api.errors import ApiError, json_response, unavailable
+from opstate.api.ingesting import Ingester
+from opstate.api.request import clip, parse_json, raw_body, request_headers
+from opstate.events import (
+    InvalidEventError,
+    UnsupportedEventError,
+    from_webhook,
+    webhook_kind_hint,
+)
+from opstate.names import InvalidNameError, canonical_name
+from opstate.observability import (
+    count,
+    logger,
+    record_signature_rejected,
+    record_unsupported,
+    record_webhook_outcome,
+)
+from opstate.quarantine import Delivery, Quarantine
+from opstate.signatures import SignatureError, Verifier
+from opstate.store.port import RetryableError
+from opstate.views import decision_to_json
+
+
+class WebhookReceiver:
+    """Answers webhook deliveries: verified with ``verifier``, bodies over ``max_bytes`` refused
+    (413), unreadable signed deliveries kept in ``quarantine``."""
+
+    __slots__ = ("clock_ns", "ingest", "max_bytes", "quarantine", "verifier")
+
+    def __init__(
+        self,
+        *,
+        verifier: Verifier,
+        ingest: Ingester,
+        quarantine: Quarantine,
+        max_bytes: int,
+        clock_ns: Callable[[], int],
+    ) -> None:
+        self.verifier = verifier
+        self.ingest = ingest
+        self.quarantine = quarantine
+        self.max_bytes = max_bytes
+        self.clock_ns = clock_ns
+
+    def answer(self, event: Mapping[str, Any]) -> Response[str]:
+        """The response to one webhook request, its ``WebhookDeliveries`` outcome counted."""
+        try:
+            response, outcome = self.receive(event)
+        except ApiError as exc:
+            record_webhook_outcome(error_outcome(exc.status))
+            raise
+        except Exception:
+            record_webhook_outcome("error")
+            raise
+        record_webhook_outcome(outcome)
+        return response
+
+    def receive(self, event: Mapping[str, Any]) -> tuple[Response[str], str]:
+        """The answer to one webhook request and its ``WebhookDeliveries`` outcome."""
+        raw = raw_body(event, self.max_bytes)
+        headers = request_headers(event)
+        webhook_id = clip(headers.get("webhook-id"))
+        try:
+            self.verifier.verify(raw, headers)
+        except SignatureError:
+            record_signature_rejected(webhook_id=webhook_id)
+            raise ApiError(401, "invalid-signature", "invalid signature") from None
+        except RetryableError as exc:
+            raise unavailable(exc, webhook_id=webhook_id) from None
+        try:
+            body = parse_json(raw)
+        except ApiError as exc:
+            return self.keep(raw, exc.code, exc.message, None, webhook_id), "quarantined"
+        try:
+            op_event = from_webhook(body)
+        except InvalidEventError as exc:
+            return self.keep(raw, exc.code, exc.message, body, webhook_id), "quarantined"
+        except UnsupportedEventError as exc:
+            return _unsupported(exc, body, webhook_id), "dropped"
+        decision = self.ingest(op_event, webhook_id=webhook_id)
+        outcome = "applied" if decision.applied else "dropped"
+        return json_response(200, decision_to_json(decision)), outcome
+
+    def keep(
+        self, raw: bytes, code: str, message: str, body: object, webhook_id: str | None
+    ) -> Response[str]:
+        """A signed delivery we cannot read: kept, answered 200 (never a 4xx: Gemini would
+        retry it for a day, then disable the endpoint), counted; 503 if it cannot be kept."""
+        delivery = Delivery.new(
+            raw, webhook_id=webhook_id, reason=code, message=message, received_ns=self.clock_ns()
+        )
+        try:
+            self.quarantine.put(delivery)
+        except RetryableError as exc:
+            raise unavailable(exc, webhook_id=webhook_id) from None
+        name = best_effort_name(body)
+        logger.warning(
+            "webhook quarantined",
+            extra={
+                "reason": "quarantined",
+                "error": code,
+                "detail": message[:300],
+                "operation": name,
+                "webhook_id": webhook_id,
+                "quarantine_id": delivery.id,
+            },
+        )
+        count("WebhooksQuarantined")
+        return json_response(
+            200,
+            {
+                "applied": False,
+                "reason": "quarantined",
+                "name": name,
+                "state": None,
+                "version": 0,
+                "error": code,
+                "quarantineId": delivery.id,
+            },
+        )
+
+
+def _unsupported(exc: UnsupportedEventError, body: object, webhook_id: str | None) -> Response[str]:
+    """A readable webhook of a type or state we deliberately ignore: logged, answered 200."""
+    name = best_effort_name(body)
+    event_type = body.get("type") if isinstance(body, Mapping) else None
+    record_unsupported(
+        exc.reason,
+        exc.message,
+        name=name,
+        event_type=event_type if isinstance(event_type, str) else None,
+        source="webhook",
+        webhook_id=webhook_id,
+    )
+    return json_response(
+        200,
+        {"applied": False, "reason": exc.reason, "name": name, "state": None, "version": 0},
+    )
+
+
+def best_effort_name(body: object) -> str | None:
+    """The canonical name an unsupported webhook refers to, if one can be read (logging)."""
+    if not isinstance(body, Mapping):
+        return None
+    data = body.get("data")
+    if not isinstance(data, Mapping):
+        return None
+    raw = data.get("id") or data.get("name")
+    try:
+        return canonical_name(raw, webhook_kind_hint(body.get("type")))
+    except InvalidNameError:
+        return None
+
+
+def error_outcome(status: int) -> str:
+    """The ``WebhookDeliveries`` outcome of a webhook answered with an error ``status``."""
+    if status == 401:
+        return "rejected"
+    if status == 503:
+        return "retry-later"
+    return "invalid" if 400 <= status < 500 else "error"
