@@ -325,6 +325,9 @@ def lambda_environment(
     if ca_bundle:
         env["AWS_CA_BUNDLE"] = ca_bundle
     env.update(template.resolved_environment(logical_id, refs))
+    # The test's AWS is the moto server: the template's empty AWS_ENDPOINT_URL (declared for
+    # `sam local` only, "unset" to boto3) must not hide it.
+    env["AWS_ENDPOINT_URL"] = aws_endpoint
     env.update(overrides or {})
     return env
 

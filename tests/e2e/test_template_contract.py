@@ -142,6 +142,8 @@ def test_routes_webhook_public_operations_iam(template: dict[str, Any]) -> None:
 def test_every_variable_the_template_sets_is_read_by_the_code(template: dict[str, Any]) -> None:
     known = set(re.findall(r'"((?:OPSTATE|GEMINI|POWERTOOLS)_[A-Z_]+)"', _package_source()))
     known |= {"POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE", "POWERTOOLS_LOG_LEVEL"}
+    # Read by the libraries themselves (declared for `sam local`): boto3 and google-genai.
+    known |= {"AWS_ENDPOINT_URL", "GOOGLE_GEMINI_BASE_URL"}
     set_by_template = set(template["Globals"]["Function"]["Environment"]["Variables"])
     for fn in resources(template, "AWS::Serverless::Function").values():
         set_by_template |= set(fn["Properties"].get("Environment", {}).get("Variables", {}))
