@@ -26,7 +26,8 @@ help:
 	@echo "make run    - set up .venv if needed, then serve the app on http://127.0.0.1:3000"
 	@echo "make test   - set up .venv (and .tools-venv, .rie-venv) if needed, then ruff, mypy,"
 	@echo "              the template checks, sam build and the whole pytest suite (incl. e2e)"
-	@echo "make bench  - benchmarks (not part of make test); make bench-quick for a short run"
+	@echo "make bench  - benchmarks (not part of make test; cold start also in a Lambda-like container"
+	@echo "              when Docker answers); make bench-quick for a short run"
 	@echo "make template-check - sam validate --lint and cfn-lint (+ serverless rules) on template.yaml"
 	@echo "make build  - sam build (cached, parallel) into .aws-sam/build"
 	@echo "make e2e    - the built functions through the Lambda runtime interface (no Docker)"
@@ -111,10 +112,10 @@ pytest: $(STAMP)
 # run the build.
 test: lint typecheck template-check build rie-venv lambda-base-image-if-docker pytest
 
-bench: $(STAMP)
+bench: $(STAMP) build lambda-base-image-if-docker
 	$(PY) benchmarks/run.py
 
-bench-quick: $(STAMP)
+bench-quick: $(STAMP) build lambda-base-image-if-docker
 	$(PY) benchmarks/run.py --quick
 
 clean:

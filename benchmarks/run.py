@@ -1,7 +1,8 @@
 """``make bench``: every figure measured in one run next to its reference; writes results.json.
 
 Usage: ``python benchmarks/run.py [--quick] [--out PATH] [--skip SECTION ...]``.
-Sections: ingest, calls, contention, cold, seed (see benchmarks/README.md for every key).
+Sections: ingest, calls, contention, cold, cold-container, seed (see benchmarks/README.md for
+every key).
 Never part of ``make test``: nothing here asserts a time.
 """
 
@@ -40,6 +41,7 @@ os.environ.pop("AWS_PROFILE", None)
 
 import bench_cold  # noqa: E402
 import bench_ingest  # noqa: E402
+import cold_container  # noqa: E402
 import seed_compare  # noqa: E402
 
 TARGETS = {
@@ -62,6 +64,7 @@ SIZES = {
         "contention": 1000,
         "contention_moto": 300,
         "cold_rounds": 3,
+        "container_rounds": 3,
         "seed_ops": 120,
     },
     False: {
@@ -73,6 +76,7 @@ SIZES = {
         "contention": 1000,
         "contention_moto": 1000,
         "cold_rounds": 11,
+        "container_rounds": 5,
         "seed_ops": 600,
     },
 }
@@ -222,6 +226,23 @@ def table(results: dict[str, Any]) -> list[str]:
             cold["reconciler_ratio"],
             "",
         )
+    container = results.get("cold_start_container", {})
+    if "skipped" in container:
+        lines_note = f"cold start in a container: NOT MEASURED ({container['skipped']})"
+        row(lines_note, "", "", "", "")
+    for name, fn in container.get("functions", {}).items():
+        for mb, cell in fn["by_memory"].items():
+            mark = " (configured)" if int(mb) == fn["configured_mb"] else ""
+            row(
+                f"container init {name} {mb} MB ({cell['cpus']} vCPU){mark}: pyc vs source (ms)",
+                cell["bytecode_ms"],
+                cell["source_ms"],
+                round(1 / cell["speedup"], 2),
+                f"<= {fn['target_ms']:.0f}"
+                + (" ok" if cell["bytecode_ms"] <= fn["target_ms"] else " MISSED")
+                if mark
+                else "",
+            )
     seed = results.get("seed_baseline", {})
     if "seed_wrong" in seed:
         ok = "ok" if seed["ours_wrong"] == 0 and seed["ours_lost"] == 0 else "MISSED"
@@ -267,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         action="append",
         default=[],
-        choices=["ingest", "calls", "contention", "cold", "seed"],
+        choices=["ingest", "calls", "contention", "cold", "cold-container", "seed"],
     )
     args = parser.parse_args(argv)
     size = SIZES[args.quick]
@@ -306,6 +327,15 @@ def main(argv: list[str] | None = None) -> int:
                 run("contention", "contention", lambda: section_contention(size, tmp, moto))
         run("seed", "seed_baseline", lambda: section_seed(size))
     run("cold", "cold_start", lambda: bench_cold.measure(size["cold_rounds"]))
+    # The same init under Lambda's CPU share, in a container (needs Docker; says so otherwise).
+    run(
+        "cold-container",
+        "cold_start_container",
+        lambda: cold_container.measure(
+            size["container_rounds"],
+            cold_container.MEMORY_SIZES if not args.quick else (cold_container.FULL_VCPU_MB,),
+        ),
+    )
     results["meta"]["seconds"] = round(time.perf_counter() - started, 1)
 
     args.out.write_text(json.dumps(results, indent=2, sort_keys=False) + "\n", encoding="utf-8")
