@@ -115,11 +115,17 @@ def configured_memory() -> dict[str, int]:
     from tests.support.template import load_template
 
     template = load_template()
-    default = int(template["Globals"]["Function"].get("MemorySize", 128))
+
+    def value(setting: Any) -> int:  # a number, or a Ref to a parameter (its default)
+        if isinstance(setting, dict):
+            return int(template["Parameters"][setting["Ref"]]["Default"])
+        return int(setting)
+
+    default = template["Globals"]["Function"].get("MemorySize", 128)
     out = {}
     for name, spec in FUNCTIONS.items():
         props = template["Resources"][spec["logical_id"]]["Properties"]
-        out[name] = int(props.get("MemorySize", default))
+        out[name] = value(props.get("MemorySize", default))
     return out
 
 

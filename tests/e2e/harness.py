@@ -308,8 +308,9 @@ def lambda_environment(
         "AWS_EXECUTION_ENV": "AWS_Lambda_python3.11",
         "AWS_LAMBDA_FUNCTION_NAME": logical_id,
         "AWS_LAMBDA_FUNCTION_TIMEOUT": str(template.function_setting(logical_id, "Timeout") or 3),
-        "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(
-            template.function_setting(logical_id, "MemorySize") or 128
+        # MemorySize may be a Ref to a template parameter (its default here).
+        "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": template.resolve(
+            template.function_setting(logical_id, "MemorySize") or 128, refs
         ),
         "AWS_REGION": REGION,
         "AWS_DEFAULT_REGION": REGION,
