@@ -31,8 +31,8 @@ from typing import Any
 
 from opstate.events import OpEvent, Source
 from opstate.ingest import ingest
+from opstate.local.apigw import LocalLambdaContext
 from opstate.reducer import OpRecord
-from opstate.server import LocalLambdaContext
 from opstate.states import State, rank
 from opstate.store.port import RetryableError, Store
 from opstate.times import format_time

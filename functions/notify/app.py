@@ -11,8 +11,13 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from opstate.config import settings
 from opstate.notify import handle
 from opstate.observability import logger, metrics, tracer
+
+# Read the configuration during the init: a bad value fails the init, naming the variable,
+# instead of failing every invocation later.
+settings()
 
 
 @logger.inject_lambda_context

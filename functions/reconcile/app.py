@@ -15,6 +15,10 @@ from opstate.config import settings
 from opstate.observability import logger, metrics, tracer
 from opstate.reconcile import run_from_settings
 
+# Read the configuration during the init: a bad value fails the init, naming the variable,
+# instead of failing every invocation later.
+settings()
+
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler

@@ -12,7 +12,12 @@ from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from opstate.api import handle
+from opstate.config import settings
 from opstate.observability import logger, metrics, tracer
+
+# Read the configuration during the init: a bad value fails the init, naming the variable,
+# instead of failing every invocation later.
+settings()
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)

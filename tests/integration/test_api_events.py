@@ -22,7 +22,7 @@ import pytest
 
 from opstate import api as api_module
 from opstate.config import Settings, settings
-from opstate.server import LocalLambdaContext
+from opstate.local.apigw import LocalLambdaContext
 from opstate.signatures import StaticSecretsVerifier
 from opstate.store import MemoryStore
 from tests.support.motoserver import MotoServer

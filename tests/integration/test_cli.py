@@ -17,21 +17,16 @@ from dataclasses import dataclass
 import boto3
 import pytest
 
-from opstate.cli import (
-    EXIT_FAILURE,
-    EXIT_OK,
-    EXIT_USAGE,
-    Progress,
-    main,
-    merge_secrets,
-    parse_stored_secrets,
-    secret_matches,
-)
+from opstate.cli import main
+from opstate.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from opstate.cli.replay import Progress
 from opstate.config import settings
 from opstate.signatures import StaticSecretsVerifier
 from opstate.store.sqlite import SQLiteStore
 from opstate.views import record_to_json
+from opstate.webhook_secrets import merge_new, parse_stored, secret_matches
 from tests.support.fake_gemini_webhooks import FakeGeminiWebhooks
+from tests.support.fake_gemini_webhooks import new_secret as fake_new_secret
 from tests.support.serve_process import cli_env, run_cli
 from tests.support.template import create_table_from_template
 
@@ -421,15 +416,19 @@ def test_register_status_rotate_with_secrets_manager(cli, fake_webhooks, gemini_
     verifier = StaticSecretsVerifier(stored_secrets(secret_arn))
     assert verifier.secret_count == 2
 
-    # Once Gemini revoked the first secret, the next rotation drops it from the list.
+    # A rotation that revokes at once drops the key this webhook listed before and no longer
+    # lists. The key Gemini had already stopped listing before this rotation is not known to
+    # be this webhook's (it could be another project's): kept.
     fake_webhooks.revoke("wh1", first)
-    result = cli("webhooks", "rotate", "--secret-arn", secret_arn, "--json", env=gemini_env)
+    result = cli(
+        "webhooks", "rotate", "--secret-arn", secret_arn, "--revoke-now", "--json", env=gemini_env
+    )
     assert result.code == EXIT_OK, result.err
     third = fake_webhooks.current_secret("wh1")
-    assert stored_secrets(secret_arn) == [third, second]
+    assert stored_secrets(secret_arn) == [third, first]
     assert result.json() == {
         "id": "wh1",
-        "revocation": "revoke_previous_secrets_after_h24",
+        "revocation": "revoke_previous_secrets_immediately",
         "secretStoredIn": f"Secrets Manager secret {secret_arn}",
         "storedSecrets": 2,
     }
@@ -479,11 +478,12 @@ def test_gemini_refusals_and_missing_key_are_one_sentence(cli, gemini_env):
 
 
 def test_secret_list_helpers():
-    assert parse_stored_secrets('["whsec_a", "placeholder", "whsec_b"]') == ["whsec_a", "whsec_b"]
-    assert parse_stored_secrets("whsec_a whsec_b") == ["whsec_a", "whsec_b"]
-    assert parse_stored_secrets("") == []
-    assert merge_secrets("whsec_n", ["whsec_o", "whsec_n"]) == ["whsec_n", "whsec_o"]
-    assert len(merge_secrets("whsec_n", [f"whsec_{i}" for i in range(20)])) == 8
+    a, b = (fake_new_secret() for _ in range(2))
+    assert parse_stored(json.dumps([a, "placeholder", b])).keys == (a, b)
+    assert parse_stored(f"{a} {b}").keys == (a, b)
+    assert parse_stored("").keys == ()
+    assert merge_new("whsec_n", ["whsec_o", "whsec_n"]) == ["whsec_n", "whsec_o"]
+    assert len(merge_new("whsec_n", [f"whsec_{i}" for i in range(40)])) == 32
     assert secret_matches("whsec_abcdefXYZ1", "whsec_abc...XYZ1")
     assert secret_matches("whsec_abcdefXYZ1", "abcd****XYZ1")
     assert not secret_matches("whsec_abcdefXYZ1", "whsec_abd...XYZ1")

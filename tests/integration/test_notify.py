@@ -37,10 +37,10 @@ from opstate import config as config_module
 from opstate import notify
 from opstate.events import OpEvent
 from opstate.ingest import ingest
+from opstate.local.apigw import LocalLambdaContext
 from opstate.notify import DETAIL_TYPE, SOURCE, Notifier
 from opstate.observability import metrics as obs_metrics
 from opstate.reducer import Decision
-from opstate.server import LocalLambdaContext
 from opstate.states import State
 from opstate.store.dynamodb import DynamoDBStore
 from tests.support.template import create_table_from_template

@@ -15,9 +15,9 @@ from opstate import config
 from opstate.config import ConfigError, Settings
 from opstate.events import from_report
 from opstate.ingest import ingest
+from opstate.local.apigw import LocalLambdaContext
 from opstate.observability import metrics
 from opstate.reconcile import api_key, make_client, run_from_settings
-from opstate.server import LocalLambdaContext
 from opstate.states import State
 from opstate.store.sqlite import SQLiteStore
 from opstate.times import parse_time

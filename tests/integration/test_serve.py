@@ -8,8 +8,10 @@ from __future__ import annotations
 import base64
 import json
 import os
+import select
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import threading
@@ -19,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from http.client import HTTPException
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from standardwebhooks.webhooks import Webhook
@@ -26,9 +29,16 @@ from standardwebhooks.webhooks import Webhook
 from opstate.config import Settings
 from opstate.events import from_report
 from opstate.ingest import ingest
-from opstate.server import build_event, response_parts
+from opstate.local.apigw import build_event, response_parts
 from opstate.store import store_from_url
-from tests.support.serve_process import OPSTATE, cli_env, http, run_cli, start_serve
+from tests.support.serve_process import (
+    OPSTATE,
+    TEST_API_TOKEN,
+    cli_env,
+    http,
+    run_cli,
+    start_serve,
+)
 
 T_WEBHOOK = "2026-05-10T10:00:00Z"
 SECRET = "whsec_" + base64.b64encode(b"opstate-serve-test-secret-32byte").decode()
@@ -299,7 +309,7 @@ def test_without_secrets_one_is_generated_once_with_mode_0600(tmp_path, store_ur
 
 
 def test_secret_file_changes_are_picked_up_without_a_restart(tmp_path, store_url):
-    from opstate.server import write_secret_file
+    from opstate.local.secret_file import write_secret_file
 
     path = tmp_path / ".opstate" / "webhook-secret"
     write_secret_file(path, [SECRET])
@@ -398,3 +408,91 @@ def test_terminal_records_past_their_retention_are_purged_at_start(serve, store_
     assert "retention: removed 1 terminal record(s) past their expires_at" in proc.output()
     assert http("GET", f"{proc.url}/operations/batches/old-done")[0] == 404
     assert http("GET", f"{proc.url}/operations/batches/old-open")[0] == 200
+
+
+# --- request parsing (issue: a chunk size of -1 read the connection to its end) ------------------
+
+
+def raw_exchange(url: str, head: bytes, pieces: list[bytes], timeout: float = 10) -> bytes:
+    """Send ``head`` then ``pieces`` on one connection that stays open (no EOF from us), stop
+    sending once the server answers, and read the answer until the server closes."""
+    split = urlsplit(url)
+    with socket.create_connection((split.hostname, split.port), timeout=timeout) as sock:
+        sock.sendall(head)
+        for piece in pieces:
+            if select.select([sock], [], [], 0)[0]:
+                break  # the server answered already
+            try:
+                sock.sendall(piece)
+            except OSError:
+                break  # the server refused the rest
+        answer = b""
+        while True:
+            try:
+                data = sock.recv(65536)
+            except ConnectionResetError:
+                break
+            if not data:
+                break
+            answer += data
+    return answer
+
+
+def chunked_head(name: str) -> bytes:
+    return (
+        f"PUT /operations/{name} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        f"Authorization: Bearer {TEST_API_TOKEN}\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+
+
+def parse_answer(answer: bytes) -> tuple[int, dict]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    return status, json.loads(body)
+
+
+@pytest.mark.parametrize(
+    ("label", "pieces"),
+    [
+        # The old parser read a -1 chunk with read(-1): to the end of the connection.
+        ("negative-size", [b"-1\r\n", *([b"x" * 1024] * 64)]),
+        ("non-hex-size", [b"zz\r\n", b"{}\r\n0\r\n\r\n"]),
+        # A trailer that never ends: bounded, refused, not read forever.
+        (
+            "endless-trailer",
+            [b"2\r\n{}\r\n0\r\n", *([b"X-Trailer: " + b"a" * 1000 + b"\r\n"] * 200)],
+        ),
+        ("endless-size-line", [b"2\r\n{}\r\n", *([b"0" * 1024] * 64)]),
+    ],
+)
+def test_malformed_chunked_bodies_are_refused_and_the_server_keeps_serving(serve, label, pieces):
+    server = serve()
+    answer = raw_exchange(server.url, chunked_head(f"batches/chunk-{label}"), pieces)
+    assert answer, f"no answer to {label}"
+    status, body = parse_answer(answer)
+    assert status == 400 and body["error"] == "invalid-request", (status, body)
+    # Nothing was written and the server still answers, chunked bodies included.
+    assert http("GET", f"{server.url}/operations/batches/chunk-{label}")[0] == 404
+    body_ok = json.dumps({"state": "RUNNING"}).encode()
+    good = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body_ok), body_ok)
+    status, record = parse_answer(
+        raw_exchange(server.url, chunked_head("batches/chunk-ok"), [good])
+    )
+    assert (status, record["state"]) == (200, "RUNNING")
+    assert server.terminate() == 0
+
+
+def test_a_body_over_10_mib_gets_the_api_413(serve):
+    server = serve()
+    body = b"{" + b" " * (10 * 1024 * 1024) + b"}"
+    status, _, answer = http("PUT", f"{server.url}/operations/batches/too-big", body)
+    assert (status, answer["error"]) == (413, "payload-too-large")
+    head = (
+        b"PUT /operations/batches/too-big HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Connection: close\r\nContent-Length: 20000000\r\n\r\n"
+    )
+    status, answer = parse_answer(raw_exchange(server.url, head, []))
+    assert (status, answer["error"]) == (413, "payload-too-large")
+    assert http("GET", f"{server.url}/operations/batches/too-big")[0] == 404
+    assert server.terminate() == 0

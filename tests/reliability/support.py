@@ -15,8 +15,8 @@ from typing import Any
 
 from opstate.events import from_report, from_webhook
 from opstate.ingest import ingest
+from opstate.local.apigw import LocalLambdaContext
 from opstate.reducer import OpRecord
-from opstate.server import LocalLambdaContext
 from opstate.states import RANK, State
 from opstate.store.port import RetryableError, Store
 from opstate.times import parse_time
@@ -149,7 +149,10 @@ def app_sender(app: Any) -> Send:
 
     def send(d: Delivery) -> tuple[int, dict[str, Any]]:
         method, path, body, headers = delivery_request(d)
-        event = http_event(method, path, body=body.encode(), headers=headers)
+        # Operations routes carry the IAM authorizer's context, as API Gateway adds it.
+        event = http_event(
+            method, path, body=body.encode(), headers=headers, iam=path.startswith("/operations/")
+        )
         result = app.resolve(event, context)
         raw = result.get("body") or "{}"
         if result.get("isBase64Encoded"):

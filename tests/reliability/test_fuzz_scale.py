@@ -28,9 +28,9 @@ from opstate.events import (
     from_report,
     from_webhook,
 )
+from opstate.local.apigw import LocalLambdaContext
 from opstate.names import canonical_name
 from opstate.reducer import OpRecord
-from opstate.server import LocalLambdaContext
 from opstate.states import State
 from opstate.store import MemoryStore
 from opstate.store.port import WriteOutcome
@@ -326,7 +326,9 @@ def test_fuzzed_reports_never_5xx_never_write_on_4xx(
     path = "/operations/" + quote(path_name, safe="/")
     raw = None if body is None else _dumps(body).encode()
     before = store.writes
-    event = http_event("PUT", path, body=raw, headers={"content-type": "application/json"})
+    event = http_event(
+        "PUT", path, body=raw, headers={"content-type": "application/json"}, iam=True
+    )
     status, answer = call(app, event)
     if status == 404 or status == 405:  # a path the router does not know (e.g. empty name)
         assert store.writes == before

@@ -31,9 +31,10 @@ from tests.reliability.support import (
     timelines,
 )
 from tests.support.motoserver import free_port
+from tests.support.serve_process import TEST_API_TOKEN
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("opstate.server") is None, reason="opstate.server is not built yet"
+    importlib.util.find_spec("opstate.local.serve") is None, reason="opstate.local is not built yet"
 )
 
 OPERATIONS = 500
@@ -53,6 +54,7 @@ def server(tmp_path: Path) -> Iterator[Server]:
     port = free_port()
     env = dict(os.environ)
     env["OPSTATE_WEBHOOK_SECRETS"] = SECRET
+    env["OPSTATE_API_TOKEN"] = TEST_API_TOKEN
     env.pop("GEMINI_API_KEY", None)
     env.pop("OPSTATE_STORE", None)
     env.pop("OPSTATE_TABLE_NAME", None)
@@ -113,7 +115,8 @@ def request(
     own = conn is None
     connection = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
-        connection.request(method, path, body=body, headers=headers or {})
+        sent = {"authorization": f"Bearer {TEST_API_TOKEN}", **(headers or {})}
+        connection.request(method, path, body=body, headers=sent)
         response = connection.getresponse()
         raw = response.read()
         return response.status, (json.loads(raw) if raw else None)

@@ -7,6 +7,8 @@ JSON field names are snake_case, as the SDK's models carry no aliases.
 
 Each webhook keeps its full secrets (the fake's own state) and lists them truncated, the way
 Gemini shows them. ``revoke(id, secret)`` lets a test expire a secret as Gemini would after 24 h.
+Two hooks stage races: ``rotate_barrier`` holds each rotation until that many are in flight (two
+overlapping ``opstate webhooks rotate`` runs), ``after_create`` runs before a create is answered.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import re
 import secrets
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -72,6 +75,8 @@ class FakeGeminiWebhooks:
         self.requests: list[tuple[str, str, Any]] = []
         self.lock = threading.Lock()
         self._counter = 0
+        self.rotate_barrier: threading.Barrier | None = None
+        self.after_create: Callable[[], None] | None = None
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -103,6 +108,19 @@ class FakeGeminiWebhooks:
     # -- request handling --------------------------------------------------------------------
 
     def handle(self, method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        barrier = self.rotate_barrier
+        if barrier is not None and path.split("?", 1)[0].endswith(":rotateSigningSecret"):
+            barrier.wait(timeout=30)  # outside the lock: the other rotation must get in too
+        answer = self._handle(method, path, body)
+        if (
+            self.after_create is not None
+            and method == "POST"
+            and path.split("?", 1)[0].endswith("/webhooks")
+        ):
+            self.after_create()
+        return answer
+
+    def _handle(self, method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
         with self.lock:
             self.requests.append((method, path, body))
             m = _PATH.fullmatch(path.split("?", 1)[0])

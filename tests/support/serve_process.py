@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+# The bearer token of the operations routes in every `opstate serve` the tests start (through
+# OPSTATE_API_TOKEN), and the one ``http`` sends unless told otherwise. Test-only.
+TEST_API_TOKEN = "opstate-test-api-token-0123456789abcdef"
 OPSTATE = [sys.executable, "-m", "opstate.cli"]
 _LISTENING = re.compile(r"listening on (http://\S+)")
 
@@ -30,6 +33,7 @@ def cli_env(extra: Mapping[str, str | None] | None = None) -> dict[str, str]:
         env.pop(key, None)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "layers" / "opstate"), str(ROOT)])
     env["PYTHONUNBUFFERED"] = "1"
+    env["OPSTATE_API_TOKEN"] = TEST_API_TOKEN
     for key, value in (extra or {}).items():
         if value is None:
             env.pop(key, None)
@@ -164,9 +168,14 @@ def http(
     body: bytes | None = None,
     headers: Mapping[str, str] | None = None,
     timeout: float = 10,
+    token: str | None = TEST_API_TOKEN,
 ) -> tuple[int, dict[str, str], Any]:
-    """One request; returns (status, headers, parsed JSON or raw text)."""
-    request = urllib.request.Request(url, data=body, method=method, headers=dict(headers or {}))
+    """One request (with ``Authorization: Bearer <token>`` unless ``token`` is None); returns
+    (status, headers, parsed JSON or raw text)."""
+    sent = dict(headers or {})
+    if token is not None:
+        sent.setdefault("Authorization", f"Bearer {token}")
+    request = urllib.request.Request(url, data=body, method=method, headers=sent)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             status, got, raw = response.status, dict(response.headers), response.read()

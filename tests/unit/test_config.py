@@ -142,3 +142,61 @@ def test_dynamodb_store_honours_the_endpoint_environment(monkeypatch: pytest.Mon
 def test_bad_urls_raise_value_error(url: str) -> None:
     with pytest.raises(ValueError, match="store URL"):
         store_from_url(url)
+
+
+# -- durations: finite and in range ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("OPSTATE_RECONCILE_SAFETY_MARGIN_SECONDS", "nan"),
+        ("OPSTATE_RECONCILE_SAFETY_MARGIN_SECONDS", "NaN"),
+        ("OPSTATE_RECONCILE_SAFETY_MARGIN_SECONDS", "inf"),
+        ("OPSTATE_RECONCILE_SAFETY_MARGIN_SECONDS", "-inf"),
+        ("OPSTATE_RECONCILE_SAFETY_MARGIN_SECONDS", "1e999"),
+        ("OPSTATE_RECONCILE_SAFETY_MARGIN_SECONDS", "-1"),
+        ("OPSTATE_RECONCILE_SAFETY_MARGIN_SECONDS", "901"),
+        ("OPSTATE_RECONCILE_HTTP_TIMEOUT_SECONDS", "inf"),
+        ("OPSTATE_RECONCILE_HTTP_TIMEOUT_SECONDS", "Infinity"),
+        ("OPSTATE_RECONCILE_HTTP_TIMEOUT_SECONDS", "nan"),
+        ("OPSTATE_RECONCILE_HTTP_TIMEOUT_SECONDS", "0"),
+        ("OPSTATE_RECONCILE_HTTP_TIMEOUT_SECONDS", "1e9"),
+        ("OPSTATE_RECONCILE_HTTP_TIMEOUT_SECONDS", "five"),
+    ],
+)
+def test_bad_durations_raise_config_error_naming_the_variable(key: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=key):
+        Settings.from_env({key: value})
+
+
+def test_durations_in_range_are_read() -> None:
+    settings = Settings.from_env(
+        {
+            "OPSTATE_RECONCILE_SAFETY_MARGIN_SECONDS": "0",
+            "OPSTATE_RECONCILE_HTTP_TIMEOUT_SECONDS": "2.5",
+        }
+    )
+    assert (settings.reconcile_safety_margin_s, settings.reconcile_http_timeout_s) == (0.0, 2.5)
+    top = Settings.from_env({"OPSTATE_RECONCILE_SAFETY_MARGIN_SECONDS": "900"})
+    assert top.reconcile_safety_margin_s == 900.0
+
+
+@pytest.mark.parametrize("function", ["webhook", "reconcile", "notify"])
+def test_a_bad_setting_fails_the_lambda_init_naming_the_variable(
+    function: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    from opstate.config import settings
+
+    path = Path(__file__).resolve().parents[2] / "functions" / function / "app.py"
+    spec = importlib.util.spec_from_file_location(f"{function}_init_under_test", path)
+    assert spec is not None and spec.loader is not None
+    monkeypatch.setenv("OPSTATE_RECONCILE_SAFETY_MARGIN_SECONDS", "nan")
+    settings.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match="OPSTATE_RECONCILE_SAFETY_MARGIN_SECONDS"):
+            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    finally:
+        settings.cache_clear()

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from opstate import notify
 from opstate.config import ConfigError, Settings
+from opstate.local.apigw import LocalLambdaContext
 from opstate.notify import (
     DETAIL_TYPE,
     MAX_REQUEST_BYTES,
@@ -29,7 +30,6 @@ from opstate.notify import (
 )
 from opstate.observability import metrics as obs_metrics
 from opstate.reducer import OpRecord
-from opstate.server import LocalLambdaContext
 from opstate.states import State
 from opstate.store.dynamodb import item_from_record, serialize_item
 
@@ -492,3 +492,42 @@ def test_lambda_entry_returns_failures_and_emits_metrics(monkeypatch, capsys) ->
                 metrics[metric["Name"]] = sum(value) if isinstance(value, list) else value
     assert metrics["EventsPublished"] == 2
     assert metrics["PublishFailures"] == 1
+
+
+# --- records without a position, and per-invocation counters ------------------------------------
+
+
+def logged(caplog: pytest.LogCaptureFixture, message: str) -> list[dict[str, Any]]:
+    return [vars(r) for r in caplog.records if r.getMessage() == message]
+
+
+@pytest.mark.parametrize("broken", ["no-dynamodb-section", "rejected-without-sequence-number"])
+def test_record_without_a_sequence_number_fails_alone_not_the_batch(
+    broken: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    stream = Stream()
+    client = FakeEvents(reject=lambda d: "Throttled" if d["name"] != "batches/a" else None)
+    names = ("batches/a", "batches/b", "batches/c")
+    records = [stream.insert(op(n, State.PENDING, 1)) for n in names]
+    if broken == "no-dynamodb-section":
+        del records[1]["dynamodb"]  # unreadable, and has no position in the shard
+    else:
+        del records[1]["dynamodb"]["SequenceNumber"]  # readable, rejected, no position
+
+    response = run(records, client)
+
+    # The others are settled as usual: a published, c's rejection reported by its own number.
+    assert failures(response) == [seq_of(records[2])]
+    assert [d["idempotencyKey"] for d in client.accepted()] == ["batches/a#1"]
+    (summary,) = logged(caplog, "stream batch processed")
+    assert (summary["failed"], summary["unreportable"], summary["published"]) == (2, 1, 1)
+
+
+def test_put_events_calls_are_counted_per_invocation(caplog: pytest.LogCaptureFixture) -> None:
+    stream, client = Stream(), FakeEvents()
+    notifier = Notifier(BUS, client, max_entries=2)  # one warm container, several invocations
+    for _ in range(3):
+        records = [stream.insert(op(f"batches/w{stream.seq}", State.PENDING, 1)) for _ in range(3)]
+        notifier.handle(event(records))
+    assert [s["put_events_calls"] for s in logged(caplog, "stream batch processed")] == [2, 2, 2]
+    assert len(client.calls) == 6

@@ -27,10 +27,10 @@ from opstate.signatures import (
     SignatureError,
     StaticSecretsVerifier,
     WebhookVerifier,
-    parse_secret_value,
     secrets_manager_provider,
     verifier_from_settings,
 )
+from opstate.webhook_secrets import parse_stored
 from tests.support.webhooks import OTHER_SECRET, ROTATED_SECRET, TEST_SECRET, sign
 
 NOW = 1_800_000_000
@@ -171,7 +171,6 @@ TABLE: list[tuple[str, tuple[str, ...], bytes, dict[str, str], bool]] = [
     ("negative timestamp", (TEST_SECRET,), BODY, replaced(VALID, webhook_timestamp="-1"), False),
     ("huge timestamp", (TEST_SECRET,), BODY, replaced(VALID, webhook_timestamp="9" * 40), False),
     ("empty id", (TEST_SECRET,), BODY, replaced(VALID, webhook_id=""), False),
-    ("no secrets configured", (), BODY, VALID, False),
     (
         "header names in any case",
         (TEST_SECRET,),
@@ -227,15 +226,44 @@ def test_independent_signer_agrees_with_the_standardwebhooks_package() -> None:
     StaticSecretsVerifier([TEST_SECRET]).verify(BODY, headers)
 
 
-def test_secret_without_whsec_prefix_and_unpadded_is_the_same_key() -> None:
-    bare = TEST_SECRET.removeprefix("whsec_").rstrip("=")
-    StaticSecretsVerifier([bare], clock_s=frozen()).verify(BODY, VALID)
+def test_unpadded_secret_is_the_same_key() -> None:
+    unpadded = TEST_SECRET.rstrip("=")
+    StaticSecretsVerifier([unpadded], clock_s=frozen()).verify(BODY, VALID)
 
 
-@pytest.mark.parametrize("secret", ["", "whsec_", "whsec_!!!!", "whsec_abc def", "whsec_a"])
+def test_no_secrets_configured_is_retry_later_never_accepted() -> None:
+    verifier = StaticSecretsVerifier((), clock_s=frozen())
+    for headers in (VALID, {}, headers_for(secrets=(OTHER_SECRET,))):
+        with pytest.raises(SecretsUnavailableError):
+            verifier.verify(BODY, headers)
+
+
+SHORT_KEY = "whsec_" + base64.b64encode(b"x" * 23).decode()  # 23 bytes: one short
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [
+        "",
+        "whsec_",
+        "whsec_!!!!",
+        "whsec_abc def",
+        "whsec_a",
+        "whsec_ab",  # a one-byte key: found by brute force in ~128 tries
+        "placeholder",
+        "CHANGEME",
+        TEST_SECRET.removeprefix("whsec_"),  # bare base64: not the rule's shape
+        SHORT_KEY,
+    ],
+)
 def test_unusable_secrets_are_refused_at_construction(secret: str) -> None:
     with pytest.raises(InvalidSecretError):
         StaticSecretsVerifier([secret])
+
+
+def test_a_24_byte_key_is_the_shortest_accepted() -> None:
+    key24 = "whsec_" + base64.b64encode(b"y" * 24).decode()
+    StaticSecretsVerifier([key24], clock_s=frozen()).verify(BODY, headers_for(secrets=(key24,)))
 
 
 # --- secret providers ----------------------------------------------------------------------------
@@ -263,31 +291,11 @@ def test_provider_verifier_turns_an_unusable_secret_into_retry_later() -> None:
         verifier.verify(BODY, VALID)
 
 
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        (TEST_SECRET, (TEST_SECRET,)),
-        (f"  {TEST_SECRET}\n", (TEST_SECRET,)),
-        (json.dumps([TEST_SECRET, ROTATED_SECRET]), (TEST_SECRET, ROTATED_SECRET)),
-        (f"{TEST_SECRET} {ROTATED_SECRET}", (TEST_SECRET, ROTATED_SECRET)),
-        (TEST_SECRET.encode(), (TEST_SECRET,)),
-    ],
-)
-def test_parse_secret_value(value: object, expected: tuple[str, ...]) -> None:
-    assert parse_secret_value(value) == expected
-
-
-@pytest.mark.parametrize("value", ["", "   ", "[]", "[1, 2]", "[not json", '{"a": 1}', 5])
-def test_parse_secret_value_refuses(value: object) -> None:
-    with pytest.raises(SecretsUnavailableError):
-        parse_secret_value(value)
-
-
 def test_secrets_manager_json_list(aws_secrets: Any) -> None:
     arn = aws_secrets.create_secret(
         Name="opstate/webhook-list", SecretString=json.dumps([TEST_SECRET, ROTATED_SECRET])
     )["ARN"]
-    assert secrets_manager_provider(arn, 300)() == (TEST_SECRET, ROTATED_SECRET)
+    assert parse_stored(secrets_manager_provider(arn, 300)()).keys == (TEST_SECRET, ROTATED_SECRET)
     settings = Settings(webhook_secret_arn=arn)
     verifier = verifier_from_settings(settings, clock_s=frozen())
     verifier.verify(BODY, VALID)
@@ -390,12 +398,19 @@ class Signer:
 
     def token(self, aud: str = "https://hooks.example.test/gemini/webhook", **claims: Any) -> str:
         now = datetime.now(tz=UTC)
-        payload = {"aud": aud, "iat": now, "exp": now + timedelta(minutes=5), **claims}
+        payload = {
+            "aud": aud,
+            "iss": ISSUER,
+            "iat": now,
+            "exp": now + timedelta(minutes=5),
+            **claims,
+        }
         payload = {k: v for k, v in payload.items() if v is not None}
         return jwt.encode(payload, self.private, algorithm="RS256", headers={"kid": self.kid})
 
 
 AUDIENCE = "https://hooks.example.test/gemini/webhook"
+ISSUER = "https://accounts.example.test"
 
 
 @pytest.fixture(scope="module")
@@ -412,10 +427,12 @@ def jwks() -> Iterator[JwksServer]:
         server.stop()
 
 
-def jwt_verifier(url: str, *, min_refresh_s: float = 30.0, clock: list[float] | None = None):
+def jwt_verifier(
+    url: str, *, min_refresh_s: float = 30.0, clock: list[float] | None = None, **options: Any
+) -> tuple[JwtVerifier, JwksCache]:
     ticks = clock if clock is not None else [0.0]
     cache = JwksCache(url, min_refresh_s=min_refresh_s, clock_s=lambda: ticks[0])
-    return JwtVerifier(cache, audience=AUDIENCE), cache
+    return JwtVerifier(cache, audience=AUDIENCE, issuers=(ISSUER,), **options), cache
 
 
 def test_jwt_valid_and_keys_are_cached(jwks: JwksServer, signers: tuple[Signer, Signer]) -> None:
@@ -463,7 +480,7 @@ def test_jwt_unknown_kid_is_refused_after_one_refresh(
 
 def _hs256_token() -> str:
     now = datetime.now(tz=UTC)
-    claims = {"aud": AUDIENCE, "exp": now + timedelta(minutes=5)}
+    claims = {"aud": AUDIENCE, "iss": ISSUER, "iat": now, "exp": now + timedelta(minutes=5)}
     return jwt.encode(claims, "k" * 32, algorithm="HS256", headers={"kid": "key-1"})
 
 
@@ -476,7 +493,12 @@ JWT_REFUSALS: list[tuple[str, Callable[[Signer, Signer], str]]] = [
     (
         "signed by another key under a known kid",
         lambda one, two: jwt.encode(
-            {"aud": AUDIENCE, "exp": datetime.now(tz=UTC) + timedelta(minutes=5)},
+            {
+                "aud": AUDIENCE,
+                "iss": ISSUER,
+                "iat": datetime.now(tz=UTC),
+                "exp": datetime.now(tz=UTC) + timedelta(minutes=5),
+            },
             two.private,
             algorithm="RS256",
             headers={"kid": one.kid},
@@ -519,7 +541,11 @@ def test_webhook_verifier_dispatch(jwks: JwksServer, signers: tuple[Signer, Sign
     one, _ = signers
     jwks.keys = [one.jwk()]
     settings = Settings(
-        webhook_secrets=(TEST_SECRET,), public_url=AUDIENCE, jwks_url=jwks.url, jwt_header="x-jwt"
+        webhook_secrets=(TEST_SECRET,),
+        public_url=AUDIENCE,
+        jwt_issuers=(ISSUER,),
+        jwks_url=jwks.url,
+        jwt_header="x-jwt",
     )
     verifier = verifier_from_settings(settings, clock_s=frozen())
     assert verifier.jwt is not None
@@ -546,7 +572,12 @@ def test_jwt_webhook_through_the_api(jwks: JwksServer, signers: tuple[Signer, Si
 
     one, two = signers
     jwks.keys = [one.jwk()]
-    settings = Settings(webhook_secrets=(TEST_SECRET,), public_url=AUDIENCE, jwks_url=jwks.url)
+    settings = Settings(
+        webhook_secrets=(TEST_SECRET,),
+        public_url=AUDIENCE,
+        jwt_issuers=(ISSUER,),
+        jwks_url=jwks.url,
+    )
     store = MemoryStore()
     app = create_app(store=store, verifier=verifier_from_settings(settings), settings=settings)
     good = app.resolve(webhook_event(BODY, {"authorization": f"Bearer {one.token()}"}), None)  # type: ignore[arg-type]
@@ -555,3 +586,350 @@ def test_jwt_webhook_through_the_api(jwks: JwksServer, signers: tuple[Signer, Si
     bad = app.resolve(webhook_event(BODY, {"authorization": f"Bearer {two.token()}"}), None)  # type: ignore[arg-type]
     assert bad["statusCode"] == 401
     assert [r.name for r in store.all()] == ["batches/b1"]
+
+
+# --- issue 12 item 1: one rule for stored secrets, on every path ---------------------------------
+
+# What the old parser made of a placeholder: base64decode("placeholder=") is an 8-byte HMAC key.
+PLACEHOLDER_FORGERY_KEY = "whsec_placeholder="
+
+
+@pytest.fixture
+def logs() -> Iterator[Callable[[], str]]:
+    """The JSON log lines the Powertools logger writes during the test."""
+    import io
+    import logging
+
+    from opstate.observability import SERVICE, logger
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logger.registered_formatter)
+    std = logging.getLogger(SERVICE)
+    std.addHandler(handler)
+    try:
+        yield stream.getvalue
+    finally:
+        std.removeHandler(handler)
+
+
+@pytest.fixture
+def buffered_metrics() -> Iterator[dict[str, Any]]:
+    from opstate.observability import metrics
+
+    metrics.clear_metrics()
+    try:
+        yield metrics.metric_set
+    finally:
+        metrics.clear_metrics()
+
+
+def _app_over_secret(aws_secrets: Any, name: str, value: str) -> tuple[Any, Any]:
+    from opstate.api import create_app
+    from opstate.store import MemoryStore
+
+    arn = aws_secrets.create_secret(Name=name, SecretString=value)["ARN"]
+    settings = Settings(webhook_secret_arn=arn)
+    store = MemoryStore()
+    app = create_app(
+        store=store, verifier=verifier_from_settings(settings, clock_s=frozen()), settings=settings
+    )
+    return app, store
+
+
+@pytest.mark.parametrize(
+    ("value", "status"),
+    [
+        ('["placeholder"]', 503),
+        (json.dumps([TEST_SECRET, "placeholder"]), 401),
+        ("CHANGEME", 503),
+        ("placeholder", 503),
+    ],
+    ids=["list-placeholder", "key-and-placeholder", "changeme", "bare-placeholder"],
+)
+def test_placeholder_secrets_never_verify_a_forgery(
+    aws_secrets: Any, value: str, status: int
+) -> None:
+    from tests.support.webhooks import webhook_event
+
+    app, store = _app_over_secret(aws_secrets, f"opstate/forgery-{status}-{len(value)}", value)
+    forged = headers_for(secrets=(PLACEHOLDER_FORGERY_KEY,))
+    answer = app.resolve(webhook_event(BODY, forged), None)
+    assert answer["statusCode"] == status
+    assert store.all() == []
+    if status == 503:
+        assert answer["headers"]["Retry-After"]
+    else:  # the real key still works next to the ignored entry
+        assert app.resolve(webhook_event(BODY, VALID), None)["statusCode"] == 200
+
+
+def test_no_usable_key_answers_503_and_counts_for_the_secrets_alarm(
+    aws_secrets: Any, logs: Callable[[], str], buffered_metrics: dict[str, Any]
+) -> None:
+    from tests.support.webhooks import webhook_event
+
+    app, store = _app_over_secret(aws_secrets, "opstate/no-key", '["placeholder", "#x"]')
+    answer = app.resolve(webhook_event(BODY, VALID), None)
+    assert answer["statusCode"] == 503
+    assert store.all() == []
+    assert json.loads(answer["body"])["error"] == "unavailable"
+    out = logs()
+    # StoreUnavailable is the metric the StoreUnavailableAlarm watches (template.yaml).
+    assert "StoreUnavailable" in buffered_metrics
+    assert "webhook secret entry ignored" in out
+    warnings = [
+        json.loads(line)
+        for line in out.splitlines()
+        if line.startswith("{") and "webhook secret entry ignored" in line
+    ]
+    assert [w["position"] for w in warnings] == ["entry 1"]
+    assert warnings[0]["secret_source"] == "OPSTATE_WEBHOOK_SECRET_ARN"
+    assert "placeholder" not in out  # never the value
+
+
+def test_ignored_entries_are_warned_once_per_value_change(logs: Callable[[], str]) -> None:
+    value = [f"{TEST_SECRET} CHANGEME"]
+    verifier = SecretsProviderVerifier(lambda: value[0], clock_s=frozen(), where="test")
+    verifier.verify(BODY, VALID)
+    verifier.verify(BODY, VALID)
+    out = logs()
+    assert out.count("webhook secret entry ignored") == 1
+    assert "CHANGEME" not in out
+
+
+def test_local_env_secrets_follow_the_same_rule(logs: Callable[[], str]) -> None:
+    settings = Settings.from_env({"OPSTATE_WEBHOOK_SECRETS": f"placeholder {TEST_SECRET} ab"})
+    verifier = verifier_from_settings(settings, clock_s=frozen())
+    assert isinstance(verifier.standard, StaticSecretsVerifier)
+    assert verifier.standard.secret_count == 1
+    verifier.verify(BODY, VALID)
+    with pytest.raises(SignatureError):
+        verifier.verify(BODY, headers_for(secrets=(PLACEHOLDER_FORGERY_KEY,)))
+    out = logs()
+    assert out.count("webhook secret entry ignored") == 2
+    only_junk = verifier_from_settings(
+        Settings.from_env({"OPSTATE_WEBHOOK_SECRETS": "CHANGEME"}), clock_s=frozen()
+    )
+    with pytest.raises(SecretsUnavailableError):
+        only_junk.verify(BODY, VALID)
+
+
+def test_a_commented_secret_file_verifies_with_its_keys_only(tmp_path: Any) -> None:
+    from opstate.webhook_secrets import SecretFileReader
+
+    path = tmp_path / "webhook-secret"
+    path.write_text(f"# current secret\n{TEST_SECRET}\n# rotated 2026-05-10, old one below\n")
+    verifier = SecretsProviderVerifier(SecretFileReader(path), clock_s=frozen())
+    verifier.verify(BODY, VALID)  # punctuation in a comment no longer means 503
+    for word in ("current", "secret", "rotated", "old"):
+        forged = headers_for(secrets=(f"whsec_{word}{'=' * (-len(word) % 4)}",))
+        with pytest.raises(SignatureError):
+            verifier.verify(BODY, forged)
+
+
+def test_stored_value_that_is_not_utf8(aws_secrets: Any) -> None:
+    from opstate.webhook_secrets import parse_stored
+
+    arn = aws_secrets.create_secret(
+        Name="opstate/binary", SecretBinary=b"# caf\xe9\n" + TEST_SECRET.encode()
+    )["ARN"]
+    verifier = verifier_from_settings(Settings(webhook_secret_arn=arn), clock_s=frozen())
+    verifier.verify(BODY, VALID)
+    raw = TEST_SECRET.encode()
+    assert parse_stored(raw[:9] + b"\x80" + raw[9:]).keys == ()
+    verifier = SecretsProviderVerifier(lambda: raw[:9] + b"\x80" + raw[9:], clock_s=frozen())
+    with pytest.raises(SecretsUnavailableError):
+        verifier.verify(BODY, VALID)
+
+
+# --- issue 12 item 9: the bounds a weaker check would pass ---------------------------------------
+
+
+def test_webhook_id_bound_is_256_characters() -> None:
+    verifier = StaticSecretsVerifier([TEST_SECRET], clock_s=frozen())
+    verifier.verify(BODY, headers_for(msg_id="m" * 256))
+    with pytest.raises(SignatureError):
+        verifier.verify(BODY, headers_for(msg_id="m" * 257))
+    with pytest.raises(SignatureError):
+        verifier.verify(BODY, headers_for(msg_id="m" * 5000))
+
+
+def _padded_signature(length: int) -> dict[str, str]:
+    headers = headers_for()
+    entry = headers["webhook-signature"]
+    filler = "v2," + "A" * (length - len(entry) - 4)
+    headers["webhook-signature"] = f"{entry} {filler}"
+    assert len(headers["webhook-signature"]) == length
+    return headers
+
+
+def test_signature_header_bound_is_4096_characters() -> None:
+    verifier = StaticSecretsVerifier([TEST_SECRET], clock_s=frozen())
+    verifier.verify(BODY, _padded_signature(4096))
+    with pytest.raises(SignatureError):
+        verifier.verify(BODY, _padded_signature(4097))
+
+
+@pytest.mark.parametrize("junk", ["!", "*", "-", "_", " "])
+def test_signature_base64_is_validated_strictly(junk: str) -> None:
+    """A lenient decoder would drop the junk character and find the valid signature."""
+    verifier = StaticSecretsVerifier([TEST_SECRET], clock_s=frozen())
+    broken = f"v1,{VALID_SIG[:10]}{junk}{VALID_SIG[10:]}"
+    with pytest.raises(SignatureError):
+        verifier.verify(BODY, replaced(VALID, webhook_signature=broken))
+
+
+def test_tolerance_applies_on_the_secrets_manager_path(aws_secrets: Any) -> None:
+    arn = aws_secrets.create_secret(Name="opstate/tolerance", SecretString=TEST_SECRET)["ARN"]
+    wide = verifier_from_settings(
+        Settings(webhook_secret_arn=arn, webhook_tolerance_s=3600), clock_s=frozen()
+    )
+    wide.verify(BODY, headers_for(timestamp=NOW - 3000))
+    narrow = verifier_from_settings(
+        Settings(webhook_secret_arn=arn, webhook_tolerance_s=60), clock_s=frozen()
+    )
+    narrow.verify(BODY, headers_for(timestamp=NOW - 60))
+    with pytest.raises(SignatureError):
+        narrow.verify(BODY, headers_for(timestamp=NOW - 120))
+    with pytest.raises(SignatureError):
+        narrow.verify(BODY, headers_for(timestamp=NOW + 120))
+
+
+# --- issue 12 item 2: what a dynamic-webhook JWT must carry --------------------------------------
+
+
+def _now() -> datetime:
+    return datetime.now(tz=UTC)
+
+
+JWT_CLAIM_REFUSALS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    ("another issuer", {"iss": "https://accounts.google.com"}, {}),
+    ("no iss claim", {"iss": None}, {}),
+    ("no iat claim", {"iat": None}, {}),
+    ("exp in 2100", {"exp": datetime(2100, 1, 1, tzinfo=UTC)}, {}),
+    ("lifetime one second over", {"exp": None}, {"lifetime": 3601}),
+    ("iat in the future", {"iat": None}, {"iat_offset": 600}),
+    ("expired beyond the leeway", {"exp": None}, {"exp_offset": -120}),
+    ("another subject than the pinned one", {"sub": "intruder"}, {"pin_sub": "gemini"}),
+    ("no subject when one is pinned", {"sub": None}, {"pin_sub": "gemini"}),
+    (
+        "another email than the pinned one",
+        {"email": "x@example.test", "email_verified": True},
+        {"pin_email": "hooks@example.test"},
+    ),
+    (
+        "pinned email not verified",
+        {"email": "hooks@example.test", "email_verified": False},
+        {"pin_email": "hooks@example.test"},
+    ),
+]
+
+
+def _claims(claims: dict[str, Any], special: dict[str, Any]) -> dict[str, Any]:
+    now = int(_now().timestamp())
+    out = dict(claims)
+    if "lifetime" in special:
+        out["iat"] = now - 10
+        out["exp"] = now - 10 + special["lifetime"]
+    if "iat_offset" in special:
+        out["iat"] = now + special["iat_offset"]
+        out["exp"] = now + special["iat_offset"] + 60
+    if "exp_offset" in special:
+        out["iat"] = now - 600
+        out["exp"] = now + special["exp_offset"]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("claims", "special"),
+    [(c, s) for _, c, s in JWT_CLAIM_REFUSALS],
+    ids=[i for i, _, _ in JWT_CLAIM_REFUSALS],
+)
+def test_jwt_claims_refused(
+    jwks: JwksServer,
+    signers: tuple[Signer, Signer],
+    claims: dict[str, Any],
+    special: dict[str, Any],
+) -> None:
+    one, _ = signers
+    jwks.keys = [one.jwk()]
+    verifier, _ = jwt_verifier(
+        jwks.url, subject=special.get("pin_sub"), email=special.get("pin_email")
+    )
+    token = one.token(**_claims(claims, special))
+    with pytest.raises(SignatureError) as info:
+        verifier.verify(BODY, {"authorization": f"Bearer {token}"})
+    assert str(info.value) == INVALID_SIGNATURE
+
+
+def test_jwt_claims_accepted_at_the_edges(jwks: JwksServer, signers: tuple[Signer, Signer]) -> None:
+    one, _ = signers
+    jwks.keys = [one.jwk()]
+    now = int(_now().timestamp())
+    verifier, _ = jwt_verifier(jwks.url)
+    # Exactly the maximum lifetime (1 h by default).
+    verifier.verify(BODY, {"authorization": one.token(iat=now - 10, exp=now - 10 + 3600)})
+    # Within the leeway (30 s by default; the margins are minutes wide of any slow run).
+    verifier.verify(BODY, {"authorization": one.token(iat=now + 5, exp=now + 65)})
+    # Any of several configured issuers.
+    two_issuers = JwtVerifier(
+        JwksCache(jwks.url), audience=AUDIENCE, issuers=("https://other.example.test", ISSUER)
+    )
+    two_issuers.verify(BODY, {"authorization": one.token()})
+    # Pinned subject and email.
+    pinned, _ = jwt_verifier(jwks.url, subject="gemini", email="hooks@example.test")
+    pinned.verify(
+        BODY,
+        {"authorization": one.token(sub="gemini", email="hooks@example.test", email_verified=True)},
+    )
+    longer, _ = jwt_verifier(jwks.url, max_lifetime_s=7200)
+    longer.verify(BODY, {"authorization": one.token(iat=now - 10, exp=now + 7000)})
+
+
+def test_jwt_needs_an_issuer_when_on() -> None:
+    from opstate.config import ConfigError
+
+    with pytest.raises(ConfigError, match="OPSTATE_JWT_ISSUER"):
+        Settings.from_env({"OPSTATE_PUBLIC_URL": AUDIENCE})
+    with pytest.raises(ConfigError, match="OPSTATE_JWT_ISSUER"):
+        verifier_from_settings(Settings(webhook_secrets=(TEST_SECRET,), public_url=AUDIENCE))
+    with pytest.raises(ValueError):
+        JwtVerifier(JwksCache("http://127.0.0.1:9/jwks"), audience=AUDIENCE, issuers=())
+    settings = Settings.from_env(
+        {
+            "OPSTATE_PUBLIC_URL": AUDIENCE,
+            "OPSTATE_JWT_ISSUER": f"{ISSUER}, https://b.example.test",
+            "OPSTATE_JWT_MAX_LIFETIME_SECONDS": "600",
+            "OPSTATE_JWT_LEEWAY_SECONDS": "10",
+            "OPSTATE_JWT_SUBJECT": "gemini",
+            "OPSTATE_JWT_EMAIL": "hooks@example.test",
+        }
+    )
+    assert settings.jwt_issuers == (ISSUER, "https://b.example.test")
+    assert (settings.jwt_max_lifetime_s, settings.jwt_leeway_s) == (600, 10)
+    assert (settings.jwt_subject, settings.jwt_email) == ("gemini", "hooks@example.test")
+    with pytest.raises(ConfigError, match="OPSTATE_JWT_LEEWAY_SECONDS"):
+        Settings.from_env({"OPSTATE_JWT_LEEWAY_SECONDS": "3600"})
+
+
+def test_jwt_settings_reach_the_verifier(jwks: JwksServer, signers: tuple[Signer, Signer]) -> None:
+    one, _ = signers
+    jwks.keys = [one.jwk()]
+    env = {
+        "OPSTATE_WEBHOOK_SECRETS": TEST_SECRET,
+        "OPSTATE_PUBLIC_URL": AUDIENCE,
+        "OPSTATE_JWKS_URL": jwks.url,
+        "OPSTATE_JWT_ISSUER": ISSUER,
+        "OPSTATE_JWT_MAX_LIFETIME_SECONDS": "600",
+        "OPSTATE_JWT_SUBJECT": "gemini",
+    }
+    verifier = verifier_from_settings(Settings.from_env(env), clock_s=frozen())
+    now = int(_now().timestamp())
+    verifier.verify(BODY, {"authorization": one.token(sub="gemini", iat=now, exp=now + 600)})
+    for token in (
+        one.token(sub="gemini", iat=now, exp=now + 601),  # over the configured lifetime
+        one.token(sub="other", iat=now, exp=now + 60),  # not the pinned subject
+        one.token(sub="gemini", iss="https://evil.example.test"),
+    ):
+        with pytest.raises(SignatureError):
+            verifier.verify(BODY, {"authorization": token})

@@ -7,6 +7,11 @@ Routes:
 - ``PUT /operations/{name+}``: a report from the user's own producer; no body = "track this
   job" (PENDING now).
 
+Who may call the operations routes is decided by ``operations_auth`` before anything else: in
+Lambda, ``require_iam_caller`` (403 unless API Gateway's AWS_IAM authorizer vouched for the
+caller, so a route deployed without it cannot open the table); in ``opstate serve``,
+``require_bearer_token`` (401 without ``Authorization: Bearer <token>``).
+
 Response contract (JSON): 200 ``{applied, reason, name, state, version}`` when the event was
 applied or deliberately dropped; 400 ``{error, message}`` for malformed input (nothing
 written); 401 ``invalid-signature``; 413 ``payload-too-large``; 503 with ``Retry-After`` when
@@ -18,7 +23,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -48,6 +52,7 @@ from opstate.observability import (
 from opstate.reducer import Decision
 from opstate.signatures import SignatureError, Verifier
 from opstate.store.port import RetryableError, Store
+from opstate.strict_json import InvalidJSONError, dumps, loads
 from opstate.views import decision_to_json, record_to_json
 
 if TYPE_CHECKING:
@@ -62,6 +67,9 @@ OPERATIONS_ROUTE = OPERATIONS_PREFIX + ".+"
 RETRY_AFTER_CONTENTION_S = 1
 RETRY_AFTER_UNAVAILABLE_S = 5
 MAX_LOGGED_ID = 128
+
+# Decides whether an operations request may proceed: returns, or raises ``ApiError``.
+OperationsAuth = Callable[[Mapping[str, Any]], None]
 
 # Powertools keeps the current event on the router class, shared by every resolver instance:
 # resolve() is serialised so a threaded local server cannot mix two requests up.
@@ -87,20 +95,16 @@ def json_response(
     return Response(
         status_code=status,
         content_type=JSON,
-        body=json.dumps(body, separators=(",", ":"), ensure_ascii=False),
+        body=dumps(body, compact=True),
         headers=dict(headers or {}),
     )
 
 
-def _reject_constant(value: str) -> Any:
-    raise ValueError(f"{value} is not valid JSON")
-
-
 def parse_json(raw: bytes) -> Any:
-    """JSON from raw bytes, or a 400 ``malformed-json`` (NaN/Infinity are refused too)."""
+    """JSON from raw bytes by the one rule (``strict_json``), or a 400 ``malformed-json``."""
     try:
-        return json.loads(raw, parse_constant=_reject_constant)
-    except (ValueError, RecursionError, UnicodeDecodeError):
+        return loads(raw)
+    except InvalidJSONError:
         raise ApiError(400, "malformed-json", "the body is not valid JSON") from None
 
 
@@ -160,6 +164,49 @@ def _clip(text: str | None) -> str | None:
     return text if len(text) <= MAX_LOGGED_ID else text[: MAX_LOGGED_ID - 3] + "..."
 
 
+def require_iam_caller(event: Mapping[str, Any]) -> None:
+    """403 unless the event carries ``requestContext.authorizer.iam``, which API Gateway adds
+    only on routes with the AWS_IAM authorizer, after checking the caller's SigV4 signature."""
+    context = event.get("requestContext")
+    authorizer = context.get("authorizer") if isinstance(context, Mapping) else None
+    iam = authorizer.get("iam") if isinstance(authorizer, Mapping) else None
+    if not isinstance(iam, Mapping) or not iam:
+        raise ApiError(403, "forbidden", "this route requires AWS IAM (SigV4) authorization")
+
+
+def require_bearer_token(token: str) -> OperationsAuth:
+    """401 unless the request carries ``Authorization: Bearer <token>`` (constant-time check)."""
+    from opstate.api_token import bearer_token_ok
+
+    if not token:
+        raise ValueError("the API token may not be empty")
+
+    def check(event: Mapping[str, Any]) -> None:
+        if not bearer_token_ok(_headers(event).get("authorization"), token):
+            raise ApiError(
+                401,
+                "unauthorized",
+                "this route requires 'Authorization: Bearer <token>' (the opstate API token)",
+                {"WWW-Authenticate": 'Bearer realm="opstate"'},
+            )
+
+    return check
+
+
+def _sam_local_open(event: Mapping[str, Any]) -> None:
+    """``sam local`` (``AWS_SAM_LOCAL=true``): SAM does not emulate AWS_IAM, so no check."""
+
+
+def lambda_operations_auth(config: Settings) -> OperationsAuth:
+    """The Lambda's rule: ``require_iam_caller``, except under ``sam local``, whose API emulator
+    has no AWS_IAM authorizer and never adds its context (``AWS_SAM_LOCAL`` is set by SAM CLI
+    inside its containers; a deployment never sets it)."""
+    if config.sam_local:
+        logger.warning("AWS_SAM_LOCAL=true: the operations routes are not IAM-checked")
+        return _sam_local_open
+    return require_iam_caller
+
+
 class _Resolver(APIGatewayHttpResolver):
     def resolve(self, event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
         with _RESOLVE_LOCK:
@@ -173,8 +220,10 @@ def create_app(
     settings: Settings,
     clock_ns: Callable[[], int] = time.time_ns,
     on_decision: Callable[[Decision], None] | None = None,
+    operations_auth: OperationsAuth = require_iam_caller,
 ) -> APIGatewayHttpResolver:
-    """The API's resolver over ``store``; ``on_decision`` sees every decision taken."""
+    """The API's resolver over ``store``; ``on_decision`` sees every decision taken;
+    ``operations_auth`` admits or refuses each operations request (default: AWS IAM)."""
     app = _Resolver()
     max_bytes = settings.max_body_bytes
 
@@ -239,6 +288,7 @@ def create_app(
 
     @app.get(OPERATIONS_ROUTE)
     def get_operation() -> Response[str]:
+        operations_auth(app.current_event.raw_event)
         name = _path_name(app.current_event.path)
         try:
             record = store.get(name)
@@ -250,6 +300,7 @@ def create_app(
 
     @app.put(OPERATIONS_ROUTE)
     def put_operation() -> Response[str]:
+        operations_auth(app.current_event.raw_event)
         raw_name = _raw_path_name(app.current_event.path)
         raw = raw_body(app.current_event.raw_event, max_bytes)
         body = None if not raw.strip() else parse_json(raw)
@@ -326,6 +377,7 @@ def default_app() -> APIGatewayHttpResolver:
                 store=store_from_url(config.store_url, config),
                 verifier=verifier_from_settings(config),
                 settings=config,
+                operations_auth=lambda_operations_auth(config),
             )
         return _app
 

@@ -7,6 +7,7 @@ The README's configuration table lists every variable read here.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,7 +34,17 @@ def _int(env: Mapping[str, str], key: str, default: int, minimum: int = 0) -> in
     return value
 
 
-def _float(env: Mapping[str, str], key: str, default: float, minimum: float = 0.0) -> float:
+# The longest a Lambda function may run: no duration setting is meaningful beyond it.
+MAX_SECONDS = 900.0
+
+
+def _float(
+    env: Mapping[str, str],
+    key: str,
+    default: float,
+    minimum: float = 0.0,
+    maximum: float = MAX_SECONDS,
+) -> float:
     raw = env.get(key)
     if raw is None or raw.strip() == "":
         return default
@@ -41,8 +52,14 @@ def _float(env: Mapping[str, str], key: str, default: float, minimum: float = 0.
         value = float(raw)
     except ValueError:
         raise ConfigError(f"{key} must be a number, got {raw!r}") from None
+    # float() accepts "nan", "inf" and "1e999" (= inf): none is a usable duration, and NaN
+    # compares false with everything, so it would pass the range checks below.
+    if not math.isfinite(value):
+        raise ConfigError(f"{key} must be a finite number of seconds, got {raw.strip()!r}")
     if value < minimum:
-        raise ConfigError(f"{key} must be at least {minimum}, got {value}")
+        raise ConfigError(f"{key} must be at least {minimum:g}, got {value:g}")
+    if value > maximum:
+        raise ConfigError(f"{key} must be at most {maximum:g}, got {value:g}")
     return value
 
 
@@ -51,6 +68,39 @@ def _str(env: Mapping[str, str], key: str) -> str | None:
     if raw is None or raw.strip() == "":
         return None
     return raw.strip()
+
+
+def _bounded_int(env: Mapping[str, str], key: str, default: int, maximum: int) -> int:
+    value = _int(env, key, default, minimum=0)
+    if value > maximum:
+        raise ConfigError(f"{key} must be at most {maximum}, got {value}")
+    return value
+
+
+def _jwt_issuers(env: Mapping[str, str], *, public_url: str | None) -> tuple[str, ...]:
+    raw = env.get("OPSTATE_JWT_ISSUER") or ""
+    issuers = tuple(dict.fromkeys(i.strip() for i in raw.split(",") if i.strip()))
+    if public_url and not issuers:
+        raise ConfigError(
+            "OPSTATE_JWT_ISSUER must be set when OPSTATE_PUBLIC_URL turns on JWT verification "
+            "(the iss claim a dynamic-webhook token must carry)"
+        )
+    return issuers
+
+
+MIN_API_TOKEN_LENGTH = 32
+
+
+def _api_token(env: Mapping[str, str]) -> str | None:
+    token = _str(env, "OPSTATE_API_TOKEN")
+    if token is None:
+        return None
+    if len(token) < MIN_API_TOKEN_LENGTH or any(c.isspace() for c in token):
+        raise ConfigError(
+            f"OPSTATE_API_TOKEN must be at least {MIN_API_TOKEN_LENGTH} characters without "
+            "spaces (e.g. the output of `openssl rand -hex 32`)"
+        )
+    return token
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +121,18 @@ class Settings:
     jwks_url: str = DEFAULT_JWKS_URL
     public_url: str | None = None
     jwt_header: str = "authorization"
+    # Expected JWT issuers (OPSTATE_JWT_ISSUER, comma-separated; required with public_url), the
+    # longest accepted token lifetime (exp - iat), clock leeway, optional pinned sub / email.
+    jwt_issuers: tuple[str, ...] = ()
+    jwt_max_lifetime_s: int = 3600
+    jwt_leeway_s: int = 30
+    jwt_subject: str | None = None
+    jwt_email: str | None = None
+    # Local server: the bearer token of the operations routes (else generated into a file).
+    api_token: str | None = None
+    # AWS_SAM_LOCAL=true (set by SAM CLI in sam local containers, never in a deployment): SAM
+    # does not emulate the AWS_IAM authorizer, so the Lambda's IAM-context check is skipped.
+    sam_local: bool = False
     # Reconciler
     gemini_api_key_secret_arn: str | None = None
     gemini_api_key: str | None = None
@@ -102,6 +164,13 @@ class Settings:
             jwks_url=_str(env, "OPSTATE_JWKS_URL") or DEFAULT_JWKS_URL,
             public_url=_str(env, "OPSTATE_PUBLIC_URL"),
             jwt_header=(_str(env, "OPSTATE_JWT_HEADER") or "authorization").lower(),
+            jwt_issuers=_jwt_issuers(env, public_url=_str(env, "OPSTATE_PUBLIC_URL")),
+            jwt_max_lifetime_s=_int(env, "OPSTATE_JWT_MAX_LIFETIME_SECONDS", 3600, minimum=1),
+            jwt_leeway_s=_bounded_int(env, "OPSTATE_JWT_LEEWAY_SECONDS", 30, maximum=300),
+            jwt_subject=_str(env, "OPSTATE_JWT_SUBJECT"),
+            jwt_email=_str(env, "OPSTATE_JWT_EMAIL"),
+            api_token=_api_token(env),
+            sam_local=(env.get("AWS_SAM_LOCAL") or "").strip().lower() == "true",
             gemini_api_key_secret_arn=_str(env, "OPSTATE_GEMINI_API_KEY_SECRET_ARN"),
             gemini_api_key=_str(env, "GEMINI_API_KEY"),
             reconcile_workers=_int(env, "OPSTATE_RECONCILE_WORKERS", 8, minimum=1),

@@ -25,13 +25,18 @@ sent:
 Then every record is settled through Powertools' own ``success_handler``/``failure_handler``, so
 ``batchItemFailures`` lists exactly the failed records (their sequence numbers). Records that emit
 nothing succeed. Lambda resumes the shard from the lowest reported sequence number, so records
-after it are delivered again: delivery is at least once and consumers drop duplicates by
-``idempotencyKey``.
+after it are delivered again: delivery is at least once, with an idempotency key that makes it
+effectively once (consumers drop duplicates by ``idempotencyKey``).
+
+A record without a sequence number (no ``dynamodb`` section, or one without ``SequenceNumber``)
+fails alone: it is logged at error level and counted in ``PublishFailures``, but it cannot be
+named in ``batchItemFailures`` (Lambda treats a null identifier as the whole batch failing, and a
+record with no position in the shard can never be read again anyway), so the rest of the batch
+is settled normally.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -52,6 +57,7 @@ from opstate.config import ConfigError, Settings, settings
 from opstate.observability import count, logger
 from opstate.reducer import OpRecord
 from opstate.store.dynamodb import record_from_item
+from opstate.strict_json import dumps
 from opstate.times import format_time
 
 if TYPE_CHECKING:
@@ -105,7 +111,7 @@ def event_detail(record: OpRecord, previous_state: str | None) -> dict[str, Any]
 
 
 def _dumps(detail: Mapping[str, Any]) -> str:
-    return json.dumps(detail, separators=(",", ":"), ensure_ascii=False)
+    return dumps(detail, compact=True)
 
 
 def entry_size(entry: PutEventsRequestEntryTypeDef) -> int:
@@ -199,6 +205,8 @@ class PublishSummary:
     published: int = 0
     failed: int = 0
     skipped: int = 0
+    # Failed records that have no sequence number, so cannot be listed in batchItemFailures.
+    unreportable: int = 0
 
 
 class OrderedPutEventsProcessor(BatchProcessor):
@@ -227,6 +235,8 @@ class OrderedPutEventsProcessor(BatchProcessor):
         self.summary = PublishSummary()
 
     def process(self) -> list[tuple[Any, ...]]:
+        # Per invocation: a warm container reuses this processor.
+        self.calls = 0
         self.summary = PublishSummary(records=len(self.records))
         items = [self._build(position, raw) for position, raw in enumerate(self.records)]
         self._publish(items)
@@ -319,18 +329,30 @@ class OrderedPutEventsProcessor(BatchProcessor):
                 self.summary.published += 1
             return self.success_handler(record=item.raw, result=item.event_id)
         self.summary.failed += 1
-        stream = item.record.dynamodb
-        logger.warning(
-            "stream record not published",
-            extra={
-                "operation": item.operation,
-                "sequence_number": stream.sequence_number if stream is not None else None,
-                "event_name": item.raw.get("eventName"),
-                "error": str(item.error),
-                "error_code": getattr(item.error, "code", type(item.error).__name__),
-            },
-        )
+        sequence_number = _sequence_number(item.raw)
+        extra = {
+            "operation": item.operation,
+            "sequence_number": sequence_number,
+            "event_id": item.raw.get("eventID"),
+            "event_name": item.raw.get("eventName"),
+            "error": str(item.error),
+            "error_code": getattr(item.error, "code", type(item.error).__name__),
+        }
+        if sequence_number is None:
+            # Not listable: a null itemIdentifier would fail the whole batch. Counted and logged
+            # loudly instead; settled as handled so Powertools reports the others.
+            self.summary.unreportable += 1
+            logger.error("stream record without a sequence number not published", extra=extra)
+            return self.success_handler(record=item.raw, result=None)
+        logger.warning("stream record not published", extra=extra)
         return self.failure_handler(record=item.record, exception=item.exc_info)
+
+
+def _sequence_number(raw: Mapping[str, Any]) -> str | None:
+    """The record's position in the shard, or None when the record carries none."""
+    stream = raw.get("dynamodb")
+    number = stream.get("SequenceNumber") if isinstance(stream, Mapping) else None
+    return number if isinstance(number, str) and number else None
 
 
 # --- the notifier and the Lambda entry ---------------------------------------------------------
@@ -375,6 +397,7 @@ class Notifier:
                 "published": summary.published,
                 "failed": summary.failed,
                 "skipped": summary.skipped,
+                "unreportable": summary.unreportable,
                 "put_events_calls": self.processor.calls,
             },
         )

@@ -14,12 +14,18 @@ the tolerance and clock are parameters, malformed entries are skipped, and every
 one ``SignatureError`` whose message never says which check failed.
 
 Dynamic webhooks (off unless ``OPSTATE_PUBLIC_URL`` is set) carry an RS256 JWT checked against a
-JWKS (keys cached; an unknown ``kid`` refreshes the cache once). PyJWT is imported only when
-this is configured.
+JWKS (keys cached; an unknown ``kid`` refreshes the cache once): signature, ``aud`` (the public
+URL), ``iss`` (``OPSTATE_JWT_ISSUER``, required), ``iat`` and ``exp`` (both required; lifetime
+at most ``OPSTATE_JWT_MAX_LIFETIME_SECONDS``), and optionally a pinned ``sub`` / ``email``.
+The body is not bound to the token (docs/api.md says what that allows). PyJWT is imported only
+when this is configured.
 
-Secrets come from ``OPSTATE_WEBHOOK_SECRETS`` (local) or Secrets Manager
-(``OPSTATE_WEBHOOK_SECRET_ARN``; value a JSON list of secrets or one ``whsec_`` string), read
-through Powertools Parameters with ``max_age`` so a rotation is picked up.
+Secrets come from ``OPSTATE_WEBHOOK_SECRETS`` (local), a local file (``opstate serve``) or
+Secrets Manager (``OPSTATE_WEBHOOK_SECRET_ARN``, read through Powertools Parameters with
+``max_age`` so a rotation is picked up). Every stored value is parsed by
+``opstate.webhook_secrets`` (one rule: only ``whsec_`` keys of at least 24 bytes count; other
+entries are ignored with a warning naming their position). With no usable key the verifier
+raises ``SecretsUnavailableError``: the webhook answers 503 and the secrets alarm fires.
 """
 
 from __future__ import annotations
@@ -33,17 +39,18 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from standardwebhooks.webhooks import Webhook
 
+from opstate.config import ConfigError
 from opstate.store.port import RetryableError
+from opstate.webhook_secrets import KEY_RULE, ParsedSecrets, parse_stored, secret_key
 
 if TYPE_CHECKING:
     from opstate.config import Settings
 
 INVALID_SIGNATURE = "invalid signature"
-SECRET_PREFIX = "whsec_"
 HEADER_ID = "webhook-id"
 HEADER_TIMESTAMP = "webhook-timestamp"
 HEADER_SIGNATURE = "webhook-signature"
@@ -53,7 +60,6 @@ MAX_ID_LENGTH = 256
 MAX_SIGNATURE_HEADER_LENGTH = 4096
 MAX_SIGNATURE_ENTRIES = 16
 _TIMESTAMP = re.compile(r"[0-9]{1,12}", re.ASCII)
-_BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}", re.ASCII)
 
 
 class SignatureError(Exception):
@@ -68,7 +74,7 @@ class SecretsUnavailableError(RetryableError):
 
 
 class InvalidSecretError(ValueError):
-    """A configured webhook secret is not ``whsec_<base64>`` (or bare base64)."""
+    """A webhook secret handed to a verifier is not a key (``whsec_`` + base64, >= 24 bytes)."""
 
 
 class Verifier(Protocol):
@@ -83,22 +89,24 @@ def _lower(headers: Mapping[str, str]) -> dict[str, str]:
 
 
 def _webhook(secret: str) -> Webhook:
-    """A ``standardwebhooks.Webhook`` for one secret, refusing values it would silently mangle.
-
-    The package strips ``whsec_`` and base64-decodes the rest without validation (invalid
-    characters are discarded), so a typo would yield a different key; validate first.
-    """
-    text = secret.strip()
-    body = text.removeprefix(SECRET_PREFIX)
-    if _BASE64.fullmatch(body) is None:
-        raise InvalidSecretError("a webhook secret must be 'whsec_' followed by base64")
-    try:
-        key = base64.b64decode(body + "=" * (-len(body) % 4), validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidSecretError("a webhook secret must be 'whsec_' followed by base64") from None
-    if not key:
-        raise InvalidSecretError("a webhook secret may not be empty")
+    """A ``standardwebhooks.Webhook`` for one key (``opstate.webhook_secrets``' rule)."""
+    key = secret_key(secret.strip())
+    if key is None:
+        raise InvalidSecretError(f"a webhook secret must be {KEY_RULE}")
     return Webhook(key)
+
+
+def log_ignored_entries(parsed: ParsedSecrets, where: str) -> None:
+    """One warning per stored entry that is not a key: its position, never its value."""
+    if not parsed.ignored:
+        return
+    from opstate.observability import logger
+
+    for position in parsed.ignored:
+        logger.warning(
+            "webhook secret entry ignored",
+            extra={"secret_source": where, "position": position, "rule": KEY_RULE},
+        )
 
 
 def _candidate_signatures(header: str) -> list[bytes]:
@@ -119,7 +127,9 @@ class StaticSecretsVerifier:
     """Standard Webhooks verification against a fixed set of secrets (any may match).
 
     ``clock_s`` returns the current Unix time in seconds; tests pass a frozen clock to verify
-    the fixed sample events. ``tolerance_s`` bounds ``|now - webhook-timestamp|``.
+    the fixed sample events. ``tolerance_s`` bounds ``|now - webhook-timestamp|``. Every secret
+    must be a key (``InvalidSecretError`` otherwise); with none, ``verify`` raises
+    ``SecretsUnavailableError`` (503: nothing can be verified, nothing is accepted).
     """
 
     def __init__(
@@ -143,7 +153,7 @@ class StaticSecretsVerifier:
         timestamp = lowered.get(HEADER_TIMESTAMP, "").strip()
         signature = lowered.get(HEADER_SIGNATURE, "")
         if not self._webhooks:
-            raise SignatureError()
+            raise SecretsUnavailableError("no usable webhook secret is configured")
         if not msg_id or len(msg_id) > MAX_ID_LENGTH or not signature:
             raise SignatureError()
         if len(signature) > MAX_SIGNATURE_HEADER_LENGTH:
@@ -174,73 +184,50 @@ class StaticSecretsVerifier:
 class SecretsProviderVerifier:
     """Standard Webhooks verification with secrets read from a provider on every request.
 
-    The provider caches (Powertools Parameters ``max_age``), so a rotation in Secrets Manager is
-    picked up within the cache age; the HMAC keys are rebuilt only when the secrets change.
+    The provider returns the stored value as it is (text, bytes or a list of entries) and
+    caches it (Powertools Parameters ``max_age``, or a file's mtime): the value is parsed, its
+    ignored entries logged and the HMAC keys rebuilt only when it changes.
     """
 
     def __init__(
         self,
-        provider: Callable[[], Sequence[str]],
+        provider: Callable[[], str | bytes | Sequence[object]],
         tolerance_s: int = 300,
         *,
         clock_s: Callable[[], float] = time.time,
+        where: str = "webhook secret",
     ) -> None:
         self._provider = provider
         self._tolerance_s = tolerance_s
         self._clock_s = clock_s
+        self._where = where
         self._lock = threading.Lock()
-        self._secrets: tuple[str, ...] | None = None
+        self._raw: object = None
         self._verifier = StaticSecretsVerifier((), tolerance_s, clock_s=clock_s)
 
     def _current(self) -> StaticSecretsVerifier:
-        secrets = tuple(self._provider())
+        raw = self._provider()
+        if not isinstance(raw, str | bytes):
+            raw = tuple(raw)
         with self._lock:
-            if secrets != self._secrets:
-                try:
-                    verifier = StaticSecretsVerifier(
-                        secrets, self._tolerance_s, clock_s=self._clock_s
-                    )
-                except InvalidSecretError as exc:
-                    raise SecretsUnavailableError(
-                        f"the webhook secret is unusable: {exc}"
-                    ) from None
-                self._verifier, self._secrets = verifier, secrets
+            if raw != self._raw:
+                parsed = parse_stored(raw)
+                log_ignored_entries(parsed, self._where)
+                self._verifier = StaticSecretsVerifier(
+                    parsed.keys, self._tolerance_s, clock_s=self._clock_s
+                )
+                self._raw = raw
             return self._verifier
 
     def verify(self, raw_body: bytes, headers: Mapping[str, str]) -> None:
         self._current().verify(raw_body, headers)
 
 
-def parse_secret_value(value: object) -> tuple[str, ...]:
-    """A Secrets Manager value: a JSON list of secrets, or one (or space-separated) secret(s)."""
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    if not isinstance(value, str):
-        raise SecretsUnavailableError("the webhook secret value is not text")
-    text = value.strip()
-    if text.startswith("{"):
-        raise SecretsUnavailableError(
-            "the webhook secret value must be a JSON list or a whsec_ string, not a JSON object"
-        )
-    if text.startswith("["):
-        try:
-            items = json.loads(text)
-        except ValueError:
-            raise SecretsUnavailableError("the webhook secret value is not a JSON list") from None
-        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-            raise SecretsUnavailableError("the webhook secret JSON must be a list of strings")
-        secrets = tuple(i.strip() for i in items if i.strip())
-    else:
-        secrets = tuple(text.split())
-    if not secrets:
-        raise SecretsUnavailableError("the webhook secret value holds no secret")
-    return secrets
+def secrets_manager_provider(secret_id: str, max_age_s: int) -> Callable[[], str | bytes]:
+    """A provider of the raw value of ``secret_id`` through Powertools Parameters (cached
+    ``max_age_s``)."""
 
-
-def secrets_manager_provider(secret_id: str, max_age_s: int) -> Callable[[], tuple[str, ...]]:
-    """A provider reading ``secret_id`` through Powertools Parameters (cached ``max_age_s``)."""
-
-    def provide() -> tuple[str, ...]:
+    def provide() -> str | bytes:
         from aws_lambda_powertools.utilities.parameters import get_secret
         from aws_lambda_powertools.utilities.parameters.exceptions import GetParameterError
 
@@ -248,7 +235,9 @@ def secrets_manager_provider(secret_id: str, max_age_s: int) -> Callable[[], tup
             value = get_secret(secret_id, max_age=max_age_s)
         except GetParameterError as exc:
             raise SecretsUnavailableError(f"could not read the webhook secret: {exc}") from None
-        return parse_secret_value(value)
+        if not isinstance(value, str | bytes):
+            raise SecretsUnavailableError("the webhook secret value is not text")
+        return value
 
     return provide
 
@@ -313,13 +302,45 @@ class JwksCache:
             return None
 
 
-class JwtVerifier:
-    """RS256 JWT in ``header`` (``Bearer <jwt>`` or the bare token), audience ``audience``."""
+DEFAULT_JWT_MAX_LIFETIME_S = 3600
+DEFAULT_JWT_LEEWAY_S = 30
+MAX_JWT_LENGTH = 16384
 
-    def __init__(self, jwks: JwksCache, *, audience: str, header: str = "authorization") -> None:
+
+class JwtVerifier:
+    """RS256 JWT in ``header`` (``Bearer <jwt>`` or the bare token).
+
+    Verified, all through PyJWT's own options: the RS256 signature by a JWKS key named by
+    ``kid``; ``aud`` equals ``audience``; ``iss`` is one of ``issuers``; ``iat`` and ``exp`` are
+    present, ``iat`` is not in the future and ``exp`` not past (``leeway_s`` of clock skew
+    either way); ``sub`` equals ``subject`` when one is pinned. Then two checks PyJWT has no
+    option for: ``exp - iat`` is at most ``max_lifetime_s`` (a token minted to live until 2100
+    is refused), and, when ``email`` is pinned, the ``email`` claim equals it with
+    ``email_verified`` true. The request body is NOT covered by the token.
+    """
+
+    def __init__(
+        self,
+        jwks: JwksCache,
+        *,
+        audience: str,
+        issuers: Sequence[str],
+        header: str = "authorization",
+        max_lifetime_s: int = DEFAULT_JWT_MAX_LIFETIME_S,
+        leeway_s: int = DEFAULT_JWT_LEEWAY_S,
+        subject: str | None = None,
+        email: str | None = None,
+    ) -> None:
+        if not issuers or not all(issuers):
+            raise ValueError("JWT verification needs at least one expected issuer (iss)")
         self._jwks = jwks
         self._audience = audience
+        self._issuers = tuple(issuers)
         self.header = header.lower()
+        self._max_lifetime_s = max_lifetime_s
+        self._leeway_s = leeway_s
+        self._subject = subject
+        self._email = email
 
     def verify(self, raw_body: bytes, headers: Mapping[str, str]) -> None:
         import jwt
@@ -327,7 +348,7 @@ class JwtVerifier:
         token = _lower(headers).get(self.header, "").strip()
         if token[:7].lower() == "bearer ":
             token = token[7:].strip()
-        if not token or len(token) > 16384:
+        if not token or len(token) > MAX_JWT_LENGTH:
             raise SignatureError()
         try:
             header = jwt.get_unverified_header(token)
@@ -339,17 +360,45 @@ class JwtVerifier:
         key = self._jwks.key(kid)
         if key is None:
             raise SignatureError()
+        required = ["exp", "iat", "iss", "aud"]
+        if self._subject is not None:
+            required.append("sub")
+        if self._email is not None:
+            required.append("email")
         try:
-            jwt.decode(
+            claims = jwt.decode(
                 token,
                 key.key,
                 algorithms=["RS256"],
                 audience=self._audience,
-                options={"require": ["exp", "aud"]},
-                leeway=5,
+                issuer=self._issuers,
+                subject=self._subject,
+                options={
+                    "require": required,
+                    "verify_signature": True,
+                    "verify_exp": True,
+                    "verify_iat": True,
+                    "verify_iss": True,
+                    "verify_aud": True,
+                    "verify_sub": True,
+                },
+                leeway=self._leeway_s,
             )
         except jwt.PyJWTError:
             raise SignatureError() from None
+        issued, expires = claims.get("iat"), claims.get("exp")
+        if not _is_number(issued) or not _is_number(expires):
+            raise SignatureError()
+        if expires - issued > self._max_lifetime_s:
+            raise SignatureError()
+        if self._email is not None and (
+            claims.get("email") != self._email or claims.get("email_verified") is not True
+        ):
+            raise SignatureError()
+
+
+def _is_number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 class WebhookVerifier:
@@ -376,8 +425,9 @@ def verifier_from_settings(
 ) -> WebhookVerifier:
     """The verifier the configuration asks for.
 
-    Secrets Manager (``webhook_secret_arn``) wins over local ``webhook_secrets``; with neither,
-    every Standard Webhooks request is refused. JWTs are accepted only with ``public_url`` set.
+    Secrets Manager (``webhook_secret_arn``) wins over local ``webhook_secrets``; with neither
+    (or with no usable key among them), every Standard Webhooks request answers 503. JWTs are
+    accepted only with ``public_url`` set, and then ``jwt_issuers`` must be set too.
     """
     standard: Verifier
     if settings.webhook_secret_arn:
@@ -385,14 +435,26 @@ def verifier_from_settings(
             secrets_manager_provider(settings.webhook_secret_arn, settings.secrets_cache_s),
             settings.webhook_tolerance_s,
             clock_s=clock_s,
+            where="OPSTATE_WEBHOOK_SECRET_ARN",
         )
     else:
-        standard = StaticSecretsVerifier(
-            settings.webhook_secrets, settings.webhook_tolerance_s, clock_s=clock_s
-        )
+        parsed = parse_stored(settings.webhook_secrets)
+        log_ignored_entries(parsed, "OPSTATE_WEBHOOK_SECRETS")
+        standard = StaticSecretsVerifier(parsed.keys, settings.webhook_tolerance_s, clock_s=clock_s)
     jwt_verifier = None
     if settings.public_url:
+        if not settings.jwt_issuers:
+            raise ConfigError(
+                "OPSTATE_JWT_ISSUER must be set when OPSTATE_PUBLIC_URL turns on JWT verification"
+            )
         jwt_verifier = JwtVerifier(
-            JwksCache(settings.jwks_url), audience=settings.public_url, header=settings.jwt_header
+            JwksCache(settings.jwks_url),
+            audience=settings.public_url,
+            issuers=settings.jwt_issuers,
+            header=settings.jwt_header,
+            max_lifetime_s=settings.jwt_max_lifetime_s,
+            leeway_s=settings.jwt_leeway_s,
+            subject=settings.jwt_subject,
+            email=settings.jwt_email,
         )
     return WebhookVerifier(standard, jwt_verifier)

@@ -1,0 +1,264 @@
+"""What every ``opstate`` command shares: exit codes and errors, output (text, JSON, quiet
+library logs), settings and store opening, argument checks."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import logging
+import os
+import sqlite3
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, NoReturn
+
+from opstate.config import ConfigError, Settings, settings
+from opstate.events import OpEvent
+from opstate.names import InvalidNameError, canonical_name
+from opstate.reducer import Decision
+from opstate.store.port import RetryableError
+from opstate.strict_json import dumps
+from opstate.times import InvalidTimeError, parse_time
+
+if TYPE_CHECKING:
+    from opstate.store.port import Store
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+PROG = "opstate"
+
+
+class CliError(Exception):
+    """An expected failure: one sentence on stderr, no traceback."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILURE) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+class UsageError(CliError):
+    def __init__(self, message: str) -> None:
+        super().__init__(message, EXIT_USAGE)
+
+
+# --------------------------------------------------------------------------------------------
+# Output helpers
+
+
+def out(text: str = "") -> None:
+    _stdout().write(text + "\n")
+
+
+def err(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def print_json(value: Any) -> None:
+    """One JSON document on stdout: sorted keys, 2-space indent, never NaN (``strict_json``)."""
+    _stdout().write(dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+_STDOUT: list[IO[str]] = []
+
+
+def _stdout() -> IO[str]:
+    return _STDOUT[-1] if _STDOUT else sys.stdout
+
+
+@contextlib.contextmanager
+def quiet_library_output() -> Iterator[None]:
+    """Keep stdout for the command's own output.
+
+    Powertools logs go to stdout by default and metrics print EMF blobs there; while a command
+    runs, logs go to stderr at warning level, metrics are off (``POWERTOOLS_METRICS_DISABLED``
+    unless the operator set it) and any other stray print goes to stderr. Restored afterwards
+    (``main`` may run in-process).
+    """
+    from opstate.observability import logger
+
+    metrics_switch = "POWERTOOLS_METRICS_DISABLED"
+    set_switch = metrics_switch not in os.environ
+    if set_switch:
+        os.environ[metrics_switch] = "true"
+
+    handler: Any = getattr(logger, "registered_handler", None)
+    has_stream = isinstance(handler, logging.StreamHandler)
+    previous = handler.stream if has_stream else None
+    level = logger.log_level
+    if has_stream:
+        handler.stream = sys.stderr  # not setStream: it flushes the old stream
+    logger.setLevel("WARNING")
+    _STDOUT.append(sys.stdout)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _STDOUT.pop()
+        if set_switch:
+            os.environ.pop(metrics_switch, None)
+        logger.setLevel(level)
+        if has_stream:
+            handler.stream = previous
+
+
+def decision_line(decision: Decision) -> str:
+    record = decision.record
+    state = record.state if record is not None else decision.event.state
+    version = record.version if record is not None else 0
+    if decision.applied:
+        return f"{decision.event.name}: {decision.reason}, now {state} (version {version})"
+    return f"{decision.event.name}: dropped ({decision.reason}), stays {state} (version {version})"
+
+
+# --------------------------------------------------------------------------------------------
+# Settings, store and names
+
+
+def settings_for(args: argparse.Namespace) -> Settings:
+    try:
+        current = settings()
+    except ConfigError as exc:
+        raise UsageError(f"configuration error: {exc}") from None
+    store = getattr(args, "store", None)
+    if store:
+        current = dataclasses.replace(current, store_url=store)
+    return current
+
+
+@contextlib.contextmanager
+def open_store(config: Settings) -> Iterator[Store]:
+    """The store named by ``config.store_url``; every failure to open or use it, here or in the
+    command's body, becomes one sentence naming the store (``store_error``)."""
+    from opstate.store import store_from_url
+
+    url = config.store_url
+    try:
+        store = store_from_url(url, config)
+    except Exception as exc:
+        error = store_error(url, exc)
+        if error is None:
+            raise
+        raise error from None
+    try:
+        yield store
+    except CliError:
+        raise
+    except Exception as exc:
+        error = store_error(url, exc, opened=True)
+        if error is None:
+            raise
+        raise error from None
+    finally:
+        store.close()
+
+
+def _sqlite_path(url: str) -> Path | None:
+    prefix = "sqlite:///"
+    return Path(url[len(prefix) :]) if url.startswith(prefix) else None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def store_error(url: str, exc: BaseException, *, opened: bool = False) -> CliError | None:
+    """The sentence for a store that cannot be opened or used, or None when ``exc`` is not
+    about the store (``opened``: raised while a command was using it)."""
+    path = _sqlite_path(url)
+    if path is not None and path.is_dir():
+        return CliError(
+            f"the SQLite store {path} is a directory: name a file with --store or OPSTATE_STORE"
+        )
+    if path is not None and isinstance(exc, OSError):
+        blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            return CliError(
+                f"cannot create the SQLite store {path}: {blocker} is a file, not a directory; "
+                f"name another path with --store or OPSTATE_STORE"
+            )
+        return CliError(
+            f"cannot create the SQLite store {path}: {exc.strerror or _first_line(exc)}; "
+            "name another path with --store or OPSTATE_STORE"
+        )
+    if (
+        path is not None
+        and isinstance(exc, sqlite3.DatabaseError)
+        and not isinstance(exc, sqlite3.OperationalError)
+    ):
+        return CliError(
+            f"{path} is not an SQLite database ({_first_line(exc)}): move it away or name "
+            "another file with --store or OPSTATE_STORE"
+        )
+    if isinstance(exc, RetryableError):
+        return CliError(f"the store {url} is unavailable, try again later: {_first_line(exc)}")
+    module = type(exc).__module__
+    if url.startswith("dynamodb://") and (
+        type(exc).__name__ == "NoRegionError" or "Invalid endpoint" in str(exc)
+    ):
+        return UsageError(
+            f"no usable AWS region for {url} ({_first_line(exc)}): set AWS_REGION "
+            "(or AWS_DEFAULT_REGION), and check AWS_ENDPOINT_URL_DYNAMODB if you set it"
+        )
+    if module.startswith(("botocore", "boto3")):
+        return CliError(
+            f"the store {url} refused the call ({_first_line(exc)}): check the AWS credentials, "
+            "the table and its permissions"
+        )
+    if isinstance(exc, sqlite3.Error):
+        return CliError(f"cannot use the SQLite store {path or url}: {_first_line(exc)}")
+    if not opened and isinstance(exc, ValueError):
+        return UsageError(f"{exc} (the store URL comes from {_store_origin(url)})")
+    return None
+
+
+def _store_origin(url: str) -> str:
+    """Where the store URL in use was set, for the error that names it."""
+    if (os.environ.get("OPSTATE_STORE") or "").strip() == url:
+        return "OPSTATE_STORE"
+    table = (os.environ.get("OPSTATE_TABLE_NAME") or "").strip()
+    if table and url == f"dynamodb://{table}":
+        return "OPSTATE_TABLE_NAME"
+    return "--store"
+
+
+def name_arg(raw: str) -> str:
+    try:
+        return canonical_name(raw)
+    except InvalidNameError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def time_arg(raw: str) -> str:
+    try:
+        parse_time(raw)
+    except InvalidTimeError as exc:
+        raise UsageError(str(exc)) from None
+    return raw
+
+
+def ingest_event(store: Store, event: OpEvent, config: Settings) -> Decision:
+    from opstate.ingest import ingest
+
+    return ingest(store, event, max_attempts=config.ingest_max_attempts)
+
+
+def require_gemini_key(config: Settings) -> None:
+    if not config.gemini_api_key and not config.gemini_api_key_secret_arn:
+        raise CliError(
+            "no Gemini API key: set GEMINI_API_KEY (or OPSTATE_GEMINI_API_KEY_SECRET_ARN)"
+        )
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors exit with EXIT_USAGE after the usage line."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")

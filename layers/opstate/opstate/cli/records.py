@@ -1,0 +1,140 @@
+"""``opstate get``, ``list``, ``track`` and ``report``: read and write records."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from opstate.cli.common import (
+    EXIT_OK,
+    CliError,
+    UsageError,
+    decision_line,
+    ingest_event,
+    name_arg,
+    open_store,
+    out,
+    print_json,
+    settings_for,
+    time_arg,
+)
+from opstate.events import EventError, from_report
+from opstate.names import Kind
+from opstate.strict_json import InvalidJSONError, dumps, loads
+from opstate.times import format_time
+from opstate.views import decision_to_json, record_to_json
+
+
+def add_parsers(
+    sub: Any, *, store: argparse.ArgumentParser, as_json: argparse.ArgumentParser
+) -> None:
+    p = sub.add_parser("get", parents=[store, as_json], help="show one operation")
+    p.add_argument("name", metavar="NAME")
+    p.set_defaults(func=cmd_get)
+
+    p = sub.add_parser("list", parents=[store, as_json], help="list operations")
+    p.add_argument("--open", action="store_true", help="only operations not yet finished")
+    p.add_argument("--kind", choices=[str(k) for k in Kind], help="only this kind")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("track", parents=[store, as_json], help="record NAME as PENDING now")
+    p.add_argument("name", metavar="NAME")
+    p.set_defaults(func=cmd_track)
+
+    p = sub.add_parser("report", parents=[store, as_json], help="report a state of NAME")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument(
+        "state",
+        metavar="STATE",
+        help="PENDING, RUNNING, REQUIRES_ACTION, SUCCEEDED, FAILED or CANCELLED",
+    )
+    p.add_argument("--time", metavar="RFC3339", help="server time of the state (default: now)")
+    p.add_argument("--details", metavar="JSON", help="a JSON object merged into the details")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    config = settings_for(args)
+    name = name_arg(args.name)
+    with open_store(config) as store:
+        record = store.get(name)
+    if record is None:
+        raise CliError(f"no record for {name} in {config.store_url}")
+    view = record_to_json(record)
+    if args.json:
+        print_json(view)
+        return EXIT_OK
+    width = max(len(key) for key in view)
+    for key, value in view.items():
+        shown = dumps(value, sort_keys=True) if isinstance(value, dict) else value
+        out(f"{key:<{width}}  {'-' if shown is None else shown}")
+    return EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    config = settings_for(args)
+    with open_store(config) as store:
+        records = [
+            r
+            for r in store.iter_all()
+            if (not args.open or not r.terminal) and (args.kind is None or r.kind == args.kind)
+        ]
+    records.sort(key=lambda r: r.name)
+    if args.json:
+        print_json([record_to_json(r) for r in records])
+        return EXIT_OK
+    if not records:
+        out("no operations")
+        return EXIT_OK
+    rows = [
+        (
+            r.name,
+            str(r.kind),
+            str(r.state),
+            str(r.version),
+            format_time(r.update_time_ns) if r.update_time_ns else "-",
+        )
+        for r in records
+    ]
+    header = ("NAME", "KIND", "STATE", "VERSION", "UPDATED")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        out("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+    return EXIT_OK
+
+
+def _report(args: argparse.Namespace, body: Mapping[str, Any] | None) -> int:
+    config = settings_for(args)
+    name = name_arg(args.name)
+    try:
+        event = from_report(name, body, now_ns=time.time_ns())
+    except EventError as exc:
+        raise UsageError(exc.message) from None
+    with open_store(config) as store:
+        decision = ingest_event(store, event, config)
+    if args.json:
+        print_json(decision_to_json(decision))
+    else:
+        out(decision_line(decision))
+    return EXIT_OK
+
+
+def cmd_track(args: argparse.Namespace) -> int:
+    return _report(args, None)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"state": args.state}
+    if args.time is not None:
+        body["updateTime"] = time_arg(args.time)
+    if args.details is not None:
+        try:
+            details = loads(args.details)  # the API's rule: no NaN/Infinity
+        except InvalidJSONError as exc:
+            raise UsageError(f"--details must be a JSON object ({exc.message})") from None
+        if not isinstance(details, dict):
+            raise UsageError("--details must be a JSON object")
+        body["details"] = details
+    return _report(args, body)

@@ -1,0 +1,344 @@
+"""``opstate replay``: ingest webhook bodies and reports from a JSONL file or stdin.
+
+The input is streamed: one line is read, parsed (``strict_json``, the API's rule), turned into
+an event and ingested before the next is read, so memory does not grow with the file and a pipe
+is ingested as it arrives. The progress bar of a regular file counts its lines in a first pass
+(only when a bar is drawn).
+
+Every line ends in exactly one of: applied or dropped (counted by reason); bad (permanent: the
+line itself is wrong or the store refuses what it holds; reported with its number and skipped);
+or the stop (transient: the store is unavailable, ingest gave up on contention, anything
+unexpected, Ctrl-C): nothing after it is read, ``stoppedAtLine`` names it and a rerun with
+``--from-line N`` resumes there. The summary is printed in every case.
+
+Idempotent: a line's event depends only on the line. A report line without ``updateTime``
+carries no server time (0, older than any real observation): it creates a record or moves it to
+a higher rank, never refreshes one, so replaying a file again applies nothing and never hides an
+event observed in between.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import stat
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import IO, TYPE_CHECKING, Any, BinaryIO
+
+from opstate.cli.common import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    CliError,
+    ingest_event,
+    open_store,
+    out,
+    print_json,
+    settings_for,
+)
+from opstate.events import (
+    InvalidEventError,
+    OpEvent,
+    UnsupportedEventError,
+    from_report,
+    from_webhook,
+)
+from opstate.store.port import RetryableError
+from opstate.strict_json import InvalidJSONError, loads
+
+if TYPE_CHECKING:
+    from opstate.config import Settings
+    from opstate.store.port import Store
+
+EXIT_INTERRUPTED = 130
+# A report line without ``updateTime`` has no server time: older than any real observation.
+NO_SERVER_TIME_NS = 0
+
+
+def _line_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a line number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a line number of at least 1, got {value}")
+    return value
+
+
+def add_parser(
+    sub: Any, *, store: argparse.ArgumentParser, as_json: argparse.ArgumentParser
+) -> None:
+    p = sub.add_parser(
+        "replay", parents=[store, as_json], help="ingest webhook bodies and reports from JSONL"
+    )
+    p.add_argument("file", metavar="FILE.jsonl", help="a JSONL file, or - for stdin")
+    p.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
+    p.add_argument(
+        "--from-line",
+        type=_line_number,
+        default=1,
+        metavar="N",
+        help="skip the lines before line N (resume where a replay stopped)",
+    )
+    p.set_defaults(func=cmd_replay)
+
+
+class Progress:
+    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
+
+    WIDTH = 30
+
+    def __init__(self, total: int | None, stream: IO[str], enabled: bool) -> None:
+        self.total = total
+        self.stream = stream
+        self.enabled = enabled
+        self.done = 0
+        self._last_draw = 0.0
+        self._shown = False
+
+    def advance(self) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now - self._last_draw >= 0.05 or self.done == self.total:
+            self._draw()
+            self._last_draw = now
+
+    def _draw(self) -> None:
+        if self.total:
+            filled = int(self.WIDTH * self.done / self.total)
+            bar = "#" * filled + "-" * (self.WIDTH - filled)
+            text = f"\r[{bar}] {self.done}/{self.total} lines"
+        else:
+            text = f"\r{self.done} lines"
+        self.stream.write(text)
+        self.stream.flush()
+        self._shown = True
+
+    def clear(self) -> None:
+        if self.enabled and self._shown:
+            self.stream.write("\r" + " " * (self.WIDTH + 40) + "\r")
+            self.stream.flush()
+            self._shown = False
+
+    def message(self, text: str) -> None:
+        self.clear()
+        self.stream.write(text + "\n")
+        self.stream.flush()
+        if self.enabled:
+            self._draw()
+
+
+def event_from_line(obj: object, *, now_ns: int) -> OpEvent:
+    """A replay line: a Gemini webhook body (has ``type``) or a report (has ``name``)."""
+    if not isinstance(obj, dict):
+        raise InvalidEventError("invalid-body", "the line is not a JSON object")
+    if "type" in obj:
+        return from_webhook(obj)
+    if "name" in obj:
+        body = {k: obj[k] for k in ("state", "updateTime", "details") if k in obj}
+        return from_report(obj["name"], body, now_ns=now_ns)
+    raise InvalidEventError(
+        "missing-field", "the line is neither a webhook body ('type') nor a report ('name')"
+    )
+
+
+@dataclasses.dataclass
+class ReplaySummary:
+    file: str
+    lines: int = 0
+    applied: int = 0
+    dropped: int = 0
+    reasons: Counter[str] = dataclasses.field(default_factory=Counter)
+    bad: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    stopped_at: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "lines": self.lines,
+            "events": self.applied + self.dropped,
+            "applied": self.applied,
+            "dropped": self.dropped,
+            "bad": len(self.bad),
+            "reasons": dict(sorted(self.reasons.items())),
+            "badLines": self.bad,
+            "stoppedAtLine": self.stopped_at,
+        }
+
+    def print_text(self) -> None:
+        out(
+            f"replayed {self.lines} lines from {self.file}: {self.applied} applied, "
+            f"{self.dropped} dropped, {len(self.bad)} bad"
+        )
+        for reason, count in sorted(self.reasons.items()):
+            out(f"  {reason:<28} {count}")
+        if self.bad:
+            out("bad lines: " + ", ".join(str(b["line"]) for b in self.bad))
+        if self.stopped_at is not None:
+            out(f"stopped at line {self.stopped_at}")
+
+
+def _open_input(path: str) -> tuple[BinaryIO, str]:
+    if path == "-":
+        return sys.stdin.buffer, "<stdin>"
+    try:
+        stream = open(path, "rb")  # noqa: SIM115 - closed by cmd_replay
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(os.fstat(stream.fileno()).st_mode):
+        stream.close()
+        raise CliError(f"cannot read {path}: it is a directory, not a JSONL file")
+    return stream, path
+
+
+def _count_lines(stream: BinaryIO, from_line: int) -> int | None:
+    """Non-blank lines from ``from_line`` on of a regular file (then rewound), else None."""
+    try:
+        if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+            return None
+        start = stream.tell()
+        total = sum(
+            1 for lineno, raw in enumerate(stream, start=1) if lineno >= from_line and raw.strip()
+        )
+        stream.seek(start)
+    except (OSError, ValueError):
+        return None
+    return total
+
+
+def _lines(stream: BinaryIO, label: str) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) one at a time; a read error is a ``CliError``."""
+    lineno = 0
+    while True:
+        try:
+            raw = stream.readline()
+        except OSError as exc:
+            raise CliError(
+                f"cannot read {label} after line {lineno}: {exc.strerror or exc}"
+            ) from None
+        if not raw:
+            return
+        lineno += 1
+        yield lineno, raw
+
+
+def store_refusal(exc: BaseException) -> str | None:
+    """Why the store refused this line's record for good, or None when the failure is not
+    about the line (then the replay stops there, and a rerun can go on)."""
+    if isinstance(exc, RetryableError):
+        return None
+    if type(exc).__module__.startswith("botocore"):
+        response = getattr(exc, "response", None)
+        code = response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+        if code == "ValidationException" or type(exc).__name__ == "ParamValidationError":
+            message = response.get("Error", {}).get("Message") if response else None
+            return f"the store refused the record ({message or exc})"
+        return None
+    if isinstance(exc, RecursionError):
+        return "the store refused the record (details nested too deeply)"
+    if isinstance(exc, ArithmeticError | ValueError | TypeError):
+        return f"the store refused the record ({type(exc).__name__}: {str(exc)[:200]})"
+    return None
+
+
+def _one_line(
+    lineno: int,
+    raw: bytes,
+    store: Store,
+    config: Settings,
+    summary: ReplaySummary,
+    bad: Callable[[int, str, str], None],
+) -> str | None:
+    """Handle one non-blank line; returns why the replay must stop here, else None."""
+    try:
+        obj = loads(raw)
+    except InvalidJSONError as exc:
+        bad(lineno, "invalid-json", f"the line is not JSON ({exc.message})")
+        return None
+    try:
+        event = event_from_line(obj, now_ns=NO_SERVER_TIME_NS)
+    except UnsupportedEventError as exc:
+        summary.dropped += 1
+        summary.reasons[exc.reason] += 1
+        return None
+    except InvalidEventError as exc:
+        bad(lineno, exc.code, exc.message)
+        return None
+    try:
+        decision = ingest_event(store, event, config)
+    except Exception as exc:
+        refusal = store_refusal(exc)
+        if refusal is None:
+            what = "the store did not accept it" if isinstance(exc, RetryableError) else "it failed"
+            return f"{what} ({type(exc).__name__}: {str(exc).strip()[:300]})"
+        bad(lineno, "store-rejected", refusal)
+        return None
+    if decision.applied:
+        summary.applied += 1
+    else:
+        summary.dropped += 1
+    summary.reasons[str(decision.reason)] += 1
+    return None
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    config = settings_for(args)
+    stream, label = _open_input(args.file)
+    try:
+        return _replay(args, config, stream, label)
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+
+
+def _replay(args: argparse.Namespace, config: Settings, stream: BinaryIO, label: str) -> int:
+    interactive = sys.stderr.isatty() and not args.no_progress
+    total = _count_lines(stream, args.from_line) if interactive else None
+    progress = Progress(total, sys.stderr, interactive)
+    summary = ReplaySummary(file=label)
+    failure: CliError | None = None
+
+    def bad(lineno: int, code: str, message: str) -> None:
+        summary.bad.append({"line": lineno, "error": code, "message": message})
+        progress.message(f"{label}:{lineno}: {message} (skipped)")
+
+    def stop(lineno: int, why: str, code: int = EXIT_FAILURE) -> CliError:
+        summary.stopped_at = lineno
+        return CliError(
+            f"stopped at line {lineno} of {label}: {why}; the lines before it are in the store, "
+            f"rerun with --from-line {lineno} to resume (replaying the whole file is safe too)",
+            code,
+        )
+
+    with open_store(config) as store:
+        last = 0  # the last line fully handled
+        try:
+            for lineno, raw in _lines(stream, label):
+                if lineno < args.from_line or not raw.strip():
+                    last = lineno
+                    continue
+                outcome = _one_line(lineno, raw, store, config, summary, bad)
+                if outcome is not None:
+                    failure = stop(lineno, outcome)
+                    break
+                summary.lines += 1
+                progress.advance()
+                last = lineno
+        except KeyboardInterrupt:
+            failure = stop(last + 1, "interrupted", EXIT_INTERRUPTED)
+        except CliError as exc:  # the input could not be read further
+            summary.stopped_at = last + 1
+            failure = exc
+    progress.clear()
+    if args.json:
+        print_json(summary.as_dict())
+    else:
+        summary.print_text()
+    if failure is not None:
+        raise failure
+    return EXIT_FAILURE if summary.bad else EXIT_OK

@@ -1,0 +1,7 @@
+"""``opstate serve``: the API app on this machine (no AWS, no Docker).
+
+Owns: ``apigw`` (API Gateway v2 events, the Lambda context, responses), ``http_server`` (the
+HTTP server), ``secret_file`` (the local webhook secret), ``reconcile_loop`` (the reconciler's
+timer) and ``serve`` (the wiring). May import the domain, stores, signatures, observability,
+api and reconcile; nothing but ``opstate.cli`` imports it.
+"""

@@ -1,0 +1,302 @@
+"""``opstate serve``: the Lambda's API app behind a local, threaded HTTP server.
+
+Each HTTP request becomes an API Gateway HTTP API (payload format 2.0) event and goes through
+``opstate.api.create_app(...).resolve(event, context)`` — the same routes, signature checks and
+JSON responses as in AWS. The embedded SQLite store is the default; the reconciler runs on a
+timer when a Gemini API key is configured; every state change is printed as one line.
+
+Shutdown (SIGINT / SIGTERM): end the reconciler pass's time budget (its in-flight Gemini
+requests finish, nothing new starts), stop accepting, let in-flight HTTP requests finish, wait
+for the reconciler thread, close the store. Everything acknowledged with a 200 has been written.
+
+This module is the wiring; the parts live beside it: ``apigw`` (events and context),
+``http_server`` (HTTP), ``secret_file`` (the local webhook secret) and ``reconcile_loop``
+(the reconciler's timer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import shlex
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+from opstate.api_token import API_TOKEN_ENV, ApiToken
+from opstate.config import Settings
+from opstate.local.apigw import WEBHOOK_PATH
+from opstate.local.reconcile_loop import ReconcileLoop, start_reconciler
+from opstate.local.secret_file import (
+    DEFAULT_SECRET_FILE,
+    SecretFileReader,
+    SecretSource,
+    api_token_for,
+    resolve_secrets,
+)
+from opstate.reducer import Decision
+from opstate.times import format_time
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 3000
+DEFAULT_RECONCILE_EVERY_S = 300.0
+
+
+class LocalApp:
+    """The API app behind the local server.
+
+    ``opstate.api`` serialises ``resolve`` itself (Powertools keeps the current event on the
+    router class), so one app instance serves every request thread.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+
+    def resolve(self, event: dict[str, Any], context: Any) -> Mapping[str, Any]:
+        try:
+            result: Mapping[str, Any] = self._app.resolve(event, context)
+        finally:
+            _clear_metrics()
+        return result
+
+
+# --------------------------------------------------------------------------------------------
+# Printing
+
+
+class Printer:
+    """Thread-safe line printer (stdout is shared by request and reconciler threads)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+        self._lock = threading.Lock()
+        self._broken = False
+
+    def __call__(self, line: str) -> None:
+        with self._lock:
+            if self._broken:
+                return
+            try:
+                self._out.write(line + "\n")
+                self._out.flush()
+            except (OSError, ValueError):
+                # stdout went away (a closed pipe): keep serving and, above all, keep shutdown
+                # working; printing is best effort.
+                self._broken = True
+
+
+def change_line(decision: Decision, now_ns: int | None = None) -> str | None:
+    """``<time>  <name>  <previous> -> <new>  v<version>`` for a state change, else None."""
+    if not decision.state_changed or decision.record is None:
+        return None
+    record = decision.record
+    previous = str(decision.previous.state) if decision.previous is not None else "(new)"
+    stamp = format_time(now_ns if now_ns is not None else time.time_ns())
+    stamp = stamp[:19] + "Z"
+    return f"{stamp}  {record.name}  {previous} -> {record.state}  v{record.version}"
+
+
+def token_expression(token: ApiToken) -> str:
+    """A shell expression for the API token, read at paste time (never the token itself)."""
+    if token.origin == "file" and token.path is not None:
+        return f"$(cat {shlex.quote(str(token.path))})"
+    return f"${{{API_TOKEN_ENV}}}"
+
+
+def track_example(base_url: str, token: ApiToken) -> str:
+    """A ready-to-paste ``curl`` that tracks a job through the token-protected route."""
+    return (
+        f'curl -sS -X PUT -H "Authorization: Bearer {token_expression(token)}" '
+        f"{base_url}/operations/batches/<id>"
+    )
+
+
+def curl_example(base_url: str, source: SecretSource) -> str:
+    """A ready-to-paste shell snippet that signs and posts a test webhook (openssl + curl)."""
+    if source.origin == "file" and source.path is not None:
+        secret_expr = f"$(head -n1 {shlex.quote(str(source.path))})"
+    else:
+        secret_expr = '"${OPSTATE_WEBHOOK_SECRETS%% *}"'
+    url = f"{base_url}{WEBHOOK_PATH}"
+    return "\n".join(
+        [
+            f"  secret={secret_expr}",
+            "  id=msg_$RANDOM$RANDOM; ts=$(date +%s)",
+            '  body=\'{"type":"batch.succeeded","version":"v1","timestamp":"\'"$(date -u'
+            ' +%Y-%m-%dT%H:%M:%SZ)"\'","data":{"id":"batches/demo-1"}}\'',
+            "  key=$(printf %s \"${secret#whsec_}\" | base64 -d | od -An -vtx1 | tr -d ' \\n')",
+            '  sig=$(printf %s "$id.$ts.$body" | openssl dgst -sha256 -mac HMAC'
+            ' -macopt "hexkey:$key" -binary | base64)',
+            f"  curl -sS -X POST {url} -H 'content-type: application/json' \\",
+            '    -H "webhook-id: $id" -H "webhook-timestamp: $ts"'
+            ' -H "webhook-signature: v1,$sig" -d "$body"; echo',
+        ]
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeOptions:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    store_url: str | None = None
+    reconcile_every_s: float = DEFAULT_RECONCILE_EVERY_S
+    secret_file: Path = DEFAULT_SECRET_FILE
+    verbose: bool = False
+
+
+class ServeError(Exception):
+    """An expected start-up failure (port in use, bad secret file): one sentence, exit 1."""
+
+
+def _quiet_powertools(verbose: bool) -> None:
+    """Locally, decisions are printed as lines: no EMF blobs, logs at warning level."""
+    os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+    from opstate.observability import logger
+
+    if not verbose:
+        logger.setLevel("WARNING")
+
+
+def _clear_metrics() -> None:
+    from opstate.observability import metrics
+
+    with contextlib.suppress(Exception):
+        metrics.clear_metrics()
+
+
+def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -> int:
+    """Run the local server until SIGINT / SIGTERM; returns the process exit code."""
+    say = Printer(out)
+    _quiet_powertools(options.verbose)
+
+    from opstate.api import create_app, require_bearer_token
+    from opstate.signatures import SecretsProviderVerifier, StaticSecretsVerifier
+    from opstate.store import store_from_url
+
+    store_url = options.store_url or settings.store_url
+    settings = dataclasses.replace(settings, store_url=store_url)
+    try:
+        source = resolve_secrets(settings, options.secret_file)
+    except (OSError, ValueError) as exc:
+        raise ServeError(f"cannot set up the webhook secret: {exc}") from None
+    try:
+        token = api_token_for(settings, options.secret_file)
+    except (OSError, ValueError) as exc:
+        raise ServeError(f"cannot set up the API token: {exc}") from None
+    verifier: Any
+    if source.origin == "file" and source.path is not None:
+        verifier = SecretsProviderVerifier(
+            SecretFileReader(source.path),
+            tolerance_s=settings.webhook_tolerance_s,
+            where=f"the webhook secret file {source.path}",
+        )
+    else:
+        verifier = StaticSecretsVerifier(source.secrets, tolerance_s=settings.webhook_tolerance_s)
+
+    store = store_from_url(store_url, settings)
+    # SQLite has no TTL of its own: terminal records past their expires_at (applied time +
+    # OPSTATE_RETENTION_DAYS when written) are removed at start-up.
+    purge_expired = getattr(store, "purge_expired", None)
+    if callable(purge_expired):
+        purged = purge_expired()
+        if purged:
+            say(f"retention: removed {purged} terminal record(s) past their expires_at")
+
+    def on_decision(decision: Decision) -> None:
+        line = change_line(decision)
+        if line is not None:
+            say(line)
+
+    # Built now: configuration errors surface before "listening".
+    apps = LocalApp(
+        create_app(
+            store=store,
+            verifier=verifier,
+            settings=settings,
+            on_decision=on_decision,
+            operations_auth=require_bearer_token(token.token),
+        )
+    )
+
+    # waitress is imported here: the CLI builds its parser from this module's defaults.
+    try:
+        from opstate.local.http_server import ApiGatewayApp, LocalHTTPServer
+    except ImportError as exc:
+        store.close()
+        raise ServeError(
+            f"opstate serve needs waitress ({exc}); install it with "
+            "pip install 'gemini-opstate[local]'"
+        ) from None
+    if not options.verbose:
+        logging.getLogger("waitress").setLevel(logging.ERROR)  # queue depth, cancelled tasks
+
+    wsgi_app = ApiGatewayApp(apps.resolve, say=say, verbose=options.verbose)
+    try:
+        httpd = LocalHTTPServer(options.host, options.port, wsgi_app)
+    except OSError as exc:
+        store.close()
+        raise ServeError(
+            f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc}"
+        ) from None
+    host, port = httpd.host, httpd.port
+    base_url = f"http://{host}:{port}"
+
+    say(f"opstate serve: store {store_url}")
+    if source.origin == "env":
+        say(f"webhook secrets: {len(source.secrets)} from OPSTATE_WEBHOOK_SECRETS")
+    elif source.generated:
+        say(f"webhook secret (generated, saved in {source.path} with mode 0600):")
+        say(f"  {source.secrets[0]}")
+    else:
+        say(f"webhook secrets: {len(source.secrets)} from {source.path}")
+    for warning in source.warnings:
+        say(f"warning: {warning}")
+    if token.origin == "env":
+        say(f"API token (operations routes): from {API_TOKEN_ENV}")
+    elif token.generated:
+        say(f"API token (operations routes): generated, saved in {token.path} with mode 0600")
+    else:
+        say(f"API token (operations routes): from {token.path}")
+    say(f"webhook URL: {base_url}{WEBHOOK_PATH}")
+    say("  give Gemini the public https URL of a tunnel that forwards only this path, e.g.")
+    say(f"  opstate webhooks register --url https://<your-tunnel>{WEBHOOK_PATH}")
+    say("signed test webhook (paste into a shell):")
+    say(curl_example(base_url, source))
+    say(f"track a job: {track_example(base_url, token)}")
+
+    loop: ReconcileLoop | None = None
+    if settings.gemini_api_key or settings.gemini_api_key_secret_arn:
+        loop = start_reconciler(store, settings, options.reconcile_every_s, say)
+    else:
+        say("reconciler: off (set GEMINI_API_KEY to poll Gemini)")
+
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+
+    # Installed for the rest of the process: a repeated signal during shutdown changes nothing.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    httpd.start()
+    say(f"listening on {base_url}")
+    try:
+        while not stopping.wait(0.5):
+            pass
+    finally:
+        if loop is not None:
+            loop.request_stop()  # the pass's budget ends now: nothing new starts
+        say("stopping: finishing in-flight requests")
+        httpd.shutdown()  # stops accepting, finishes in-flight requests, closes connections
+        if loop is not None:
+            loop.stop()
+        store.close()
+        say("stopped")
+    return 0
