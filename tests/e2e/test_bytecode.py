@@ -5,7 +5,7 @@ For each built function: every ``.py`` of its code and of its layers has a
 ``__pycache__/<name>.cpython-311.pyc`` written by CPython 3.11 (the magic number) in
 ``unchecked-hash`` mode (used whatever the files' mtimes); and every module the function imports
 at init (plus what its first request imports: the ``opstate`` package, google-genai for the
-reconciler) comes from such a file.
+reconciler; the CLI and the local server, never loaded in Lambda, aside) comes from such a file.
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ import importlib, json, pkgutil, sys
 import app
 import opstate
 for info in pkgutil.walk_packages(opstate.__path__, "opstate."):
-    importlib.import_module(info.name)
+    # The CLI and the local server are never imported in Lambda (waitress is not in the layer).
+    if not info.name.startswith(("opstate.cli", "opstate.local")):
+        importlib.import_module(info.name)
 for name in sys.argv[1:]:
     importlib.import_module(name)
 print(json.dumps(sorted({m.__file__ for m in list(sys.modules.values())
