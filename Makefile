@@ -18,18 +18,22 @@ RIE_STAMP := $(RIE_VENV)/.installed
 SAM := SAM_CLI_TELEMETRY=0 $(TOOLS_VENV)/bin/sam
 CFN_LINT := $(TOOLS_VENV)/bin/cfn-lint
 
-.PHONY: help run test lint typecheck pytest venv bench bench-quick clean \
-	tools rie-venv template-check build e2e lambda-base-image lambda-base-image-if-docker \
-	samlocal
+.PHONY: help run test unit lint typecheck pytest venv bench bench-quick clean \
+	tools rie-venv template-check build e2e dashboard mutate lambda-base-image \
+	lambda-base-image-if-docker samlocal
 
 help:
 	@echo "make run    - set up .venv if needed, then serve the app on http://127.0.0.1:3000"
 	@echo "make test   - set up .venv (and .tools-venv, .rie-venv) if needed, then ruff, mypy,"
 	@echo "              the template checks, sam build and the whole pytest suite (incl. e2e)"
+	@echo "make unit   - the inner loop: the domain and unit tests only (tests/unit, under 30 s)"
 	@echo "make bench  - benchmarks (not part of make test; cold start also in a Lambda-like container"
 	@echo "              when Docker answers); make bench-quick for a short run"
+	@echo "make mutate - mutation testing of the domain modules and signatures.py (not part of"
+	@echo "              make test; slow: lists the surviving mutants)"
 	@echo "make template-check - sam validate --lint and cfn-lint (+ serverless rules) on template.yaml"
 	@echo "make build  - sam build (cached, parallel) into .aws-sam/build"
+	@echo "make dashboard - regenerate template.yaml's dashboard and saved queries (scripts/)"
 	@echo "make e2e    - the built functions through the Lambda runtime interface (no Docker)"
 	@echo "make samlocal - sam local invoke / start-api on the build (needs Docker; part of make test)"
 	@echo "make lambda-base-image - AWS's Lambda Python 3.11 image, or its offline stand-in"
@@ -71,6 +75,10 @@ template-check: $(TOOLS_STAMP)
 	$(SAM) validate --lint
 	$(CFN_LINT) --append-rules cfn_lint_serverless.rules -- template.yaml
 
+# The dashboard and the saved Logs Insights queries are generated from opstate's metric table.
+dashboard: $(STAMP)
+	$(PY) scripts/observability_block.py --write
+
 # Always run: with --cached SAM itself rebuilds only what changed (about 8 s when nothing did).
 build: $(TOOLS_STAMP)
 	$(SAM) build --cached --parallel
@@ -103,10 +111,15 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 	@for f in functions/*/app.py; do $(VENV)/bin/mypy --strict --follow-imports=silent "$$f" || exit 1; done
-	$(VENV)/bin/mypy --strict tests/support tests/e2e tests/samlocal benchmarks
+	$(VENV)/bin/mypy --strict tests/support tests/e2e tests/samlocal benchmarks scripts
 
 pytest: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The inner loop: tests/unit (the domain and the modules around it; no servers, no AWS, no
+# build), under 30 s. A unit test marked `slow` leaves this loop; `make test` still runs it.
+unit: $(STAMP)
+	$(PY) -m pytest tests/unit -q -m "not slow" $(PYTEST_ARGS)
 
 # The template checks and the build come first: the e2e and sam local tests (part of pytest)
 # run the build.
@@ -117,6 +130,11 @@ bench: $(STAMP) build lambda-base-image-if-docker
 
 bench-quick: $(STAMP) build lambda-base-image-if-docker
 	$(PY) benchmarks/run.py --quick
+
+# Mutation testing (tools/mutate.py): every mutant of the domain modules and signatures.py
+# against their tests; exits 1 and lists the survivors if any. MUTATE_ARGS e.g. --module names.
+mutate: $(STAMP)
+	$(PY) tools/mutate.py $(MUTATE_ARGS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS_VENV) $(RIE_VENV) .mypy_cache .pytest_cache .ruff_cache .aws-sam

@@ -1,5 +1,5 @@
-"""Sections 1-3: ingest throughput through the webhook handler against the bare store round
-trips, store calls per event, and 8-way contention on one operation.
+"""Sections 1 and 3: ingest throughput through the webhook handler against the bare store round
+trips, and 8-way contention on one operation (section 2, calls per event, is bench_calls.py).
 
 - Throughput: N signed ``batch.succeeded`` deliveries of N new operations through the API app
   (``create_app(...).resolve``: body size check, Standard Webhooks signature check, JSON parse,
@@ -8,8 +8,6 @@ trips, store calls per event, and 8-way contention on one operation.
   ``store.put_if_absent`` of a prebuilt record, for N other new names. Rounds alternate
   (bare, handler, bare, handler, ...) and each side's figure is its median round. The app's log
   lines and EMF metrics are written (to /dev/null): that work is part of the handler.
-- Calls per event: ingest on a store wrapped to count port calls; on DynamoDB the real API calls
-  are also counted with a botocore ``before-call`` hook.
 - Contention: 8 threads, one operation, one timeline of ``events`` events dealt round-robin in
   true order (so most events are still applicable when read and writers race); a sender retries a
   ``RetryableError`` (the 503 a webhook would get) after a short pause, bounded.
@@ -24,8 +22,7 @@ import statistics
 import threading
 import time
 import uuid
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,56 +188,8 @@ def breakdown(store: Store, label: str, n: int) -> dict[str, float]:
     }
 
 
-# -- counting --------------------------------------------------------------------------------
-
-
-class ApiCallCounter:
-    """Counts DynamoDB API calls made by a boto3 client (botocore ``before-call`` events)."""
-
-    def __init__(self, client: Any) -> None:
-        self.calls: Counter[str] = Counter()
-        self._lock = threading.Lock()
-        client.meta.events.register("before-call.dynamodb", self._on_call)
-
-    def _on_call(self, model: Any = None, **_: Any) -> None:
-        with self._lock:
-            self.calls[getattr(model, "name", "?")] += 1
-
-    def total(self) -> int:
-        with self._lock:
-            return sum(self.calls.values())
-
-
 def _event(name: str, state: State, ns: int) -> OpEvent:
     return OpEvent(name, state, ns, Source.REPORT, {})
-
-
-# -- 2. calls per event ------------------------------------------------------------------------
-
-
-def calls_per_event(
-    store: Store, label: str, n: int, total: Callable[[], int], contended_events: int
-) -> dict[str, float]:
-    names = [f"batches/{label}-calls-{i:05d}" for i in range(n)]
-
-    def per_event(events: Sequence[OpEvent]) -> float:
-        before = total()
-        for event in events:
-            ingest(store, event)
-        return (total() - before) / len(events)
-
-    new = per_event([_event(name, State.PENDING, T0_NS) for name in names])
-    advancing = per_event([_event(name, State.RUNNING, T0_NS + 1_000) for name in names])
-    duplicate = per_event([_event(name, State.RUNNING, T0_NS + 1_000) for name in names])
-    stale = per_event([_event(name, State.PENDING, T0_NS + 5) for name in names])
-    result = contention(store, f"{label}-calls-hot", contended_events, total)
-    return {
-        "new": round(new, 3),
-        "advancing": round(advancing, 3),
-        "duplicate": round(duplicate, 3),
-        "stale": round(stale, 3),
-        "contended": float(result["calls_per_event"]),
-    }
 
 
 # -- 3. contention -----------------------------------------------------------------------------

@@ -57,6 +57,7 @@ class Stack:
     table: str
     bus: str
     queue_url: str
+    quarantine_queue_url: str
     webhook_secret_arn: str
     gemini_key_secret_arn: str
     clients: dict[str, Any] = field(repr=False)
@@ -70,6 +71,7 @@ class Stack:
         return {
             "OperationsTable": self.table,
             "EventBus": self.bus,
+            "WebhookQuarantineQueue": self.quarantine_queue_url,
             "WebhookSigningSecret": self.webhook_secret_arn,
             "GeminiApiKeySecret": self.gemini_key_secret_arn,
             "AWS::StackName": STACK_NAME,
@@ -95,6 +97,7 @@ def stack(moto_server: MotoServer) -> Stack:
     queue_arn = clients["sqs"].get_queue_attributes(
         QueueUrl=queue_url, AttributeNames=["QueueArn"]
     )["Attributes"]["QueueArn"]
+    quarantine_url = clients["sqs"].create_queue(QueueName=f"e2e-quarantine-{suffix}")["QueueUrl"]
     # A consumer's subscription, as docs/deploy.md describes it: a rule on the detail-type.
     clients["events"].put_rule(
         Name=f"e2e-state-changes-{suffix}",
@@ -120,6 +123,7 @@ def stack(moto_server: MotoServer) -> Stack:
         table=table,
         bus=bus,
         queue_url=queue_url,
+        quarantine_queue_url=quarantine_url,
         webhook_secret_arn=webhook_secret,
         gemini_key_secret_arn=gemini_secret,
         clients=clients,

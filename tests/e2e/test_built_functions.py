@@ -16,6 +16,7 @@ Test-only environment overrides, on top of the built template's variables:
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 from typing import Any
@@ -117,6 +118,20 @@ def emf_metrics(log_text: str) -> list[tuple[str, str, dict[str, str]]]:
                 for metric in directive["Metrics"]:
                     found.append((directive["Namespace"], metric["Name"], dims))
     return found
+
+
+def assert_metrics_as_catalogued(emitted: list[tuple[str, str, dict[str, str]]]) -> None:
+    """Every custom metric a built function printed is in ``METRICS`` (the dashboard's source)
+    with exactly its dimensions, ``service`` being the stack name."""
+    from opstate.observability import METRICS
+
+    namespace = load_template()["Mappings"]["Observability"]["Metrics"]["Namespace"]
+    custom = [(name, dims) for ns, name, dims in emitted if ns == namespace]
+    assert custom
+    for name, dims in custom:
+        assert name in METRICS, name
+        assert set(dims) == {"service", *METRICS[name].dimensions}, (name, dims)
+        assert dims["service"] == STACK_NAME
 
 
 def alarm_metric(alarm: str) -> tuple[str, str, dict[str, str]]:
@@ -227,6 +242,17 @@ def test_signed_webhook_is_stored_then_announced_once_on_the_bus(
     # A forged signature: 401, nothing written.
     forged = webhook.invoke(load_event("webhook-bad-signature.json"))
     assert forged["statusCode"] == 401
+    # Signed but not JSON: 200 quarantined, the exact bytes kept on the stack's SQS queue.
+    malformed_event = load_event("webhook-malformed-json.json")
+    malformed = webhook.invoke(malformed_event)
+    assert malformed["statusCode"] == 200, malformed
+    assert response_body(malformed)["reason"] == "quarantined"
+    kept = stack.client("sqs").receive_message(
+        QueueUrl=stack.quarantine_queue_url, MaxNumberOfMessages=10
+    )["Messages"]
+    assert [json.loads(m["Body"])["body"] for m in kept] == [
+        base64.b64encode(malformed_event["body"].encode()).decode()
+    ]
     # A stale poll result reported through PUT cannot move the record back.
     stale = webhook.invoke(load_event("report-stale.json"))
     assert stale["statusCode"] == 200
@@ -240,6 +266,11 @@ def test_signed_webhook_is_stored_then_announced_once_on_the_bus(
     # The alarms watch exactly the metrics the built function emits.
     emitted = emf_metrics(webhook.log_text())
     assert alarm_metric("SignatureRejectedAlarm") in emitted
+    assert alarm_metric("WebhooksQuarantinedAlarm") in emitted
+    # ... and the dashboard's: each metric with the dimensions METRICS (its source) names.
+    assert_metrics_as_catalogued(emitted)
+    outcomes = {d.get("outcome") for _, m, d in emitted if m == "WebhookDeliveries"}
+    assert {"applied", "dropped", "rejected", "quarantined"} <= outcomes
 
     # The stream holds one record: the INSERT (redelivery and the stale report wrote nothing).
     records = stream_records(stack)
@@ -260,7 +291,8 @@ def test_signed_webhook_is_stored_then_announced_once_on_the_bus(
     assert detail["state"] == "SUCCEEDED"
     assert detail["previousState"] is None
     assert detail["version"] == 1
-    assert detail["idempotencyKey"] == f"{SAMPLE_NAME}#1"
+    # <name>@<created_ns>#<version>: the incarnation's creation time, read from the table.
+    assert detail["idempotencyKey"] == f"{SAMPLE_NAME}@{item['created_ns']['N']}#1"
     assert detail["updateTime"] == "2026-05-10T09:59:58.123456789Z"
 
 
@@ -312,4 +344,5 @@ def test_scheduled_reconcile_polls_gemini_with_the_secret_key_and_ingests(
     }
     # The disabled webhook is reported in the metric the WebhooksDisabled alarm watches.
     assert alarm_metric("WebhooksDisabledAlarm") in emf_metrics(reconcile.log_text())
+    assert_metrics_as_catalogued(emf_metrics(reconcile.log_text()))
     assert "disabled_due_to_failed_deliveries" in reconcile.log_text()

@@ -41,18 +41,38 @@ def actions(statement: dict[str, Any]) -> set[str]:
     return {value} if isinstance(value, str) else set(value)
 
 
-def test_webhook_function_may_only_get_and_put_items_and_read_its_secret(
+def test_webhook_function_may_only_get_and_put_items_read_its_secret_and_quarantine(
     template: dict[str, Any],
 ) -> None:
     stmts = statements(template, "WebhookFunction")
     assert {frozenset(actions(s)) for s in stmts} == {
         frozenset({"dynamodb:GetItem", "dynamodb:PutItem"}),
         frozenset({"secretsmanager:GetSecretValue"}),
+        frozenset({"sqs:SendMessage"}),
     }
     by_action = {next(iter(sorted(actions(s)))): s["Resource"] for s in stmts}
     assert by_action["dynamodb:GetItem"] == {"Fn::GetAtt": ["OperationsTable", "Arn"]}
     assert by_action["secretsmanager:GetSecretValue"] == {"Ref": "WebhookSigningSecret"}
+    assert by_action["sqs:SendMessage"] == {"Fn::GetAtt": ["WebhookQuarantineQueue", "Arn"]}
     assert len(template["Resources"]["WebhookFunction"]["Properties"]["Policies"]) == 1
+
+
+def test_signed_webhooks_we_cannot_read_have_a_queue_a_metric_alarm_and_an_output(
+    template: dict[str, Any],
+) -> None:
+    resources = template["Resources"]
+    queue = resources["WebhookQuarantineQueue"]
+    assert queue["Type"] == "AWS::SQS::Queue"
+    assert queue["Properties"]["MaximumMessageSize"] == 1048576  # a 256 KiB body, base64
+    assert queue["Properties"]["MessageRetentionPeriod"] == 1209600
+    env = resources["WebhookFunction"]["Properties"]["Environment"]["Variables"]
+    assert env["OPSTATE_QUARANTINE_QUEUE_URL"] == {"Ref": "WebhookQuarantineQueue"}
+    alarm = resources["WebhooksQuarantinedAlarm"]["Properties"]
+    assert (alarm["MetricName"], alarm["Threshold"]) == ("WebhooksQuarantined", 0)
+    assert alarm["ComparisonOperator"] == "GreaterThanThreshold"
+    assert template["Outputs"]["WebhookQuarantineQueueUrl"]["Value"] == {
+        "Ref": "WebhookQuarantineQueue"
+    }
 
 
 def test_reconciler_may_query_the_open_index_and_read_only_the_api_key(

@@ -19,6 +19,7 @@ from opstate.reducer import OpRecord, Reason
 from opstate.states import State
 from opstate.store import MemoryStore, RetryableError, StoreUnavailableError, WriteOutcome
 from opstate.store.dynamodb import DynamoDBStore, item_from_record, serialize_item
+from opstate.store.port import RecordRejectedError
 from opstate.times import parse_time
 from tests.support.motoserver import free_port
 from tests.support.stores import dynamodb_client, unique_table
@@ -233,15 +234,23 @@ def test_list_open_and_iter_all_faults_raise_store_unavailable() -> None:
             list(store.iter_all())
 
 
-def test_validation_errors_are_bugs_not_outages() -> None:
+def test_validation_errors_are_permanent_drops_not_outages() -> None:
+    """A ValidationException is never retried as an outage (nor answered 500): the state is
+    written without details, and if even that is refused the event is dropped, logged."""
     client = dynamodb_client()
     store = DynamoDBStore("stubbed", client=client)
     with Stubber(client) as stub:
         stub.add_response("get_item", {})
         stub.add_client_error("put_item", service_error_code="ValidationException")
-        with pytest.raises(ClientError) as info:
-            ingest(store, ev("batches/v", State.RUNNING, T0))
-    assert not isinstance(info.value, RetryableError)
+        stub.add_client_error("put_item", service_error_code="ValidationException")
+        decision = ingest(store, ev("batches/v", State.RUNNING, T0))
+        stub.assert_no_pending_responses()
+    assert not decision.applied and decision.reason is Reason.STORE_REJECTED
+    with Stubber(client) as stub:
+        stub.add_client_error("put_item", service_error_code="ValidationException")
+        with pytest.raises(RecordRejectedError) as info:
+            store.put_if_absent(OpRecord("batches/v", State.RUNNING, T0, 1, "poll"))
+    assert not isinstance(info.value, RetryableError | ClientError)
 
 
 def test_throttling_event_hook_is_retried_then_surfaces_as_unavailable(

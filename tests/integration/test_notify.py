@@ -49,6 +49,13 @@ REGION = "us-east-1"
 STREAMS_ENDPOINT = f"https://streams.dynamodb.{REGION}.amazonaws.com"
 S = 1_000_000_000
 T0 = 1_767_225_600 * S  # 2026-01-01T00:00:00Z
+
+
+def idem_key(name: str, version: int | str) -> str:
+    """The idempotency key of a record created at T0."""
+    return f"{name}@{T0}#{version}"
+
+
 VEO = "models/veo-3.1-generate-preview/operations/v1"
 
 
@@ -66,7 +73,9 @@ class Rig:
     iterator: str | None = None
 
     def ingest(self, name: str, state: State, t: int, **details: Any) -> Decision:
-        return ingest(self.store, OpEvent(name, state, T0 + t * S, "test", details))
+        return ingest(
+            self.store, OpEvent(name, state, T0 + t * S, "test", details), clock_ns=lambda: T0
+        )
 
     def read_stream(self) -> list[dict[str, Any]]:
         """Every stream record written since the last read, in Lambda's record shape."""
@@ -229,7 +238,7 @@ def test_one_event_per_state_change_in_order_with_previous_state(rig: Rig) -> No
         ("batches/a", 2, "RUNNING", "PENDING"),
         ("batches/a", 4, "SUCCEEDED", "RUNNING"),
     ]
-    a_done = next(d for d in details if d["idempotencyKey"] == "batches/a#4")
+    a_done = next(d for d in details if d["idempotencyKey"] == idem_key("batches/a", 4))
     assert a_done["kind"] == "batch"
     assert a_done["updateTime"] == "2026-01-01T00:00:06.000000000Z"
     assert a_done["details"]["step"] == 8
@@ -279,23 +288,25 @@ def test_partial_failure_retried_yields_no_duplicate_beyond_idempotency_key(rig:
     records = rig.read_stream()
     assert len(records) == 16
     by_key = {
-        f"{r['dynamodb']['Keys']['name']['S']}#{r['dynamodb']['NewImage']['version']['N']}": r
+        idem_key(r["dynamodb"]["Keys"]["name"]["S"], r["dynamodb"]["NewImage"]["version"]["N"]): r
         for r in records
     }
 
-    flaky = RejectingEvents(rig.events, reject={"batches/p01#1", "batches/p07#1"})
+    flaky = RejectingEvents(
+        rig.events, reject={idem_key("batches/p01", 1), idem_key("batches/p07", 1)}
+    )
     first = Notifier(rig.bus, flaky).handle(lambda_event(records))
 
     # Exactly the rejected records, plus p01#2, held back behind p01#1 (never sent ahead of it).
     assert failed_ids(first) == [
-        seq(by_key["batches/p01#1"]),
-        seq(by_key["batches/p07#1"]),
-        seq(by_key["batches/p01#2"]),
+        seq(by_key[idem_key("batches/p01", 1)]),
+        seq(by_key[idem_key("batches/p07", 1)]),
+        seq(by_key[idem_key("batches/p01", 2)]),
     ]
     assert all(n <= 10 for n in flaky.calls) and len(flaky.calls) >= 2
     first_round = rig.receive()
     assert len(first_round) == 13
-    assert "batches/p01#2" not in {e["detail"]["idempotencyKey"] for e in first_round}
+    assert idem_key("batches/p01", 2) not in {e["detail"]["idempotencyKey"] for e in first_round}
 
     # Lambda resumes the shard at the lowest reported sequence number: every record from there
     # on is delivered again, including ones already published.
@@ -351,4 +362,4 @@ def test_lambda_entry_publishes_with_the_bus_from_settings(rig: Rig, monkeypatch
 
     assert response == {"batchItemFailures": []}
     (envelope,) = rig.receive()
-    assert envelope["detail"]["idempotencyKey"] == "batches/l1#1"
+    assert envelope["detail"]["idempotencyKey"] == idem_key("batches/l1", 1)

@@ -13,7 +13,7 @@ import pytest
 from opstate.config import Settings
 from opstate.events import from_report, from_webhook
 from opstate.ingest import ingest
-from opstate.names import Kind
+from opstate.names import Kind, canonical_name
 from opstate.observability import metrics
 from opstate.reconcile import Backoff, PollMemory, make_client, reconcile_once
 from opstate.reducer import OpRecord
@@ -78,7 +78,7 @@ def track(store: MemoryStore, name: str, state: str = "PENDING", time: str = T0)
 
 
 def record(store: MemoryStore, name: str) -> OpRecord:
-    found = store.get(name)
+    found = store.get(canonical_name(name))  # a video's key has no model
     assert found is not None, name
     return found
 
@@ -324,6 +324,9 @@ def test_429_500_and_timeouts_leave_operations_for_the_next_run(fake, client):
     # The SDK itself never retried: one request per operation.
     assert fake.hits("batches/op0") == 1 and fake.hits("interactions/busy") == 1
     assert metric_values("Errors") == [5.0]
+    # The dashboard's 429 line and its open-operations line.
+    assert metric_values("Throttled") == [2.0]
+    assert metric_values("OpenOperations") == [9.0]
 
     for name in ["batches/op0", "batches/op1", "batches/op2", "interactions/busy"]:
         fake.clear_fault(name)

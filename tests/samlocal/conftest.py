@@ -27,12 +27,6 @@ from tests.support.webhooks import LOCAL_EVENT_BUS, LOCAL_TABLE
 TIMINGS: list[tuple[str, float]] = []
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "samlocal: sam local invoke / start-api on the build (needs Docker)"
-    )
-
-
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if TIMINGS:
         terminalreporter.section("sam local timings (wall clock)")

@@ -63,7 +63,10 @@ PROMISED: dict[str, tuple[int, dict[str, Any]]] = {
         {"error": "invalid-signature", "message": "invalid signature"},
     ),
     "webhook-oversized.json": (413, {"error": "payload-too-large"}),
-    "webhook-malformed-json.json": (400, {"error": "malformed-json"}),
+    "webhook-malformed-json.json": (
+        200,
+        {"applied": False, "reason": "quarantined", "error": "malformed-json"},
+    ),
 }
 
 

@@ -194,7 +194,8 @@ LOCAL_GEMINI_API_KEY = "local-gemini-api-key"
 
 def local_env_vars() -> dict[str, dict[str, str]]:
     """events/env.json, the ``sam local --env-vars`` file of docs/deploy.md: the test secret,
-    a tolerance wide enough for the fixed timestamp, no Secrets Manager, local names. Endpoints
+    a tolerance wide enough for the fixed timestamp, no Secrets Manager, no quarantine queue (an
+    unreadable signed delivery is logged whole instead), local names. Endpoints
     (``AWS_ENDPOINT_URL``, ``GOOGLE_GEMINI_BASE_URL``) come from the shell: SAM passes a
     variable the template declares from the environment when the file does not set it."""
     return {
@@ -203,6 +204,7 @@ def local_env_vars() -> dict[str, dict[str, str]]:
             "OPSTATE_WEBHOOK_SECRETS": TEST_SECRET,
             "OPSTATE_WEBHOOK_SECRET_ARN": "",
             "OPSTATE_WEBHOOK_TOLERANCE_SECONDS": "2000000000",
+            "OPSTATE_QUARANTINE_QUEUE_URL": "",
         },
         "ReconcileFunction": {
             "OPSTATE_GEMINI_API_KEY_SECRET_ARN": "",

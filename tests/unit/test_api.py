@@ -16,6 +16,7 @@ import pytest
 from opstate.api import create_app
 from opstate.config import Settings
 from opstate.observability import SERVICE, logger, metrics
+from opstate.quarantine import Delivery, MemoryQuarantine, QuarantineUnavailableError
 from opstate.reducer import Decision, OpRecord
 from opstate.signatures import SecretsUnavailableError, StaticSecretsVerifier
 from opstate.states import State
@@ -47,6 +48,7 @@ class Api:
     decisions: list[Decision] = field(default_factory=list)
     settings: Settings = field(default_factory=Settings)
     verifier: Any = None
+    quarantine: MemoryQuarantine = field(default_factory=MemoryQuarantine)
 
     def __post_init__(self) -> None:
         self.app = create_app(
@@ -55,6 +57,7 @@ class Api:
             settings=self.settings,
             clock_ns=lambda: NOW_NS,
             on_decision=self.decisions.append,
+            quarantine=self.quarantine,
         )
 
     def call(self, event: Mapping[str, Any]) -> tuple[int, dict[str, str], Any]:
@@ -244,13 +247,39 @@ BAD_WEBHOOKS: list[tuple[str, bytes, str]] = [
 @pytest.mark.parametrize(
     ("body", "code"), [c[1:] for c in BAD_WEBHOOKS], ids=[c[0] for c in BAD_WEBHOOKS]
 )
-def test_bad_webhook_bodies_are_400_and_write_nothing(api: Api, body: bytes, code: str) -> None:
+def test_signed_webhooks_we_cannot_read_are_kept_never_refused(
+    api: Api, body: bytes, code: str, buffered_metrics: dict[str, Any]
+) -> None:
+    """A delivery that passed the signature check is Gemini's: a 4xx would be retried for a day
+    and then disable the endpoint. It is kept whole in the quarantine and answered 200."""
     status, _, answer = api.webhook(body)
-    assert status == 400
+    assert status == 200
+    assert answer["applied"] is False and answer["reason"] == "quarantined"
     assert answer["error"] == code
-    assert isinstance(answer["message"], str) and answer["message"]
+    (kept,) = api.quarantine.all()
+    assert kept.body == body and kept.reason == code and kept.message
+    assert kept.id == answer["quarantineId"] and kept.webhook_id == "msg_2abc0sample"
+    assert kept.received_ns == NOW_NS
+    assert buffered_metrics["WebhooksQuarantined"]["Value"] == [1.0]
     assert api.store.all() == []
     assert api.decisions == []
+
+
+def test_a_webhook_that_cannot_be_kept_is_503_never_200(api: Api) -> None:
+    class Down(MemoryQuarantine):
+        def put(self, delivery: Delivery) -> None:
+            raise QuarantineUnavailableError("queue down")
+
+    down = Api(MemoryStore(), quarantine=Down())
+    status, headers, answer = down.webhook(b"{")
+    assert (status, answer["error"]) == (503, "unavailable")
+    assert headers.get("retry-after") == "5"
+
+
+def test_an_unsigned_unreadable_webhook_is_401_and_not_kept(api: Api) -> None:
+    status, _, answer = api.call(webhook_event(b"{", {"webhook-id": "x"}))
+    assert (status, answer["error"]) == (401, "invalid-signature")
+    assert api.quarantine.all() == []
 
 
 def test_invalid_base64_is_400(api: Api) -> None:
@@ -433,7 +462,7 @@ def test_put_report_then_stale_report(api: Api) -> None:
 def test_put_name_with_slashes_and_whitespace_body(api: Api) -> None:
     name = "models/veo-3.1-generate-preview/operations/op-9"
     status, _, answer = api.call(operation_event("PUT", name, b"  \n"))
-    assert (status, answer["name"], answer["state"]) == (200, name, "PENDING")
+    assert (status, answer["name"], answer["state"]) == (200, "models/-/operations/op-9", "PENDING")
 
 
 # (case id, path name, body, expected error code)

@@ -34,6 +34,8 @@ from opstate.times import NS_PER_SECOND
 T0 = 1_767_225_600 * NS_PER_SECOND  # 2026-01-01T00:00:00Z
 TS = "2026-01-01T00:00:00Z"
 VEO = "models/veo-3.1-generate-preview/operations/abc123"
+VEO_KEY = "models/-/operations/abc123"  # the model is kept in details, not in the key
+MODEL = {"model": "veo-3.1-generate-preview"}
 
 
 def _body(event_type: str, **data: Any) -> dict[str, Any]:
@@ -57,7 +59,9 @@ def _body(event_type: str, **data: Any) -> dict[str, Any]:
             {"reason": "expired"},
         ),
         ("batch.cancelled", "batches/b1", "batches/b1", State.CANCELLED, Kind.BATCH, {}),
-        ("video.generated", VEO, VEO, State.SUCCEEDED, Kind.VIDEO, {}),
+        ("video.generated", VEO, VEO_KEY, State.SUCCEEDED, Kind.VIDEO, MODEL),
+        # Gemini's docs show bare ids: the same record as the full name
+        ("video.generated", "abc123", VEO_KEY, State.SUCCEEDED, Kind.VIDEO, {}),
         (
             "interaction.completed",
             "int_1",
@@ -227,8 +231,6 @@ def test_unsupported_webhook_types_are_dropped(body: dict[str, Any]) -> None:
         ({"type": "batch.succeeded", "data": {"id": "batches/../x"}}, "invalid-name"),
         ({"type": "batch.succeeded", "data": {"id": "b 1"}}, "invalid-name"),
         ({"type": "batch.succeeded", "data": {"id": 42}}, "invalid-name"),
-        # a video operation has no collection a bare id could belong to
-        ({"type": "video.generated", "data": {"id": "abc123"}}, "invalid-name"),
         (
             {"type": "batch.succeeded", "timestamp": "yesterday", "data": {"id": "b1"}},
             "invalid-time",
@@ -476,7 +478,7 @@ def test_malformed_batch_jobs(job: dict[str, Any], code: str) -> None:
 )
 def test_operation_mapping(op: dict[str, Any], state: State, details: dict[str, Any]) -> None:
     event = from_operation(op)
-    assert event == OpEvent(VEO, state, 0, Source.POLL, details)
+    assert event == OpEvent(VEO_KEY, state, 0, Source.POLL, {**MODEL, **details})
     assert event.kind is Kind.VIDEO
 
 
@@ -491,7 +493,7 @@ def test_operation_update_time_comes_from_metadata() -> None:
 
 def test_operation_name_spellings() -> None:
     url = f"https://generativelanguage.googleapis.com/v1beta/{VEO}?alt=json"
-    assert from_operation({"name": url}).name == VEO
+    assert from_operation({"name": url}).name == VEO_KEY
 
 
 def test_google_genai_generate_videos_operation() -> None:
@@ -499,7 +501,7 @@ def test_google_genai_generate_videos_operation() -> None:
 
     ops = types.GenerateVideosOperation
     running = ops.model_validate({"name": VEO})
-    assert from_operation(running) == OpEvent(VEO, State.RUNNING, 0, Source.POLL, {})
+    assert from_operation(running) == OpEvent(VEO_KEY, State.RUNNING, 0, Source.POLL, MODEL)
     done = ops.model_validate(
         {
             "name": VEO,
@@ -509,7 +511,7 @@ def test_google_genai_generate_videos_operation() -> None:
     )
     assert isinstance(done.response, types.GenerateVideosResponse)
     assert from_operation(done) == OpEvent(
-        VEO, State.SUCCEEDED, 0, Source.POLL, {"video_uri": "files/video-1"}
+        VEO_KEY, State.SUCCEEDED, 0, Source.POLL, {**MODEL, "video_uri": "files/video-1"}
     )
     cancelled = ops.model_validate(
         {"name": VEO, "done": True, "error": {"code": 1, "message": "CANCELLED"}}
@@ -722,3 +724,141 @@ def test_error_hierarchy() -> None:
     assert not issubclass(UnsupportedEventError, InvalidEventError)
     assert not issubclass(InvalidEventError, UnsupportedEventError)
     assert {s.value for s in Source} == {"webhook", "poll", "report"}
+
+
+# ---------------------------------------------------------------- pinned spellings (mutation)
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        {"generatedVideos": [{"video": {"uri": "files/v"}}]},
+        {"generatedSamples": [{"video": {"uri": "files/v"}}]},
+        {"generated_videos": [{"video": {"uri": "files/v"}}]},
+        {"generateVideoResponse": {"generatedSamples": [{"video": {"uri": "files/v"}}]}},
+    ],
+)
+def test_every_spelling_of_a_video_response_gives_its_uri(response: dict[str, Any]) -> None:
+    for key in ("response", "result"):  # an operation may carry `result` instead
+        event = from_operation({"name": VEO, "done": True, key: response})
+        assert event.state is State.SUCCEEDED
+        assert event.details == {**MODEL, "video_uri": "files/v"}
+
+
+@pytest.mark.parametrize("uri", [42, None, ["files/v"], {"u": 1}])
+def test_a_video_uri_that_is_not_text_is_not_kept(uri: object) -> None:
+    response = {"generatedVideos": [{"video": {"uri": uri}}]}
+    assert from_operation({"name": VEO, "done": True, "response": response}).details == MODEL
+
+
+def test_an_empty_or_videoless_response_has_no_uri() -> None:
+    for response in ({"generatedVideos": []}, {"generatedVideos": [{"video": None}]}, {}):
+        assert (
+            "video_uri"
+            not in from_operation({"name": VEO, "done": True, "response": response}).details
+        )
+
+
+@pytest.mark.parametrize("key", ["updated", "update_time", "updateTime"])
+def test_interaction_times_under_every_key(key: str) -> None:
+    event = from_interaction({"id": "i1", "status": "in_progress", key: TS})
+    assert event.update_time_ns == T0
+
+
+def test_an_interaction_is_identified_by_name_before_id() -> None:
+    assert from_interaction({"name": "interactions/n1", "status": "completed"}).name == (
+        "interactions/n1"
+    )
+    assert from_interaction({"name": "n2", "id": "i2", "status": "completed"}).name == (
+        "interactions/n2"
+    )
+    assert from_interaction({"id": "i3", "status": "completed"}).name == "interactions/i3"
+
+
+# ---------------------------------------------------------------- messages users see in 400s
+
+
+@pytest.mark.parametrize(
+    ("call", "code", "message"),
+    [
+        (lambda: from_webhook([]), "invalid-body", "the webhook body must be a JSON object"),
+        (lambda: from_webhook({}), "missing-field", "the webhook body has no 'type' string"),
+        (
+            lambda: from_webhook({"type": "batch.succeeded"}),
+            "missing-field",
+            "the webhook body has no 'data' object",
+        ),
+        (
+            lambda: from_webhook({"type": "batch.succeeded", "data": {}}),
+            "missing-field",
+            "the webhook 'data' has no 'id' or 'name'",
+        ),
+        (
+            lambda: from_webhook({"type": "batch.succeeded", "timestamp": 5, "data": {"id": "b"}}),
+            "invalid-time",
+            "invalid time 5: expected RFC3339 text",
+        ),
+        (
+            lambda: from_webhook(
+                {"type": "batch.succeeded", "timestamp": "soon", "data": {"id": "b"}}
+            ),
+            "invalid-time",
+            "invalid time 'soon': not an RFC3339 date-time (YYYY-MM-DDTHH:MM:SS[.f]Z|±HH:MM)",
+        ),
+        (
+            lambda: from_batch_job({"state": "JOB_STATE_RUNNING"}),
+            "missing-field",
+            "no operation name ('name' or 'id')",
+        ),
+        (
+            lambda: from_report("batches/b", {"state": 3}, now_ns=NOW),
+            "invalid-state",
+            "'state' must be a string, not 3",
+        ),
+        (
+            lambda: from_report("batches/b", {"details": []}, now_ns=NOW),
+            "invalid-details",
+            "'details' must be a JSON object",
+        ),
+        (
+            lambda: from_report("batches/b", {"details": {"n": 1e300}}, now_ns=NOW),
+            "invalid-details",
+            "invalid details: $.n: magnitude outside 1e-130 .. 9.99e125",
+        ),
+        (
+            lambda: from_report("batches/b", [], now_ns=NOW),  # type: ignore[arg-type]
+            "invalid-body",
+            "the report body must be a JSON object",
+        ),
+    ],
+)
+def test_refusal_messages(call: Any, code: str, message: str) -> None:
+    with pytest.raises(InvalidEventError) as info:
+        call()
+    assert (info.value.code, info.value.message, str(info.value)) == (code, message, message)
+
+
+def test_unsupported_messages() -> None:
+    with pytest.raises(UnsupportedEventError) as info:
+        from_webhook({"type": "batch.paused"})
+    assert info.value.reason == "unsupported-event-type"
+    assert str(info.value) == "webhook event type 'batch.paused' is not supported"
+    with pytest.raises(UnsupportedEventError) as info:
+        from_batch_job({"name": "batches/b", "state": "JOB_STATE_UNSPECIFIED"})
+    assert str(info.value) == "batch batches/b has unknown state 'JOB_STATE_UNSPECIFIED'"
+    with pytest.raises(UnsupportedEventError) as info:
+        from_interaction({"id": "i", "status": "dreaming"})
+    assert str(info.value) == "interaction interactions/i has unknown status 'dreaming'"
+
+
+def test_a_batch_without_a_state_says_so() -> None:
+    with pytest.raises(UnsupportedEventError) as info:
+        from_batch_job({"name": "batches/b"})
+    assert (info.value.reason, str(info.value)) == ("unknown-state", "batch batches/b has no state")
+
+
+def test_an_event_is_an_immutable_value() -> None:
+    event = OpEvent("batches/b", State.RUNNING, 1, Source.POLL)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        event.state = State.FAILED  # type: ignore[misc]
+    assert not hasattr(event, "__dict__")

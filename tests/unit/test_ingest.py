@@ -17,6 +17,7 @@ from opstate.ingest import (
 from opstate.reducer import OpRecord, Reason
 from opstate.states import State
 from opstate.store import MemoryStore, RetryableError, StoreUnavailableError, WriteOutcome
+from opstate.store.port import RecordRejectedError
 
 NAME = "batches/u1"
 
@@ -186,3 +187,56 @@ def test_store_fault_escapes_as_store_unavailable() -> None:
 def test_max_attempts_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_attempts"):
         ingest(MemoryStore(), ev(State.RUNNING, 1), max_attempts=0)
+
+
+def test_one_attempt_means_one_write_and_no_sleep() -> None:
+    slept: list[float] = []
+    won = ingest(seeded(0), ev(State.SUCCEEDED, 400), max_attempts=1, sleep=slept.append)
+    assert won.applied and (won.attempts, won.conflicts) == (1, 0)
+    store = seeded(1)
+    with pytest.raises(IngestContentionError) as info:
+        ingest(store, ev(State.SUCCEEDED, 10**6), max_attempts=1, sleep=slept.append)
+    assert info.value.attempts == 1 and store.writes == 1
+    assert "after 1 conflicting writes" in str(info.value)
+    assert slept == []
+
+
+class RefusingStore(MemoryStore):
+    """Refuses (``RecordRejectedError``) every record whose details are not empty, or all."""
+
+    def __init__(self, refuse_all: bool = False) -> None:
+        super().__init__()
+        self.refuse_all = refuse_all
+        self.refused = 0
+
+    def put_if_absent(self, record: OpRecord) -> WriteOutcome:
+        if self.refuse_all or record.details:
+            self.refused += 1
+            raise RecordRejectedError("ValidationException: item too large")
+        return super().put_if_absent(record)
+
+
+def test_a_store_refusal_still_writes_the_state_without_details() -> None:
+    store = RefusingStore()
+    decision = ingest(store, ev(State.SUCCEEDED, 5, output_file_uri="files/o"))
+    assert decision.applied and decision.reason is Reason.CREATED
+    assert decision.details_problems[-1] == "$: dropped: the store refused"
+    record = store.get(NAME)
+    assert record is not None and record.state is State.SUCCEEDED and record.details == {}
+    assert store.refused == 1
+
+
+def test_a_record_the_store_always_refuses_is_a_permanent_drop_not_an_error() -> None:
+    store = RefusingStore(refuse_all=True)
+    decision = ingest(store, ev(State.SUCCEEDED, 5, output_file_uri="files/o"))
+    assert not decision.applied and decision.reason is Reason.STORE_REJECTED
+    assert decision.record is None and store.get(NAME) is None and store.refused == 2
+    assert not isinstance(RecordRejectedError("x"), RetryableError)
+
+
+def test_every_store_refuses_details_no_store_can_hold() -> None:
+    store = MemoryStore()
+    bad = OpRecord(NAME, State.RUNNING, 1, 1, "poll", {"n": 1e300})
+    with pytest.raises(RecordRejectedError, match=r"\$.n: magnitude"):
+        store.put_if_absent(bad)
+    assert store.get(NAME) is None

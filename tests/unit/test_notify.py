@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import itertools
 import json
@@ -26,6 +27,7 @@ from opstate.notify import (
     SOURCE,
     Notifier,
     build_entry,
+    idempotency_key,
     notifier_from_settings,
 )
 from opstate.observability import metrics as obs_metrics
@@ -36,6 +38,11 @@ from opstate.store.dynamodb import item_from_record, serialize_item
 BUS = "opstate-test-bus"
 ARN = "arn:aws:dynamodb:us-east-1:123456789012:table/ops/stream/2026-01-01T00:00:00.000"
 T0 = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
+
+
+def idem_key(name: str, version: int | str) -> str:
+    """The idempotency key of a record created at T0."""
+    return f"{name}@{T0}#{version}"
 
 
 @pytest.fixture(autouse=True)
@@ -187,7 +194,7 @@ def test_insert_emits_one_event_with_null_previous_state() -> None:
         "version": 1,
         "updateTime": "2026-01-01T00:00:01.000000000Z",
         "details": {"user_metadata": {"k": "v"}, "n": 3},
-        "idempotencyKey": "batches/a1#1",
+        "idempotencyKey": idem_key("batches/a1", 1),
     }
 
 
@@ -203,7 +210,7 @@ def test_modify_with_state_change_carries_previous_state() -> None:
     assert detail["state"] == "SUCCEEDED"
     assert detail["previousState"] == "RUNNING"
     assert detail["version"] == 3
-    assert detail["idempotencyKey"] == f"{old.name}#3"
+    assert detail["idempotencyKey"] == idem_key(old.name, 3)
     assert detail["details"] == {"uri": "gs://x"}
 
 
@@ -323,7 +330,9 @@ def test_one_entry_per_operation_per_call_and_earlier_versions_first() -> None:
 def test_failed_record_holds_back_later_records_of_the_same_operation() -> None:
     stream = Stream()
     client = FakeEvents(
-        reject=lambda d: "InternalFailure" if d["idempotencyKey"] == "batches/x#2" else None
+        reject=lambda d: (
+            "InternalFailure" if d["idempotencyKey"] == idem_key("batches/x", 2) else None
+        )
     )
     x = stream.timeline("batches/x", [State.PENDING, State.RUNNING, State.SUCCEEDED])
     y = stream.timeline("batches/y", [State.PENDING, State.FAILED])
@@ -333,11 +342,11 @@ def test_failed_record_holds_back_later_records_of_the_same_operation() -> None:
     # x#2 rejected, x#3 held back (never sent), everything else published.
     assert failures(response) == [seq_of(x[1]), seq_of(x[2])]
     sent_keys = [d["idempotencyKey"] for d in client.details]
-    assert "batches/x#3" not in sent_keys
+    assert idem_key("batches/x", 3) not in sent_keys
     assert [d["idempotencyKey"] for d in client.accepted()] == [
-        "batches/x#1",
-        "batches/y#1",
-        "batches/y#2",
+        idem_key("batches/x", 1),
+        idem_key("batches/y", 1),
+        idem_key("batches/y", 2),
     ]
 
 
@@ -363,7 +372,10 @@ def test_unreadable_record_fails_alone_and_holds_back_its_operation() -> None:
     response = run(records, client)
 
     assert failures(response) == [seq_of(records[1]), seq_of(records[2])]
-    assert [d["idempotencyKey"] for d in client.details] == ["batches/a#1", "batches/b#1"]
+    assert [d["idempotencyKey"] for d in client.details] == [
+        idem_key("batches/a", 1),
+        idem_key("batches/b", 1),
+    ]
 
 
 def test_entire_batch_failing_is_reported_not_raised() -> None:
@@ -420,7 +432,7 @@ def test_ordering_and_reporting_invariants(plan: list[tuple[int, int, bool]]) ->
         versions[name] = new
         records.append(rec)
         if current is None or current.state != new.state:
-            key = f"{name}#{new.version}"
+            key = idem_key(name, new.version)
             emitting.append((seq_of(rec), name, key))
             if reject:
                 rejected_keys.add(key)
@@ -494,6 +506,34 @@ def test_lambda_entry_returns_failures_and_emits_metrics(monkeypatch, capsys) ->
     assert metrics["PublishFailures"] == 1
 
 
+def test_a_record_created_again_after_ttl_never_reuses_a_key() -> None:
+    """TTL removed a terminal record and discovery created it again: version restarts at 1,
+    and so would ``<name>#1``; the creation time tells the two incarnations apart."""
+    stream, client = Stream(), FakeEvents()
+    first = op("batches/again", State.PENDING, 1)
+    second = dataclasses.replace(
+        op("batches/again", State.SUCCEEDED, 1), created_ns=T0 + 90 * 86_400 * 10**9
+    )
+    assert failures(run([stream.insert(first), stream.insert(second)], client)) == []
+    keys = [d["idempotencyKey"] for d in client.details]
+    assert keys == [f"batches/again@{T0}#1", f"batches/again@{second.created_ns}#1"]
+    assert len(set(keys)) == 2
+
+
+def test_an_item_without_a_creation_time_keeps_a_stable_key() -> None:
+    """An item as an older writer shaped it, without created_ns: the key is ``<name>#<v>``, the
+    same every time the record is read."""
+    stream, client = Stream(), FakeEvents()
+    new = op("batches/legacy", State.RUNNING, 4)
+    record = stream.insert(new)
+    for attr in ("created_ns", "created_at"):
+        record["dynamodb"]["NewImage"].pop(attr, None)
+    run([record], client)
+    run([record], client)
+    assert [d["idempotencyKey"] for d in client.details] == ["batches/legacy#4"] * 2
+    assert idempotency_key(dataclasses.replace(new, created_ns=0)) == "batches/legacy#4"
+
+
 # --- records without a position, and per-invocation counters ------------------------------------
 
 
@@ -518,7 +558,7 @@ def test_record_without_a_sequence_number_fails_alone_not_the_batch(
 
     # The others are settled as usual: a published, c's rejection reported by its own number.
     assert failures(response) == [seq_of(records[2])]
-    assert [d["idempotencyKey"] for d in client.accepted()] == ["batches/a#1"]
+    assert [d["idempotencyKey"] for d in client.accepted()] == [idem_key("batches/a", 1)]
     (summary,) = logged(caplog, "stream batch processed")
     assert (summary["failed"], summary["unreportable"], summary["published"]) == (2, 1, 1)
 

@@ -5,7 +5,10 @@
 (2) no observer ever sees (rank, time) go backwards;
 (3) applying an event twice equals applying it once;
 (4) times: parse of format is the identity, and parsed order is instant order whatever the
-    precision and offset of the text.
+    precision and offset of the text;
+(5) details belong to a state: state-scoped keys are cleared on a state change, observation-
+    scoped ones by any applied event that lacks them, the rest persist; and no sequence of
+    events grows a record's details past the cap.
 """
 
 from __future__ import annotations
@@ -18,13 +21,15 @@ from datetime import UTC, datetime, timedelta, timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from opstate.details import MAX_DETAILS_BYTES
+from opstate.details import size as details_size
 from opstate.events import OpEvent, Source
 from opstate.ingest import ingest
-from opstate.reducer import OpRecord, apply_event
+from opstate.reducer import OBSERVATION_SCOPED_KEYS, STATE_SCOPED_KEYS, OpRecord, apply_event
 from opstate.states import TERMINAL, State, rank
 from opstate.store import MemoryStore
 from opstate.store.port import WriteOutcome
-from opstate.times import MAX_NS, NS_PER_SECOND, format_time, parse_time
+from opstate.times import MAX_EVENT_NS, MAX_NS, NS_PER_SECOND, format_time, parse_time
 
 NAME = "batches/prop"
 NON_TERMINAL = [s for s in State if s not in TERMINAL]
@@ -333,7 +338,7 @@ def _render(ns: int, precision: int, offset_min: int, upper_t: bool, utc: str = 
 
 
 @PROPS
-@given(ns=st.integers(0, MAX_NS))
+@given(ns=st.integers(0, MAX_EVENT_NS))
 def test_parse_of_format_is_the_identity(ns: int) -> None:
     text = format_time(ns)
     assert parse_time(text) == ns
@@ -390,3 +395,73 @@ def test_aware_datetimes_parse_to_their_instant(micros: int, offset: int) -> Non
     tz = timezone(timedelta(minutes=offset))
     value = (EPOCH + timedelta(microseconds=micros)).replace(tzinfo=UTC).astimezone(tz)
     assert parse_time(value) == micros * 1000
+
+
+# ---------------------------------------------------------------- (5) details belong to a state
+
+DETAIL_KEYS = [
+    *sorted(STATE_SCOPED_KEYS | OBSERVATION_SCOPED_KEYS),
+    *["user_metadata", "output_file_uri", "video_uri", "mine"],
+]
+scoped_details = st.dictionaries(st.sampled_from(DETAIL_KEYS), st.integers(0, 3), max_size=5)
+scoped_records = st.builds(
+    OpRecord,
+    name=st.just(NAME),
+    state=st.sampled_from(list(State)),
+    update_time_ns=st.integers(0, 50),
+    version=st.integers(1, 10),
+    source=st.sampled_from(SOURCES),
+    details=scoped_details,
+)
+scoped_events = st.builds(
+    OpEvent,
+    name=st.just(NAME),
+    state=st.sampled_from(list(State)),
+    update_time_ns=st.integers(0, 50),
+    source=st.sampled_from(SOURCES),
+    details=scoped_details,
+)
+
+
+@PROPS
+@given(current=scoped_records, event=scoped_events)
+def test_details_belong_to_a_state(current: OpRecord, event: OpEvent) -> None:
+    decision = apply_event(current, event)
+    if not decision.applied:
+        assert decision.record == current
+        return
+    assert decision.record is not None
+    details = decision.record.details
+    # The event's own details always land.
+    assert {k: details[k] for k in event.details} == dict(event.details)
+    for key, value in current.details.items():
+        if key in event.details:
+            continue
+        if key in OBSERVATION_SCOPED_KEYS:
+            assert key not in details  # true only until the operation is seen again
+        elif key in STATE_SCOPED_KEYS and decision.state_changed:
+            assert key not in details  # described the state that was left
+        else:
+            assert details[key] == value  # persists
+    assert set(details) <= set(current.details) | set(event.details)
+
+
+@PROPS
+@given(
+    sizes=st.lists(st.integers(1, 40_000), min_size=1, max_size=12),
+    states=st.lists(st.sampled_from(NON_TERMINAL), min_size=12, max_size=12),
+)
+def test_no_sequence_of_events_grows_details_past_the_cap(
+    sizes: list[int], states: list[State]
+) -> None:
+    current: OpRecord | None = None
+    for i, n in enumerate(sizes):
+        states_so_far = sorted(states[: i + 1], key=rank)
+        event = OpEvent(NAME, states_so_far[-1], i + 1, "report", {f"k{i}": "x" * n})
+        decision = apply_event(current, event)
+        assert decision.applied and decision.record is not None
+        current = decision.record
+        assert details_size(current.details) <= MAX_DETAILS_BYTES
+        assert current.details[f"k{i}"] == "x" * n  # the newest details always fit
+    final = apply_event(current, OpEvent(NAME, State.SUCCEEDED, 10**6, "webhook", {"u": 1}))
+    assert final.applied and final.record is not None and final.record.details["u"] == 1

@@ -8,7 +8,13 @@ import sys
 
 import pytest
 
-DOMAIN = ["opstate.states", "opstate.times", "opstate.names", "opstate.events", "opstate.reducer"]
+from tests.unit.test_layers import DOMAIN as DOMAIN_PREFIXES
+from tests.unit.test_layers import module_files
+
+# Every existing domain module (the layer table in test_layers.py lists them once).
+DOMAIN = sorted(
+    m for m in module_files() if any(m == p or m.startswith(p + ".") for p in DOMAIN_PREFIXES)
+)
 FORBIDDEN = [
     "boto3",
     "botocore",
@@ -52,3 +58,7 @@ def test_the_probe_can_fail() -> None:
     # A probe that never reports anything would make the test above worthless.
     result = _probe(["http.client"], FORBIDDEN)
     assert "http" in result["loaded"]  # type: ignore[operator]
+
+
+def test_the_domain_list_is_read_from_the_layer_table() -> None:
+    assert {"opstate.states", "opstate.events", "opstate.reducer", "opstate.views"} <= set(DOMAIN)

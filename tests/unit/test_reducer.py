@@ -7,9 +7,17 @@ from typing import Any
 
 import pytest
 
-from opstate.events import OpEvent, Source, from_batch_job, from_webhook
+from opstate.events import OpEvent, Source, from_batch_job, from_interaction, from_webhook
 from opstate.names import Kind
-from opstate.reducer import APPLIED_REASONS, Decision, OpRecord, Reason, apply_event
+from opstate.reducer import (
+    APPLIED_REASONS,
+    OBSERVATION_SCOPED_KEYS,
+    STATE_SCOPED_KEYS,
+    Decision,
+    OpRecord,
+    Reason,
+    apply_event,
+)
 from opstate.states import State
 from opstate.times import parse_time
 
@@ -37,6 +45,7 @@ def test_reasons_are_exactly_the_architecture_list() -> None:
         "terminal-conflict",
         "lower-rank",
         "stale-or-equal-update-time",
+        "store-rejected",  # set by ingest after the reducer, never by apply_event
     }
     assert {r.value for r in APPLIED_REASONS} == {"created", "advanced", "refreshed"}
 
@@ -140,7 +149,7 @@ def test_decision_table(
 
 
 def test_every_reason_appears_in_the_table() -> None:
-    assert {row[-1] for row in TABLE} | {Reason.CREATED} == set(Reason)
+    assert {row[-1] for row in TABLE} | {Reason.CREATED, Reason.STORE_REJECTED} == set(Reason)
 
 
 def test_seed_stale_running_after_succeeded_is_dropped() -> None:
@@ -318,3 +327,72 @@ def test_seed_stories_through_ingest_and_a_store() -> None:
     assert record is not None
     assert (record.state, record.version) == (S, 1)
     assert record.update_time_ns == parse_time("2026-01-01T00:00:05Z")
+
+
+def _fold(events: list[OpEvent]) -> OpRecord:
+    current: OpRecord | None = None
+    for event in events:
+        decision = apply_event(current, event)
+        assert decision.applied, decision.reason
+        current = decision.record
+    assert current is not None
+    return current
+
+
+def test_an_interaction_that_needed_continuing_ends_without_the_reason() -> None:
+    def status(text: str, second: int) -> OpEvent:
+        return from_interaction(
+            {"id": "i1", "status": text, "updated": f"2026-01-01T00:00:0{second}Z"}
+        )
+
+    final = _fold(
+        [status("requires_continuation", 1), status("in_progress", 2), status("completed", 3)]
+    )
+    assert final.state is S
+    assert "reason" not in final.details
+
+
+def test_a_cancelling_batch_that_succeeds_is_not_cancelling() -> None:
+    def job(state: str, second: int, **extra: object) -> OpEvent:
+        return from_batch_job(
+            {"name": NAME, "state": state, "updateTime": f"2026-01-01T00:00:0{second}Z", **extra}
+        )
+
+    final = _fold(
+        [job("JOB_STATE_CANCELLING", 1, displayName="mine"), job("JOB_STATE_SUCCEEDED", 2)]
+    )
+    assert final.state is S
+    assert final.details == {"display_name": "mine"}  # persists; cancelling/paused do not
+
+
+def test_not_found_is_cleared_once_the_operation_is_seen_again() -> None:
+    marked = _fold([ev(R, 1, {"user_metadata": {"k": 1}}), ev(R, 2, {"not_found": {"count": 1}})])
+    assert marked.details["not_found"] == {"count": 1}
+    seen = apply_event(marked, ev(R, 3, {"progress": 1}))
+    assert seen.record is not None
+    assert seen.record.details == {"user_metadata": {"k": 1}, "progress": 1}
+
+
+def test_scoped_keys_are_the_documented_ones() -> None:
+    assert {
+        "reason",
+        "cancelling",
+        "paused",
+        "partial",
+        "error_code",
+        "error_message",
+    } == STATE_SCOPED_KEYS
+    assert {"not_found"} == OBSERVATION_SCOPED_KEYS
+
+
+def test_the_reducer_normalises_what_no_store_can_hold_and_says_so() -> None:
+    d = apply_event(None, ev(S, 1, {"user_metadata": {"n": 1e300, "": 2}, "ok": 1}))
+    assert d.applied and d.record is not None
+    assert d.record.details == {"user_metadata": {"n": "1e+300"}, "ok": 1}
+    assert d.details_problems == (
+        "$.user_metadata.n: magnitude outside 1e-130 .. 9.99e125",
+        "$.user_metadata.: empty key",
+    )
+    big = apply_event(d.record, ev(S, 2, {"blob": "x" * 70_000}))
+    assert big.record is not None and "blob" not in big.record.details
+    assert big.details_problems == ("$.blob: dropped: details over the size cap",)

@@ -1,4 +1,4 @@
-"""The canonical states, their ranks, terminality and parsing."""
+"""The canonical states: ranks and parsing."""
 
 from __future__ import annotations
 
@@ -6,65 +6,30 @@ import pytest
 
 from opstate.states import RANK, TERMINAL, State, UnknownStateError, is_terminal, parse_state, rank
 
-TABLE = [
-    (State.PENDING, 0, False),
-    (State.RUNNING, 1, False),
-    (State.REQUIRES_ACTION, 1, False),
-    (State.SUCCEEDED, 2, True),
-    (State.FAILED, 2, True),
-    (State.CANCELLED, 2, True),
-]
+
+def test_ranks_are_the_architecture_table() -> None:
+    assert RANK == {
+        State.PENDING: 0,
+        State.RUNNING: 1,
+        State.REQUIRES_ACTION: 1,
+        State.SUCCEEDED: 2,
+        State.FAILED: 2,
+        State.CANCELLED: 2,
+    }
+    assert {rank(s) for s in TERMINAL} == {2}
+    assert [s for s in State if is_terminal(s)] == [State.SUCCEEDED, State.FAILED, State.CANCELLED]
 
 
-@pytest.mark.parametrize(("state", "expected_rank", "terminal"), TABLE)
-def test_rank_and_terminality(state: State, expected_rank: int, terminal: bool) -> None:
-    assert rank(state) == expected_rank
-    assert RANK[state] == expected_rank
-    assert is_terminal(state) is terminal
-    assert (state in TERMINAL) is terminal
+@pytest.mark.parametrize("text", ["running", " RUNNING", "Running \n", "\trunning\t"])
+def test_parse_state_ignores_case_and_surrounding_space(text: str) -> None:
+    assert parse_state(text) is State.RUNNING
 
 
-def test_the_table_covers_exactly_the_canonical_states() -> None:
-    assert {s for s, _, _ in TABLE} == set(State) == set(RANK)
-    assert len(State) == 6
-
-
-def test_terminal_states_share_the_highest_rank() -> None:
-    top = max(RANK.values())
-    assert {s for s, r in RANK.items() if r == top} == TERMINAL
-
-
-def test_state_values_are_their_names() -> None:
-    for state in State:
-        assert state.value == state.name
-        assert str(state) == state.name
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        ("PENDING", State.PENDING),
-        ("running", State.RUNNING),
-        ("Requires_Action", State.REQUIRES_ACTION),
-        (" succeeded ", State.SUCCEEDED),
-        ("FAILED", State.FAILED),
-        ("cancelled", State.CANCELLED),
-        (State.CANCELLED, State.CANCELLED),
-    ],
-)
-def test_parse_state(value: object, expected: State) -> None:
-    assert parse_state(value) is expected
-
-
-@pytest.mark.parametrize(
-    "value",
-    ["", "DONE", "CANCELED", "JOB_STATE_RUNNING", "REQUIRES ACTION", None, 1, ["RUNNING"]],
-)
-def test_parse_state_rejects_unknown(value: object) -> None:
+@pytest.mark.parametrize("value", ["RUN NING", "", 1, None, "JOB_STATE_RUNNING"])
+def test_parse_state_refuses_anything_else(value: object) -> None:
     with pytest.raises(UnknownStateError) as info:
         parse_state(value)
-    assert info.value.value == value
-    assert repr(value) in str(info.value)
-    # the message lists what is accepted
-    assert "PENDING" in str(info.value) and "CANCELLED" in str(info.value)
-    assert isinstance(info.value, ValueError)
+    assert str(info.value) == (
+        f"unknown state {value!r}; expected one of "
+        "PENDING, RUNNING, REQUIRES_ACTION, SUCCEEDED, FAILED, CANCELLED"
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -113,9 +114,14 @@ def test_api_serves_an_old_sqlite_row_holding_nan_as_strict_json(tmp_path: Path)
             update_time_ns=1,
             version=1,
             source="report",
-            details={"progress": math.nan, "ok": 1},
         )
         assert store.put_if_absent(record).ok
+        # Today's store refuses NaN (opstate.details): write the row as the old release did.
+        with sqlite3.connect(tmp_path / "old.db") as conn:
+            conn.execute(
+                "UPDATE operations SET details = ? WHERE name = ?",
+                (json.dumps({"progress": math.nan, "ok": 1}), "batches/old"),
+            )
         app = create_app(
             store=store,
             verifier=StaticSecretsVerifier((TEST_SECRET,)),

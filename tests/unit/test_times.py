@@ -6,7 +6,15 @@ from datetime import UTC, datetime, timedelta, timezone, tzinfo
 
 import pytest
 
-from opstate.times import MAX_NS, NS_PER_SECOND, InvalidTimeError, format_time, parse_time
+from opstate.times import (
+    MARKER_ROOM_NS,
+    MAX_EVENT_NS,
+    MAX_NS,
+    NS_PER_SECOND,
+    InvalidTimeError,
+    format_time,
+    parse_time,
+)
 
 # 2026-01-01T00:00:00Z in seconds since the epoch.
 T2026 = 1_767_225_600
@@ -46,7 +54,7 @@ BASE = T2026 * NS_PER_SECOND
         ("2024-02-29T12:00:00Z", 1_709_208_000 * NS_PER_SECOND),
         ("1970-01-01T00:00:00Z", 0),
         ("1970-01-01T00:00:00.000000001Z", 1),
-        ("9999-12-31T23:59:59.999999999Z", MAX_NS),
+        ("9999-12-31T23:59:58.999999999Z", MAX_EVENT_NS),
     ],
 )
 def test_parse_time_accepts_rfc3339(text: str, expected: int) -> None:
@@ -214,12 +222,24 @@ def test_invalid_time_error_is_a_value_error() -> None:
         (BASE + 500_000_000, "2026-01-01T00:00:00.500000000Z"),
         (BASE + 123_456_789, "2026-01-01T00:00:00.123456789Z"),
         (1_709_208_000 * NS_PER_SECOND, "2024-02-29T12:00:00.000000000Z"),
-        (MAX_NS, "9999-12-31T23:59:59.999999999Z"),
+        (MAX_EVENT_NS, "9999-12-31T23:59:58.999999999Z"),
     ],
 )
 def test_format_time_is_canonical(ns: int, text: str) -> None:
     assert format_time(ns) == text
     assert parse_time(text) == ns
+
+
+def test_the_last_renderable_instant_renders_but_never_enters() -> None:
+    # Records may reach MAX_NS through not-found markers (+1 ns each); no source may report
+    # a time in the reserved last second, so a marker can never pass MAX_NS.
+    assert format_time(MAX_NS) == "9999-12-31T23:59:59.999999999Z"
+    assert MAX_NS - MAX_EVENT_NS == MARKER_ROOM_NS == NS_PER_SECOND
+    for text in ("9999-12-31T23:59:59.999999999Z", "9999-12-31T23:59:59Z"):
+        with pytest.raises(InvalidTimeError, match="the last second is reserved"):
+            parse_time(text)
+    with pytest.raises(InvalidTimeError, match="reserved"):
+        parse_time(datetime(9999, 12, 31, 23, 59, 59, 1, tzinfo=UTC))
 
 
 def test_canonical_text_sorts_like_instants() -> None:
@@ -232,3 +252,55 @@ def test_canonical_text_sorts_like_instants() -> None:
 def test_format_time_rejects_non_instants(ns: object) -> None:
     with pytest.raises(InvalidTimeError):
         format_time(ns)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("soon", "invalid time 'soon': not an RFC3339 date-time (YYYY-MM-DDTHH:MM:SS[.f]Z|±HH:MM)"),
+        (
+            "2026-01-01T00:00:00.1234567891Z",
+            "invalid time '2026-01-01T00:00:00.1234567891Z': more than 9 fractional digits",
+        ),
+        (
+            "2026-01-01T00:00:00+24:00",
+            "invalid time '2026-01-01T00:00:00+24:00': offset out of range",
+        ),
+        (
+            "2026-02-30T00:00:00Z",
+            "invalid time '2026-02-30T00:00:00Z': impossible date or time (day is out of range "
+            "for month)",
+        ),
+        (
+            "1969-12-31T23:59:59Z",
+            "invalid time '1969-12-31T23:59:59Z': before 1970-01-01T00:00:00Z",
+        ),
+        (
+            "9999-12-31T23:59:59Z",
+            "invalid time '9999-12-31T23:59:59Z': after 9999-12-31T23:59:58.999999999Z (the last "
+            "second is reserved)",
+        ),
+        (5, "invalid time 5: expected an RFC3339 string or a timezone-aware datetime"),
+    ],
+)
+def test_time_error_messages_users_see(value: object, message: str) -> None:
+    with pytest.raises(InvalidTimeError) as info:
+        parse_time(value)  # type: ignore[arg-type]
+    assert str(info.value) == message
+    assert info.value.value == value and info.value.why in message
+
+
+def test_datetime_and_ns_error_messages() -> None:
+    naive = datetime(2026, 1, 1)
+    with pytest.raises(InvalidTimeError) as info:
+        parse_time(naive)
+    assert str(info.value) == f"invalid time {naive!r}: naive datetime (no timezone)"
+    early = datetime(1969, 12, 31, 23, 59, 59, tzinfo=UTC)
+    with pytest.raises(InvalidTimeError) as info:
+        parse_time(early)
+    assert str(info.value) == f"invalid time {early!r}: before 1970-01-01T00:00:00Z"
+    with pytest.raises(InvalidTimeError) as info:
+        format_time(-1)
+    assert str(info.value) == (
+        "invalid time -1: expected an int of nanoseconds between 0 and year 9999"
+    )

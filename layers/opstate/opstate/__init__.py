@@ -1,8 +1,21 @@
 """gemini-opstate: monotonic state records for Gemini long-running operations.
 
-The domain modules (``states``, ``times``, ``names``, ``events``, ``reducer``) are pure: they
-import no AWS, HTTP or Gemini code and read no clock. Adapters (stores, API, reconciler,
-notifier) depend on them, never the reverse.
+Owns, in layers (a module imports its own layer and the ones below, never above; no cycles;
+tests/unit/test_layers.py checks both):
+
+0. the domain - ``states``, ``times``, ``names``, ``events``, ``reducer``, ``views``,
+   ``strict_json`` - and the settings, ``config``. The domain is pure: no AWS, HTTP or Gemini
+   code, no clock (tests/unit/test_purity.py);
+1. ``store`` (the port and its DynamoDB, SQLite and memory stores), ``signatures`` (webhook
+   authenticity), ``webhook_secrets`` (reading and writing the signing secrets), ``api_token``
+   (the local server's operations token), ``observability`` (logs, metrics, tracing),
+   ``ingest`` (the one ingest path);
+2. ``api`` (the HTTP API), ``notify`` (announcing state changes), ``reconcile`` (polling
+   Gemini; the only importer of google-genai);
+3. ``local`` (``opstate serve``) and ``cli`` (the ``opstate`` command).
+
+The Lambda entries under ``functions/`` import layers 0-2. This ``__init__`` may import nothing
+of opstate: importing the package loads none of its modules.
 """
 
 __version__ = "0.1.0"

@@ -14,7 +14,9 @@ caller, so a route deployed without it cannot open the table); in ``opstate serv
 
 Response contract (JSON): 200 ``{applied, reason, name, state, version}`` when the event was
 applied or deliberately dropped; 400 ``{error, message}`` for malformed input (nothing
-written); 401 ``invalid-signature``; 413 ``payload-too-large``; 503 with ``Retry-After`` when
+written), never for a webhook that passed the signature check: one we cannot read is kept in
+the quarantine and answered 200 ``reason: quarantined`` (``opstate.quarantine``); 401
+``invalid-signature``; 413 ``payload-too-large``; 503 with ``Retry-After`` when
 the event was neither applied nor dropped (contention, store or secrets unavailable) - never
 200 then; 404 ``not-found`` for unknown records and routes.
 """
@@ -23,9 +25,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import gc
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -40,15 +44,25 @@ from opstate.events import (
     from_report,
     from_webhook,
 )
-from opstate.ingest import IngestContentionError, ingest
-from opstate.names import InvalidNameError, Kind, canonical_name
+from opstate.ingest import IngestContentionError, find_record, ingest
+from opstate.names import (
+    VIDEO_DETAIL,
+    InvalidNameError,
+    Kind,
+    ParsedName,
+    canonical_name,
+    parse_name,
+)
 from opstate.observability import (
+    count,
     logger,
     record_decision,
     record_retry_later,
     record_signature_rejected,
     record_unsupported,
+    record_webhook_outcome,
 )
+from opstate.quarantine import Delivery, LogQuarantine, Quarantine
 from opstate.reducer import Decision
 from opstate.signatures import SignatureError, Verifier
 from opstate.store.port import RetryableError, Store
@@ -151,7 +165,7 @@ def _best_effort_name(body: object) -> str | None:
     raw = data.get("id") or data.get("name")
     event_type = body.get("type")
     family = event_type.split(".", 1)[0] if isinstance(event_type, str) else ""
-    hint = {"batch": Kind.BATCH, "interaction": Kind.INTERACTION}.get(family)
+    hint = {"batch": Kind.BATCH, "interaction": Kind.INTERACTION, "video": Kind.VIDEO}.get(family)
     try:
         return canonical_name(raw, hint)
     except InvalidNameError:
@@ -220,12 +234,53 @@ def create_app(
     settings: Settings,
     clock_ns: Callable[[], int] = time.time_ns,
     on_decision: Callable[[Decision], None] | None = None,
+    quarantine: Quarantine | None = None,
     operations_auth: OperationsAuth = require_iam_caller,
 ) -> APIGatewayHttpResolver:
     """The API's resolver over ``store``; ``on_decision`` sees every decision taken;
-    ``operations_auth`` admits or refuses each operations request (default: AWS IAM)."""
+    ``operations_auth`` admits or refuses each operations request (default: AWS IAM); signed
+    webhooks that cannot be read are kept in ``quarantine`` (default: logged whole)."""
     app = _Resolver()
     max_bytes = settings.max_body_bytes
+    kept_in: Quarantine = quarantine if quarantine is not None else LogQuarantine()
+
+    def keep(
+        raw: bytes, code: str, message: str, body: object, webhook_id: str | None
+    ) -> Response[str]:
+        """A signed delivery we cannot read: kept, answered 200 (never a 4xx: Gemini would
+        retry it for a day, then disable the endpoint), counted; 503 if it cannot be kept."""
+        delivery = Delivery.new(
+            raw, webhook_id=webhook_id, reason=code, message=message, received_ns=clock_ns()
+        )
+        try:
+            kept_in.put(delivery)
+        except RetryableError as exc:
+            raise _unavailable(exc, webhook_id=webhook_id) from None
+        name = _best_effort_name(body)
+        logger.warning(
+            "webhook quarantined",
+            extra={
+                "reason": "quarantined",
+                "error": code,
+                "detail": message[:300],
+                "operation": name,
+                "webhook_id": webhook_id,
+                "quarantine_id": delivery.id,
+            },
+        )
+        count("WebhooksQuarantined")
+        return json_response(
+            200,
+            {
+                "applied": False,
+                "reason": "quarantined",
+                "name": name,
+                "state": None,
+                "version": 0,
+                "error": code,
+                "quarantineId": delivery.id,
+            },
+        )
 
     def run_ingest(event: OpEvent, **context: object) -> Decision:
         try:
@@ -252,6 +307,19 @@ def create_app(
 
     @app.post(WEBHOOK_PATH)
     def webhook() -> Response[str]:
+        try:
+            response, outcome = receive_webhook()
+        except ApiError as exc:
+            record_webhook_outcome(_error_outcome(exc.status))
+            raise
+        except Exception:
+            record_webhook_outcome("error")
+            raise
+        record_webhook_outcome(outcome)
+        return response
+
+    def receive_webhook() -> tuple[Response[str], str]:
+        """The answer to one webhook request and its ``WebhookDeliveries`` outcome."""
         event = app.current_event.raw_event
         raw = raw_body(event, max_bytes)
         headers = _headers(event)
@@ -263,11 +331,14 @@ def create_app(
             raise ApiError(401, "invalid-signature", "invalid signature") from None
         except RetryableError as exc:
             raise _unavailable(exc, webhook_id=webhook_id) from None
-        body = parse_json(raw)
+        try:
+            body = parse_json(raw)
+        except ApiError as exc:
+            return keep(raw, exc.code, exc.message, None, webhook_id), "quarantined"
         try:
             op_event = from_webhook(body)
         except InvalidEventError as exc:
-            raise ApiError(400, exc.code, exc.message) from None
+            return keep(raw, exc.code, exc.message, body, webhook_id), "quarantined"
         except UnsupportedEventError as exc:
             name = _best_effort_name(body)
             event_type = body.get("type") if isinstance(body, Mapping) else None
@@ -282,16 +353,21 @@ def create_app(
             return json_response(
                 200,
                 {"applied": False, "reason": exc.reason, "name": name, "state": None, "version": 0},
-            )
+            ), "dropped"
         decision = run_ingest(op_event, webhook_id=webhook_id)
-        return json_response(200, decision_to_json(decision))
+        outcome = "applied" if decision.applied else "dropped"
+        return json_response(200, decision_to_json(decision)), outcome
 
     @app.get(OPERATIONS_ROUTE)
     def get_operation() -> Response[str]:
         operations_auth(app.current_event.raw_event)
-        name = _path_name(app.current_event.path)
+        parsed = _path_parsed(app.current_event.path)
+        name = parsed.key
         try:
-            record = store.get(name)
+            # A video operation tracked before its key dropped the model is still found.
+            record = find_record(
+                store, name, {VIDEO_DETAIL: parsed.model} if parsed.model else None
+            )
         except RetryableError as exc:
             raise _unavailable(exc, name=name) from None
         if record is None:
@@ -336,6 +412,15 @@ def create_app(
     return app
 
 
+def _error_outcome(status: int) -> str:
+    """The ``WebhookDeliveries`` outcome of a webhook answered with an error ``status``."""
+    if status == 401:
+        return "rejected"
+    if status == 503:
+        return "retry-later"
+    return "invalid" if 400 <= status < 500 else "error"
+
+
 def _unavailable(exc: BaseException, **context: object) -> ApiError:
     record_retry_later("unavailable", str(exc), **context)
     return ApiError(
@@ -350,9 +435,9 @@ def _raw_path_name(path: str) -> str:
     return unquote(path[len(OPERATIONS_PREFIX) :])
 
 
-def _path_name(path: str) -> str:
+def _path_parsed(path: str) -> ParsedName:
     try:
-        return canonical_name(_raw_path_name(path))
+        return parse_name(_raw_path_name(path))
     except InvalidNameError as exc:
         raise ApiError(400, "invalid-name", str(exc)) from None
 
@@ -363,22 +448,41 @@ _app: APIGatewayHttpResolver | None = None
 _app_lock = threading.Lock()
 
 
+@contextmanager
+def _built_for_life() -> Iterator[None]:
+    """Build objects that live as long as the process with the cyclic GC paused, then freeze
+    them out of its reach (``gc.freeze``). Building the app imports boto3 and loads botocore's
+    service model: a full collection set off by those allocations would find nothing to free
+    and cost about a tenth of the cold start (benchmarks/bench_cold.py)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+        gc.freeze()
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def default_app() -> APIGatewayHttpResolver:
     """The app the Lambda serves, built once from ``settings()``: the store named by
     ``OPSTATE_STORE`` / ``OPSTATE_TABLE_NAME`` and the configured webhook verifier."""
     global _app
     with _app_lock:
         if _app is None:
+            from opstate.quarantine import quarantine_from_settings
             from opstate.signatures import verifier_from_settings
             from opstate.store import store_from_url
 
-            config = settings()
-            _app = create_app(
-                store=store_from_url(config.store_url, config),
-                verifier=verifier_from_settings(config),
-                settings=config,
-                operations_auth=lambda_operations_auth(config),
-            )
+            with _built_for_life():
+                config = settings()
+                _app = create_app(
+                    store=store_from_url(config.store_url, config),
+                    verifier=verifier_from_settings(config),
+                    settings=config,
+                    operations_auth=lambda_operations_auth(config),
+                    quarantine=quarantine_from_settings(config.quarantine_queue_url),
+                )
         return _app
 
 

@@ -117,6 +117,8 @@ class Settings:
     webhook_tolerance_s: int = 300
     max_body_bytes: int = 256 * 1024
     secrets_cache_s: int = 300
+    # Signed deliveries that cannot be read are kept here (SQS queue URL; unset: logged only).
+    quarantine_queue_url: str | None = None
     # Dynamic (JWT) webhooks: off unless OPSTATE_PUBLIC_URL is set.
     jwks_url: str = DEFAULT_JWKS_URL
     public_url: str | None = None
@@ -161,6 +163,7 @@ class Settings:
             webhook_tolerance_s=_int(env, "OPSTATE_WEBHOOK_TOLERANCE_SECONDS", 300, minimum=1),
             max_body_bytes=_int(env, "OPSTATE_MAX_BODY_BYTES", 256 * 1024, minimum=1),
             secrets_cache_s=_int(env, "OPSTATE_SECRETS_CACHE_SECONDS", 300, minimum=0),
+            quarantine_queue_url=_str(env, "OPSTATE_QUARANTINE_QUEUE_URL"),
             jwks_url=_str(env, "OPSTATE_JWKS_URL") or DEFAULT_JWKS_URL,
             public_url=_str(env, "OPSTATE_PUBLIC_URL"),
             jwt_header=(_str(env, "OPSTATE_JWT_HEADER") or "authorization").lower(),

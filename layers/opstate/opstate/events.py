@@ -9,6 +9,9 @@ Two kinds of refusal:
 - ``InvalidEventError`` (``code`` = ``invalid-body``, ``missing-field``, ``invalid-name``,
   ``invalid-time``, ``invalid-state``, ``invalid-details``): the input is malformed; answer
   400 and write nothing.
+  A report's details are checked strictly (``details.check``): what no store can hold is
+  ``invalid-details``. Other sources' details are normalised by the reducer instead, so
+  Gemini's state always applies.
 - ``UnsupportedEventError`` (``reason`` = ``unsupported-event-type`` or ``unknown-state``): a
   well-formed input that this system deliberately does not turn into a state (a source added a
   type or state). It must never roll anything back; webhooks answer 200 with ``applied: false``.
@@ -22,9 +25,11 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from opstate.names import InvalidNameError, Kind, canonical_name, kind_of
+from opstate.details import InvalidDetailsError
+from opstate.details import check as check_details
+from opstate.names import VIDEO_DETAIL, InvalidNameError, Kind, ParsedName, kind_of, parse_name
 from opstate.states import State, UnknownStateError, parse_state
-from opstate.times import InvalidTimeError, parse_time
+from opstate.times import InvalidTimeError, check_ns, parse_time
 
 
 class Source(StrEnum):
@@ -42,6 +47,10 @@ class OpEvent:
     update_time_ns: int
     source: str
     details: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # A time no store can render must never reach one (e.g. a marker 1 ns past year 9999).
+        check_ns(self.update_time_ns)
 
     @property
     def kind(self) -> Kind:
@@ -152,12 +161,23 @@ def _get(obj: Any, *keys: str) -> Any:
 
 
 def _name(raw: object, hint: Kind | None) -> str:
+    return _parsed(raw, hint).key
+
+
+def _parsed(raw: object, hint: Kind | None) -> ParsedName:
     if raw is None:
         raise InvalidEventError("missing-field", "no operation name ('name' or 'id')")
     try:
-        return canonical_name(raw, hint)
+        return parse_name(raw, hint)
     except InvalidNameError as exc:
         raise InvalidEventError("invalid-name", str(exc)) from None
+
+
+def _with_model(details: dict[str, Any], parsed: ParsedName) -> dict[str, Any]:
+    """Keep a video name's model (``details.model``): polling needs it to rebuild the name."""
+    if parsed.model is not None:
+        details[VIDEO_DETAIL] = parsed.model
+    return details
 
 
 def _time(raw: object) -> int:
@@ -198,11 +218,11 @@ def from_webhook(body: object) -> OpEvent:
     raw_name = _get(data, "id", "name")
     if raw_name is None:
         raise InvalidEventError("missing-field", "the webhook 'data' has no 'id' or 'name'")
-    name = _name(raw_name, hint)
+    parsed = _parsed(raw_name, hint)
     update_ns = _time(body.get("timestamp"))
     details: dict[str, Any] = {k: data[k] for k in WEBHOOK_DETAIL_FIELDS if data.get(k) is not None}
     details.update(extra)
-    return OpEvent(name, state, update_ns, Source.WEBHOOK, details)
+    return OpEvent(parsed.key, state, update_ns, Source.WEBHOOK, _with_model(details, parsed))
 
 
 def from_batch_job(job: Any) -> OpEvent:
@@ -241,8 +261,9 @@ def from_operation(op: Any) -> OpEvent:
     """A long-running ``Operation``: ``done=false`` RUNNING; ``error.code == 1`` CANCELLED;
     another error FAILED; otherwise (a response) SUCCEEDED. The time is
     ``metadata.updateTime`` when the operation carries one, else 0 (unknown)."""
-    name = _name(_get(op, "name"), None)
-    details: dict[str, Any] = {}
+    parsed = _parsed(_get(op, "name"), None)
+    name = parsed.key
+    details: dict[str, Any] = _with_model({}, parsed)
     if not _get(op, "done"):
         state = State.RUNNING
     else:
@@ -306,7 +327,7 @@ def from_report(
     No body (or no ``state``) means "track this job": PENDING. No ``updateTime`` means
     ``now_ns``, which the caller reads from its clock (this module reads none).
     """
-    canonical = _name(name, kind_hint)
+    parsed = _parsed(name, kind_hint)
     if body is None:
         body = {}
     if not isinstance(body, Mapping):
@@ -328,4 +349,8 @@ def from_report(
         details = {}
     if not isinstance(details, Mapping):
         raise InvalidEventError("invalid-details", "'details' must be a JSON object")
-    return OpEvent(canonical, state, update_ns, Source.REPORT, dict(details))
+    try:
+        checked = check_details(details)
+    except InvalidDetailsError as exc:
+        raise InvalidEventError("invalid-details", str(exc)) from None
+    return OpEvent(parsed.key, state, update_ns, Source.REPORT, _with_model(checked, parsed))

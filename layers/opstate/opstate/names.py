@@ -3,18 +3,35 @@
 Accepted spellings include ``batches/x``, ``/v1beta/batches/x``, ``v1/batches/x``,
 ``https://generativelanguage.googleapis.com/v1beta/batches/x?alt=json``, ``batches/x:cancel``,
 ``models/veo-3.1-generate-preview/operations/x`` and ``fileSearchStores/s/operations/o``.
+
+A video (Veo) operation is keyed without its model:
+``models/veo-3.1-generate-preview/operations/x``, ``models/-/operations/x``, and a bare ``x`` or
+``operations/x`` arriving as a video (a webhook's ``data.id``) all become
+``models/-/operations/x`` (``-`` is the Google APIs wildcard for "any model"), so a webhook
+that names only the id and a producer that tracked the full name meet on one record.
+``parse_name`` also returns the model, which the normalisers keep in ``details.model`` so the
+reconciler can rebuild the full name to poll (``api_name``). Records written before this rule
+are keyed by the full name: ``legacy_names`` gives the key such a record has, so a lookup can
+fall back to it.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 MAX_NAME_LENGTH = 512
 
 _ALLOWED = re.compile(r"[A-Za-z0-9._~\-/]+", re.ASCII)
 _API_VERSION = re.compile(r"v\d+(?:(?:alpha|beta)\d*)?", re.ASCII)
 _URL = re.compile(r"https?://[^/]+(?P<path>/.*)?", re.ASCII | re.IGNORECASE)
+_SEGMENT = re.compile(r"[A-Za-z0-9._~\-]+", re.ASCII)
+# The model segment of every canonical video key: the Google APIs wildcard for "any model".
+ANY_MODEL = "-"
+VIDEO_DETAIL = "model"
 
 
 class Kind(StrEnum):
@@ -44,14 +61,28 @@ class InvalidNameError(ValueError):
         self.why = why
 
 
+@dataclass(frozen=True, slots=True)
+class ParsedName:
+    """A canonical key, and the video model the raw name carried (None for anything else)."""
+
+    key: str
+    model: str | None = None
+
+
 def canonical_name(raw: object, kind_hint: Kind | str | None = None) -> str:
     """The canonical key of a resource name, or ``InvalidNameError``.
 
     Strips a scheme and host, a query string or fragment, a leading ``/``, an API version
     prefix (``v1``, ``v1beta``, ``v1beta1``, ``v1alpha``) and a trailing ``:verb``. A bare id
-    (no ``/``) becomes ``batches/<id>`` or ``interactions/<id>`` when the hint names that kind;
-    any other bare id is rejected because it names no collection.
+    (no ``/``) becomes ``batches/<id>``, ``interactions/<id>`` or ``models/-/operations/<id>``
+    when the hint names that kind; any other bare id is rejected because it names no
+    collection. A video operation's model becomes ``-`` (see the module docstring).
     """
+    return parse_name(raw, kind_hint).key
+
+
+def parse_name(raw: object, kind_hint: Kind | str | None = None) -> ParsedName:
+    """``canonical_name`` and the video model of ``raw`` (when it named one)."""
     if not isinstance(raw, str):
         raise InvalidNameError(raw, "expected a string")
     text = raw.strip()
@@ -75,14 +106,28 @@ def canonical_name(raw: object, kind_hint: Kind | str | None = None) -> str:
     text = "/".join(segments)
     if not text:
         raise InvalidNameError(raw, "empty")
+    # The hint matters only for a bare id or a bare "operations/<id>" (which must be a video).
+    needs_hint = "/" not in text or text.startswith("operations/")
+    hint = _parse_kind(kind_hint) if needs_hint else None
+    model: str | None = None
     if "/" not in text:
-        hint = _parse_kind(kind_hint)
-        collection = _BARE_ID_COLLECTION.get(hint) if hint is not None else None
-        if collection is None:
-            raise InvalidNameError(
-                raw, "a bare id names no collection (expected e.g. 'batches/<id>')"
-            )
-        text = f"{collection}/{text}"
+        if hint is Kind.VIDEO:
+            text = f"models/{ANY_MODEL}/operations/{text}"
+        else:
+            collection = _BARE_ID_COLLECTION.get(hint) if hint is not None else None
+            if collection is None:
+                raise InvalidNameError(
+                    raw, "a bare id names no collection (expected e.g. 'batches/<id>')"
+                )
+            text = f"{collection}/{text}"
+    parts = text.split("/")
+    if hint is Kind.VIDEO and len(parts) == 2 and parts[0] == "operations":
+        text = f"models/{ANY_MODEL}/{text}"
+    elif len(parts) == 4 and _is_video_model(parts) and parts[1] != ANY_MODEL:
+        model = parts[1]
+        if _SEGMENT.fullmatch(model) is None:
+            raise InvalidNameError(raw, "only A-Z a-z 0-9 . _ ~ - and / are allowed")
+        text = f"models/{ANY_MODEL}/operations/{parts[3]}"
     if len(text) > MAX_NAME_LENGTH:
         raise InvalidNameError(raw, f"longer than {MAX_NAME_LENGTH} characters")
     if _ALLOWED.fullmatch(text) is None:
@@ -90,7 +135,46 @@ def canonical_name(raw: object, kind_hint: Kind | str | None = None) -> str:
     for segment in text.split("/"):
         if segment in ("", ".", ".."):
             raise InvalidNameError(raw, "empty, '.' or '..' path segment")
-    return text
+    return ParsedName(text, model)
+
+
+def _is_video_model(parts: list[str]) -> bool:
+    """``models/<veo model or ->/operations/<id>``."""
+    return (
+        len(parts) == 4
+        and parts[0] == "models"
+        and parts[2] == "operations"
+        and (parts[1].startswith("veo") or parts[1] == ANY_MODEL)
+    )
+
+
+def _model_of(details: Mapping[str, Any]) -> str | None:
+    model = details.get(VIDEO_DETAIL)
+    if (
+        isinstance(model, str)
+        and model.startswith("veo")
+        and _SEGMENT.fullmatch(model)
+        and model not in (".", "..")
+    ):
+        return model
+    return None
+
+
+def legacy_names(key: str, details: Mapping[str, Any]) -> tuple[str, ...]:
+    """The keys a record of ``key`` may have been stored under by an earlier release: a video
+    operation was keyed by its full name, ``models/<model>/operations/<id>``."""
+    parts = key.split("/")
+    model = _model_of(details)
+    if model is None or not _is_video_model(parts) or parts[1] != ANY_MODEL:
+        return ()
+    return (f"models/{model}/operations/{parts[3]}",)
+
+
+def api_name(key: str, details: Mapping[str, Any]) -> str:
+    """The resource name to ask the Gemini API for: a video key with its model put back (from
+    ``details.model``); any other key as is."""
+    legacy = legacy_names(key, details)
+    return legacy[0] if legacy else key
 
 
 def _parse_kind(value: Kind | str | None) -> Kind | None:
@@ -113,6 +197,10 @@ def kind_of(name: str) -> Kind:
         return Kind.INTERACTION
     if head == "fileSearchStores" and "operations" in segments:
         return Kind.FILE_SEARCH_IMPORT
-    if head == "models" and len(segments) >= 2 and segments[1].startswith("veo"):
+    if (
+        head == "models"
+        and len(segments) >= 2
+        and (segments[1].startswith("veo") or segments[1] == ANY_MODEL)
+    ):
         return Kind.VIDEO
     return Kind.OPERATION

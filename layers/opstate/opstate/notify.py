@@ -4,8 +4,8 @@ Every applied change is a stream record, in order per operation (item key). For 
 and for a ``MODIFY`` whose ``state`` differs between the old and the new image, one event goes
 to the custom bus: source ``gemini-opstate``, detail-type ``Operation State Changed``, detail
 ``{name, kind, state, previousState, version, updateTime, details, idempotencyKey}`` with
-``idempotencyKey = "<name>#<version>"``. ``refreshed`` records (same state, newer time) and
-``REMOVE`` (TTL expiry) emit nothing.
+``idempotencyKey = "<name>@<created_ns>#<version>"`` (see ``idempotency_key``). ``refreshed``
+records (same state, newer time) and ``REMOVE`` (TTL expiry) emit nothing.
 
 How it sits on Powertools' ``BatchProcessor`` (``EventType.DynamoDBStreams``, driven by
 ``process_partial_response``): the *record handler* is pure, it turns one stream record into
@@ -96,6 +96,20 @@ def _record(image: Mapping[str, Any], which: str) -> OpRecord:
         raise InvalidStreamRecordError(f"{which} is not an operation item: {exc!r}") from None
 
 
+def idempotency_key(record: OpRecord) -> str:
+    """One key per announced change for the record's whole life: ``<name>@<created_ns>#<version>``.
+
+    ``version`` restarts at 1 when a record is created again (TTL removed a terminal record and
+    discovery or a report re-created it); ``created_ns`` (the ingest clock when the record was
+    created, copied to every later version) tells the incarnations apart. A record without a
+    creation time (``created_ns`` 0) keeps the old ``<name>#<version>``, so its key is stable.
+    Canonical names never contain ``@`` or ``#``.
+    """
+    if record.created_ns:
+        return f"{record.name}@{record.created_ns}#{record.version}"
+    return f"{record.name}#{record.version}"
+
+
 def event_detail(record: OpRecord, previous_state: str | None) -> dict[str, Any]:
     """The detail announcing ``record``: ``previous_state`` is None for a new operation."""
     return {
@@ -106,7 +120,7 @@ def event_detail(record: OpRecord, previous_state: str | None) -> dict[str, Any]
         "version": record.version,
         "updateTime": format_time(record.update_time_ns) if record.update_time_ns else None,
         "details": dict(record.details),
-        "idempotencyKey": f"{record.name}#{record.version}",
+        "idempotencyKey": idempotency_key(record),
     }
 
 

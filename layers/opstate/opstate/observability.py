@@ -4,14 +4,12 @@ Every decision is logged as one structured line with its reason and counted with
 dimension. Secrets, signatures and whole bodies are never logged: callers pass identifiers
 (operation name, ``webhook-id``, event type), never payloads or headers.
 
-Metrics (EMF, namespace ``POWERTOOLS_METRICS_NAMESPACE``, default ``GeminiOpstate``):
-
-- ``EventsApplied`` / ``EventsDropped`` with a ``reason`` dimension (one per decision; events
-  refused at normalisation as ``unsupported-event-type`` / ``unknown-state`` count as dropped);
-- ``SignatureRejected`` (a webhook failed verification);
-- ``IngestConflicts`` (lost conditional writes that ingest retried);
-- ``IngestGaveUp`` (ingest hit its attempt bound: answered 503);
-- ``StoreUnavailable`` (the store or the secrets could not be reached: answered 503).
+Metrics (EMF, namespace ``POWERTOOLS_METRICS_NAMESPACE``, default ``GeminiOpstate``, every one
+with the dimension ``service``): the table ``METRICS`` below names each metric the code emits,
+its extra dimensions and unit. The stack's CloudWatch dashboard is generated from it
+(``scripts/observability_block.py``) and a test checks every ``count(...)`` / ``add_metric``
+call in the package against it, so a metric added here, on a dashboard or in an alarm is one
+the code really emits with those dimensions.
 """
 
 from __future__ import annotations
@@ -19,16 +17,80 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any, Final, NamedTuple, cast
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from aws_lambda_powertools.metrics.functions import is_metrics_disabled
 
 from opstate.reducer import Decision
+from opstate.times import format_time
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME", "gemini-opstate")
 NAMESPACE = os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "GeminiOpstate")
+
+
+class MetricSpec(NamedTuple):
+    """One metric the code emits: its name, its dimensions besides ``service``, its unit,
+    which function emits it and what it counts."""
+
+    name: str
+    dimensions: tuple[str, ...]
+    unit: str
+    emitters: tuple[str, ...]
+    description: str
+
+
+def _spec(
+    name: str, emitters: str, description: str, *dimensions: str, unit: str = "Count"
+) -> MetricSpec:
+    return MetricSpec(name, tuple(dimensions), unit, tuple(emitters.split()), description)
+
+
+# Every metric the code emits (``emitters``: the functions that do - webhook, reconcile,
+# notify). One line per metric; the dashboard generator and the template tests read this.
+METRICS: Final[Mapping[str, MetricSpec]] = {
+    spec.name: spec
+    for spec in (
+        _spec("WebhookDeliveries", "webhook", "webhook requests by outcome", "outcome"),
+        _spec("EventsApplied", "webhook reconcile", "decisions that applied", "reason"),
+        _spec("EventsDropped", "webhook reconcile", "decisions that dropped", "reason"),
+        _spec("IngestConflicts", "webhook reconcile", "lost conditional writes retried"),
+        _spec("IngestGaveUp", "webhook reconcile", "ingest hit its attempt bound (503)"),
+        _spec("StoreRejected", "webhook reconcile", "records the store refused (too large)"),
+        _spec("DetailsNormalised", "webhook reconcile", "events whose details were trimmed"),
+        _spec("StoreUnavailable", "webhook reconcile", "store or secrets unreachable (503)"),
+        _spec("SignatureRejected", "webhook", "webhooks that failed verification"),
+        _spec("WebhooksQuarantined", "webhook", "signed webhooks kept unread (quarantine)"),
+        _spec("WebhooksDisabled", "reconcile", "Gemini webhooks not enabled"),
+        _spec("Discovered", "reconcile", "batch jobs read by discovery"),
+        _spec("Polled", "reconcile", "open operations polled"),
+        _spec("Applied", "reconcile", "decisions of a run that applied"),
+        _spec("Dropped", "reconcile", "decisions of a run that dropped"),
+        _spec("NotFound", "reconcile", "polls answered 404"),
+        _spec("Errors", "reconcile", "failed polls and listings"),
+        _spec("Throttled", "reconcile", "polls answered 429"),
+        _spec("RemainingOpen", "reconcile", "open operations a run did not reach"),
+        _spec("StoppedEarly", "reconcile", "runs that stopped starting work early"),
+        _spec("OpenOperations", "reconcile", "open operations listed by a run"),
+        _spec(
+            "OldestOpenAgeSeconds", "reconcile", "age of the oldest open operation", unit="Seconds"
+        ),
+        _spec("EventsPublished", "notify", "state changes put on the bus"),
+        _spec("PublishFailures", "notify", "stream records not published"),
+    )
+}
+
+# What a webhook request ended as (the ``outcome`` dimension of ``WebhookDeliveries``).
+WEBHOOK_OUTCOMES: Final = (
+    "applied",
+    "dropped",
+    "quarantined",
+    "rejected",
+    "invalid",
+    "retry-later",
+    "error",
+)
 
 
 class LazyTracer:
@@ -122,6 +184,11 @@ def _context(context: Mapping[str, object]) -> dict[str, object]:
     return {key: _clip(value) for key, value in context.items()}
 
 
+def _server_time(ns: int) -> str | None:
+    """The event's server time as RFC3339 (None when the source gave none)."""
+    return format_time(ns) if ns > 0 else None
+
+
 def decision_fields(decision: Decision) -> dict[str, Any]:
     """The structured fields of one decision (what its log line carries)."""
     record = decision.record
@@ -133,6 +200,7 @@ def decision_fields(decision: Decision) -> dict[str, Any]:
         "applied": decision.applied,
         "version": record.version if record is not None else 0,
         "source": str(decision.event.source),
+        "update_time": _server_time(decision.event.update_time_ns),
         "attempts": decision.attempts,
         "conflicts": decision.conflicts,
     }
@@ -178,3 +246,8 @@ def record_retry_later(kind: str, message: str, **context: object) -> None:
     fields = {"retry": kind, "error": message, **_context(context)}
     _emit(logger.error, "event not acknowledged", fields)
     count("IngestGaveUp" if kind == "gave-up" else "StoreUnavailable")
+
+
+def record_webhook_outcome(outcome: str) -> None:
+    """Count one webhook request by what it ended as (one of ``WEBHOOK_OUTCOMES``)."""
+    count("WebhookDeliveries", outcome=outcome)

@@ -73,7 +73,7 @@ from opstate.events import (
     from_operation,
 )
 from opstate.ingest import ingest
-from opstate.names import Kind
+from opstate.names import Kind, api_name
 from opstate.observability import (
     count,
     decision_fields,
@@ -218,6 +218,7 @@ class _Tally:
     applied_reasons: Counter[str] = field(default_factory=Counter)
     dropped_reasons: Counter[str] = field(default_factory=Counter)
     conflicts: int = 0
+    throttled: int = 0
 
     def decision(self, decision: Decision) -> None:
         with self.lock:
@@ -361,7 +362,9 @@ def fetch_event(client: genai.Client, record: OpRecord) -> OpEvent:
 
         operation: types.GenerateVideosOperation | types.ImportFileOperation
         if kind is Kind.VIDEO:
-            operation = types.GenerateVideosOperation.model_validate({"name": record.name})
+            # The key has no model (models/-/operations/<id>): put it back to ask for it.
+            full_name = api_name(record.name, record.details)
+            operation = types.GenerateVideosOperation.model_validate({"name": full_name})
         else:
             # File-search imports and any other LRO: only name/done/error/response matter.
             operation = types.ImportFileOperation.model_validate({"name": record.name})
@@ -398,6 +401,7 @@ class _Run:
         self.throttle = _Throttle(backoff, clock_s)
         self.stop_reason: str | None = None
         self.oldest_open_age_s = 0.0
+        self.open_listed = 0
         self._lock = threading.Lock()
 
     # --- budget -------------------------------------------------------------------------------
@@ -530,7 +534,9 @@ class _Run:
 
     def note_oldest_open(self, records: Sequence[OpRecord]) -> None:
         """How long the oldest listed open operation has been open (since its record was
-        created, else its server time), for the ``OldestOpenAgeSeconds`` alarm; 0 if none."""
+        created, else its server time), for the ``OldestOpenAgeSeconds`` alarm; 0 if none.
+        Also how many were listed (``OpenOperations``, at most the open limit)."""
+        self.open_listed = len(records)
         starts = [r.created_ns or r.update_time_ns for r in records]
         starts = [start for start in starts if start > 0]
         if starts:
@@ -607,6 +613,9 @@ class _Run:
                 self.throttle.success()
                 return self.not_found(record)
             self.throttle.failure(transient=failure.transient)
+            if failure.status == 429:
+                with self.tally.lock:
+                    self.tally.throttled += 1
             _log(
                 logger.warning if failure.transient else logger.error,
                 "poll failed; left for the next run",
@@ -641,6 +650,8 @@ class _Run:
         count("Errors", result.errors)
         count("RemainingOpen", result.remaining_open)
         count("StoppedEarly", int(result.stopped_early))
+        count("Throttled", self.tally.throttled)
+        count("OpenOperations", self.open_listed)
         metrics.add_metric(
             name="OldestOpenAgeSeconds", unit=MetricUnit.Seconds, value=self.oldest_open_age_s
         )

@@ -3,6 +3,22 @@
 ``apply_event(current, event)`` reads no clock and does no I/O. It can only move an operation
 forward: by rank, then, within a rank, by strictly newer server time. Terminal states are
 absorbing and the first terminal state wins.
+
+Details belong to a state. On every applied event the next record's details are:
+
+1. the current details, less ``OBSERVATION_SCOPED_KEYS`` (``not_found``: true only until the
+   operation is seen again, so any applied event that does not carry it clears it), less
+   ``STATE_SCOPED_KEYS`` when the state changes (``reason``, ``cancelling``, ``paused``,
+   ``partial``, ``error_code``, ``error_message``: they describe the state they came with);
+2. merged with the event's details, which win (normalised first by ``details.sanitize``: a
+   value no store can hold is turned into text or dropped, never the whole event);
+3. capped at ``details.MAX_DETAILS_BYTES``: carried-over keys go before the event's own, largest
+   first. So no sequence of events can grow an item past the store's limit, and a state change
+   always fits, even on a record written before the cap existed.
+
+Every other key persists (``user_metadata``, ``output_file_uri``, ``video_uri``, ``model``,
+``display_name``, a producer's own keys). ``Decision.details_problems`` says what was
+normalised or dropped, for the caller to log.
 """
 
 from __future__ import annotations
@@ -12,6 +28,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from opstate import details as details_rules
 from opstate.events import OpEvent
 from opstate.names import Kind, kind_of
 from opstate.states import State, is_terminal, rank
@@ -27,9 +44,38 @@ class Reason(StrEnum):
     TERMINAL_CONFLICT = "terminal-conflict"
     LOWER_RANK = "lower-rank"
     STALE_OR_EQUAL_UPDATE_TIME = "stale-or-equal-update-time"
+    # dropped after the reducer: the store refused the record (set by ``ingest``, never here)
+    STORE_REJECTED = "store-rejected"
 
 
 APPLIED_REASONS = frozenset({Reason.CREATED, Reason.ADVANCED, Reason.REFRESHED})
+
+# Detail keys that describe the state they arrived with: cleared when the state changes.
+STATE_SCOPED_KEYS: frozenset[str] = frozenset(
+    {"reason", "cancelling", "paused", "partial", "error_code", "error_message"}
+)
+# Detail keys that describe one observation: cleared by any applied event that lacks them.
+OBSERVATION_SCOPED_KEYS: frozenset[str] = frozenset({"not_found"})
+
+
+def next_details(
+    current: Mapping[str, Any] | None, state_changed: bool, event_details: Mapping[str, Any]
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The details of the next record (see the module docstring), and the problems found."""
+    incoming, problems = details_rules.sanitize(event_details)
+    carried: dict[str, Any] = {}
+    if current is not None:
+        carried = {
+            key: value
+            for key, value in current.items()
+            if key not in OBSERVATION_SCOPED_KEYS
+            and not (state_changed and key in STATE_SCOPED_KEYS)
+        }
+    merged = {**carried, **incoming}
+    fitted, dropped = details_rules.fit(merged, keep=incoming)
+    notes = [str(p) for p in problems]
+    notes.extend(f"$.{key[:40]}: dropped: record details over the size cap" for key in dropped)
+    return fitted, tuple(notes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +125,7 @@ class Decision:
     previous: OpRecord | None
     attempts: int = 1
     conflicts: int = 0
+    details_problems: tuple[str, ...] = ()
 
     @property
     def state_changed(self) -> bool:
@@ -97,17 +144,18 @@ def apply_event(current: OpRecord | None, event: OpEvent, *, now_ns: int = 0) ->
     if current is not None and current.name != event.name:
         raise ValueError(f"event for {event.name!r} reduced against the record of {current.name!r}")
     if current is None:
+        details, problems = next_details(None, True, event.details)
         record = OpRecord(
             name=event.name,
             state=event.state,
             update_time_ns=event.update_time_ns,
             version=1,
             source=event.source,
-            details=dict(event.details),
+            details=details,
             created_ns=now_ns,
             applied_ns=now_ns,
         )
-        return Decision(True, Reason.CREATED, event, record, None)
+        return Decision(True, Reason.CREATED, event, record, None, details_problems=problems)
 
     if current.terminal:
         if not is_terminal(event.state):
@@ -122,17 +170,18 @@ def apply_event(current: OpRecord | None, event: OpEvent, *, now_ns: int = 0) ->
         return _drop(Reason.STALE_OR_EQUAL_UPDATE_TIME, current, event)
 
     reason = Reason.REFRESHED if event.state == current.state else Reason.ADVANCED
+    details, problems = next_details(current.details, reason is Reason.ADVANCED, event.details)
     record = OpRecord(
         name=current.name,
         state=event.state,
         update_time_ns=event.update_time_ns,
         version=current.version + 1,
         source=event.source,
-        details={**current.details, **event.details},
+        details=details,
         created_ns=current.created_ns,
         applied_ns=now_ns,
     )
-    return Decision(True, reason, event, record, current)
+    return Decision(True, reason, event, record, current, details_problems=problems)
 
 
 def _drop(reason: Reason, current: OpRecord, event: OpEvent) -> Decision:

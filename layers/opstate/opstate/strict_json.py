@@ -81,10 +81,18 @@ def dumps(
     if compact:
         options["separators"] = (",", ":")
     try:
-        return json.dumps(value, **options)
+        text = json.dumps(value, **options)
     except ValueError:
         # Out of range float values (NaN, Infinity): only in data stored before the rule.
-        return json.dumps(_finite(value), **options)
+        text = json.dumps(_finite(value), **options)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate (only in data stored before details were checked) cannot be UTF-8:
+        # the ASCII form escapes it as \udXXX, still JSON, so the text can always be sent.
+        options["ensure_ascii"] = True
+        text = json.dumps(_finite(value), **options)
+    return text
 
 
 __all__ = ["InvalidJSONError", "dumps", "loads"]

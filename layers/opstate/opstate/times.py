@@ -19,6 +19,13 @@ MAX_NS = (
     + NS_PER_SECOND
     - 1
 )
+# The latest instant a source may report. The last second before MAX_NS is kept free: a record's
+# time only ever grows, and the reconciler's not-found marker is its record's time + 1 ns, so a
+# record at MAX_EVENT_NS can take a billion markers before reaching MAX_NS (and OpEvent refuses
+# any time past MAX_NS, so nothing unrenderable is ever stored).
+MARKER_ROOM_NS = NS_PER_SECOND
+MAX_EVENT_NS = MAX_NS - MARKER_ROOM_NS
+_TOO_LATE = "after 9999-12-31T23:59:58.999999999Z (the last second is reserved)"
 
 _RFC3339 = re.compile(
     r"(?P<year>\d{4})-(?P<month>\d{2})-(?P<day>\d{2})"
@@ -80,8 +87,8 @@ def parse_time(value: str | datetime) -> int:
     ns = seconds * NS_PER_SECOND + int(frac.ljust(9, "0") or "0")
     if ns < 0:
         raise InvalidTimeError(value, "before 1970-01-01T00:00:00Z")
-    if ns > MAX_NS:
-        raise InvalidTimeError(value, "after 9999-12-31T23:59:59.999999999Z")
+    if ns > MAX_EVENT_NS:
+        raise InvalidTimeError(value, _TOO_LATE)
     return ns
 
 
@@ -93,15 +100,21 @@ def _from_datetime(value: datetime) -> int:
     ns = (delta.days * 86_400 + delta.seconds) * NS_PER_SECOND + delta.microseconds * 1_000
     if ns < 0:
         raise InvalidTimeError(value, "before 1970-01-01T00:00:00Z")
-    if ns > MAX_NS:
-        raise InvalidTimeError(value, "after 9999-12-31T23:59:59.999999999Z")
+    if ns > MAX_EVENT_NS:
+        raise InvalidTimeError(value, _TOO_LATE)
+    return ns
+
+
+def check_ns(ns: int) -> int:
+    """``ns`` itself if it is an int of nanoseconds that ``format_time`` can render (0 to
+    ``MAX_NS``); ``InvalidTimeError`` otherwise."""
+    if not isinstance(ns, int) or isinstance(ns, bool) or ns < 0 or ns > MAX_NS:
+        raise InvalidTimeError(ns, "expected an int of nanoseconds between 0 and year 9999")
     return ns
 
 
 def format_time(ns: int) -> str:
     """The canonical text of an instant: ``YYYY-MM-DDTHH:MM:SS.fffffffffZ``."""
-    if not isinstance(ns, int) or isinstance(ns, bool) or ns < 0 or ns > MAX_NS:
-        raise InvalidTimeError(ns, "expected an int of nanoseconds between 0 and year 9999")
-    seconds, frac = divmod(ns, NS_PER_SECOND)
+    seconds, frac = divmod(check_ns(ns), NS_PER_SECOND)
     wall = _EPOCH + timedelta(seconds=seconds)
     return f"{wall:%Y-%m-%dT%H:%M:%S}.{frac:09d}Z"

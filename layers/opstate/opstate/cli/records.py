@@ -21,7 +21,7 @@ from opstate.cli.common import (
     time_arg,
 )
 from opstate.events import EventError, from_report
-from opstate.names import Kind
+from opstate.names import VIDEO_DETAIL, Kind, parse_name
 from opstate.strict_json import InvalidJSONError, dumps, loads
 from opstate.times import format_time
 from opstate.views import decision_to_json, record_to_json
@@ -57,9 +57,13 @@ def add_parsers(
 
 def cmd_get(args: argparse.Namespace) -> int:
     config = settings_for(args)
+    from opstate.ingest import find_record
+
     name = name_arg(args.name)
+    parsed = parse_name(args.name)
     with open_store(config) as store:
-        record = store.get(name)
+        # A video record stored under its full name by an earlier release is still found.
+        record = find_record(store, name, {VIDEO_DETAIL: parsed.model} if parsed.model else None)
     if record is None:
         raise CliError(f"no record for {name} in {config.store_url}")
     view = record_to_json(record)
@@ -107,9 +111,10 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, body: Mapping[str, Any] | None) -> int:
     config = settings_for(args)
-    name = name_arg(args.name)
+    name_arg(args.name)  # a usage error for a name that is not one
     try:
-        event = from_report(name, body, now_ns=time.time_ns())
+        # The raw name: a video name's model is kept (details.model) for polling.
+        event = from_report(args.name, body, now_ns=time.time_ns())
     except EventError as exc:
         raise UsageError(exc.message) from None
     with open_store(config) as store:

@@ -1,4 +1,6 @@
-"""``opstate replay``: ingest webhook bodies and reports from a JSONL file or stdin.
+"""``opstate replay``: ingest webhook bodies and reports from a JSONL file or stdin, or
+re-ingest the signed webhook deliveries the receiver kept in its quarantine (``--quarantine``,
+see ``opstate.replay``).
 
 The input is streamed: one line is read, parsed (``strict_json``, the API's rule), turned into
 an event and ingested before the next is read, so memory does not grow with the file and a pipe
@@ -33,12 +35,14 @@ from opstate.cli.common import (
     EXIT_FAILURE,
     EXIT_OK,
     CliError,
+    UsageError,
     ingest_event,
     open_store,
     out,
     print_json,
     settings_for,
 )
+from opstate.config import Settings
 from opstate.events import (
     InvalidEventError,
     OpEvent,
@@ -72,9 +76,11 @@ def add_parser(
     sub: Any, *, store: argparse.ArgumentParser, as_json: argparse.ArgumentParser
 ) -> None:
     p = sub.add_parser(
-        "replay", parents=[store, as_json], help="ingest webhook bodies and reports from JSONL"
+        "replay",
+        parents=[store, as_json],
+        help="ingest webhook bodies and reports from JSONL, or quarantined webhooks",
     )
-    p.add_argument("file", metavar="FILE.jsonl", help="a JSONL file, or - for stdin")
+    p.add_argument("file", metavar="FILE.jsonl", nargs="?", help="a JSONL file, or - for stdin")
     p.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
     p.add_argument(
         "--from-line",
@@ -82,6 +88,20 @@ def add_parser(
         default=1,
         metavar="N",
         help="skip the lines before line N (resume where a replay stopped)",
+    )
+    p.add_argument(
+        "--quarantine",
+        action="store_true",
+        help="re-ingest the quarantined webhook deliveries instead of a file: the SQS queue "
+        "(--queue-url, else OPSTATE_QUARANTINE_QUEUE_URL), else the local quarantine beside "
+        "the SQLite store",
+    )
+    p.add_argument("--queue-url", metavar="URL", help="the quarantine SQS queue")
+    p.add_argument(
+        "--limit", type=int, default=1000, metavar="N", help="at most N deliveries (default 1000)"
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="only say which deliveries can be read now"
     )
     p.set_defaults(func=cmd_replay)
 
@@ -278,6 +298,9 @@ def _one_line(
             return f"{what} ({type(exc).__name__}: {str(exc).strip()[:300]})"
         bad(lineno, "store-rejected", refusal)
         return None
+    if decision.reason == "store-rejected":  # refused for good by the store (ingest dropped it)
+        bad(lineno, "store-rejected", "the store refused the record")
+        return None
     if decision.applied:
         summary.applied += 1
     else:
@@ -288,6 +311,12 @@ def _one_line(
 
 def cmd_replay(args: argparse.Namespace) -> int:
     config = settings_for(args)
+    if args.quarantine or args.queue_url:
+        if args.file is not None:
+            raise UsageError("give a FILE or --quarantine, not both")
+        return cmd_replay_quarantine(args, config)
+    if args.file is None:
+        raise UsageError("give a FILE.jsonl (or - for stdin), or --quarantine")
     stream, label = _open_input(args.file)
     try:
         return _replay(args, config, stream, label)
@@ -342,3 +371,40 @@ def _replay(args: argparse.Namespace, config: Settings, stream: BinaryIO, label:
     if failure is not None:
         raise failure
     return EXIT_FAILURE if summary.bad else EXIT_OK
+
+
+def cmd_replay_quarantine(args: argparse.Namespace, config: Settings) -> int:
+    """Re-ingest kept deliveries (``opstate.replay``); exit 1 if some are still unreadable or
+    could not be ingested (they stay kept)."""
+    from opstate.quarantine import Quarantine, SqsQuarantine, local_quarantine
+    from opstate.replay import replay
+
+    if args.limit < 1:
+        raise UsageError("--limit must be at least 1")
+    queue_url = args.queue_url or config.quarantine_queue_url
+    quarantine: Quarantine
+    if queue_url:
+        quarantine, label = SqsQuarantine(queue_url), queue_url
+    else:
+        local = local_quarantine(config.store_url)
+        quarantine, label = local, str(local.path)
+    with open_store(config) as store:
+        result = replay(
+            quarantine,
+            store,
+            limit=args.limit,
+            max_attempts=config.ingest_max_attempts,
+            dry_run=args.dry_run,
+        )
+    if args.json:
+        print_json({"quarantine": label, "dryRun": args.dry_run, **result.to_json()})
+    else:
+        verb = "would replay" if args.dry_run else "replayed"
+        out(
+            f"{verb} {result.taken} quarantined deliveries from {label}: {result.applied} "
+            f"{'readable' if args.dry_run else 'applied'}, {result.dropped} dropped, "
+            f"{result.unreadable} still unreadable, {result.errors} failed"
+        )
+        for delivery_id, code, message in result.problems:
+            out(f"  {delivery_id} {code}: {message[:200]}")
+    return EXIT_FAILURE if result.unreadable or result.errors else EXIT_OK

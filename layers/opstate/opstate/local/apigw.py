@@ -138,5 +138,6 @@ def response_parts(result: Mapping[str, Any]) -> tuple[int, list[tuple[str, str]
     elif result.get("isBase64Encoded"):
         body = base64.b64decode(raw)
     else:
-        body = str(raw).encode("utf-8")
+        # The API's JSON is always encodable; anything else never makes a response fail.
+        body = str(raw).encode("utf-8", "replace")
     return status, headers, body

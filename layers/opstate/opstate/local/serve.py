@@ -30,9 +30,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from opstate.api_token import API_TOKEN_ENV, ApiToken
+from opstate.api_token import API_TOKEN_ENV, ApiToken, bearer_token_ok
 from opstate.config import Settings
 from opstate.local.apigw import WEBHOOK_PATH
+from opstate.local.console import Console, DecisionLog
 from opstate.local.reconcile_loop import ReconcileLoop, start_reconciler
 from opstate.local.secret_file import (
     DEFAULT_SECRET_FILE,
@@ -41,6 +42,7 @@ from opstate.local.secret_file import (
     api_token_for,
     resolve_secrets,
 )
+from opstate.quarantine import local_quarantine
 from opstate.reducer import Decision
 from opstate.times import format_time
 
@@ -209,7 +211,11 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
         if purged:
             say(f"retention: removed {purged} terminal record(s) past their expires_at")
 
+    # The operations page (opstate.local.console) shows the decisions this server took.
+    decisions = DecisionLog()
+
     def on_decision(decision: Decision) -> None:
+        decisions.add(decision)
         line = change_line(decision)
         if line is not None:
             say(line)
@@ -221,6 +227,8 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
             verifier=verifier,
             settings=settings,
             on_decision=on_decision,
+            # Signed webhooks that cannot be read are kept here (opstate replay --quarantine).
+            quarantine=local_quarantine(store_url),
             operations_auth=require_bearer_token(token.token),
         )
     )
@@ -238,8 +246,15 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
         logging.getLogger("waitress").setLevel(logging.ERROR)  # queue depth, cancelled tasks
 
     wsgi_app = ApiGatewayApp(apps.resolve, say=say, verbose=options.verbose)
+    # The page's data needs what the operations routes need: the API token.
+    page = Console(
+        wsgi_app,
+        store=store,
+        decisions=decisions,
+        authorized=lambda headers: bearer_token_ok(headers.get("authorization"), token.token),
+    )
     try:
-        httpd = LocalHTTPServer(options.host, options.port, wsgi_app)
+        httpd = LocalHTTPServer(options.host, options.port, page)
     except OSError as exc:
         store.close()
         raise ServeError(
@@ -270,6 +285,8 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
     say("signed test webhook (paste into a shell):")
     say(curl_example(base_url, source))
     say(f"track a job: {track_example(base_url, token)}")
+    say(f"operations page: {base_url}/")
+    say(f'  it asks for the API token; or open "{base_url}/#token={token_expression(token)}"')
 
     loop: ReconcileLoop | None = None
     if settings.gemini_api_key or settings.gemini_api_key_secret_arn:

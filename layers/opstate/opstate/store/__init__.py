@@ -2,6 +2,12 @@
 
 ``store_from_url`` builds one from a URL; the DynamoDB and SQLite modules are imported only when
 such a store is asked for (boto3 is not needed to run on SQLite).
+
+Owns: ``port`` (the ``Store`` protocol, write outcomes, ``RetryableError`` and
+``StoreUnavailableError``), ``dynamodb``, ``sqlite`` and ``memory`` (one store each, all passing
+the same contract tests) and ``store_from_url``. May import the domain (``reducer``, ``states``,
+``times``) and ``config``, and boto3 (``dynamodb`` only); never ingest, the API, the reconciler,
+the notifier, the local server or the CLI.
 """
 
 from __future__ import annotations

@@ -17,7 +17,10 @@ Every write is a full ``PutItem`` under a condition (``attribute_not_exists(#nam
 write hands back the item that beat it, deserialised from the exception, never re-read.
 
 Faults (throttling, 5xx, timeouts, connection errors, missing table or credentials) raise
-``StoreUnavailableError``; a ``ValidationException`` is a bug and propagates as ``ClientError``.
+``StoreUnavailableError``. A record whose details no store can hold is refused before the call,
+and a ``ValidationException`` from a write (an item DynamoDB will never accept) raises
+``RecordRejectedError``: both permanent, never retried. Other client errors are bugs and
+propagate as ``ClientError``.
 """
 
 from __future__ import annotations
@@ -42,7 +45,13 @@ from botocore.exceptions import (
 
 from opstate.reducer import OpRecord
 from opstate.states import parse_state
-from opstate.store.port import WRITTEN, StoreUnavailableError, WriteOutcome
+from opstate.store.port import (
+    WRITTEN,
+    RecordRejectedError,
+    StoreUnavailableError,
+    WriteOutcome,
+    validate_record,
+)
 from opstate.times import NS_PER_SECOND, format_time
 
 OPEN_INDEX = "open-index"
@@ -88,6 +97,7 @@ UNAVAILABLE_CODES = frozenset(
 )
 
 _CONDITION_FAILED = "ConditionalCheckFailedException"
+_VALIDATION = "ValidationException"
 _NAMES = {"#name": "name"}
 
 
@@ -395,6 +405,7 @@ class DynamoDBStore:
         names: Mapping[str, str],
         values: Mapping[str, Any] | None,
     ) -> WriteOutcome:
+        validate_record(record)
         kwargs: dict[str, Any] = {
             "TableName": self.table_name,
             "Item": serialize_item(self.item(record)),
@@ -410,6 +421,11 @@ class DynamoDBStore:
             if exc.response.get("Error", {}).get("Code") == _CONDITION_FAILED:
                 old: Any = exc.response.get("Item")
                 return WriteOutcome(ok=False, current=record_from_wire(old) if old else None)
+            if exc.response.get("Error", {}).get("Code") == _VALIDATION:
+                message = exc.response.get("Error", {}).get("Message", "")
+                raise RecordRejectedError(
+                    f"DynamoDB refused the item of {record.name}: {message}"
+                ) from exc
             _fault(exc, "PutItem")
         except BotoCoreError as exc:
             _fault(exc, "PutItem")

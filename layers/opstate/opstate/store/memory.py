@@ -6,7 +6,7 @@ import threading
 from collections.abc import Iterator, Sequence
 
 from opstate.reducer import OpRecord
-from opstate.store.port import WRITTEN, WriteOutcome
+from opstate.store.port import WRITTEN, WriteOutcome, validate_record
 
 
 class MemoryStore:
@@ -19,6 +19,7 @@ class MemoryStore:
             return self._records.get(name)
 
     def put_if_absent(self, record: OpRecord) -> WriteOutcome:
+        validate_record(record)
         with self._lock:
             existing = self._records.get(record.name)
             if existing is not None:
@@ -27,6 +28,7 @@ class MemoryStore:
             return WRITTEN
 
     def replace_if_version(self, record: OpRecord, expected_version: int) -> WriteOutcome:
+        validate_record(record)
         with self._lock:
             existing = self._records.get(record.name)
             if existing is None or existing.version != expected_version:

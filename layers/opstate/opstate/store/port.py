@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from opstate.details import InvalidDetailsError, check
 from opstate.reducer import OpRecord
 
 
@@ -20,6 +21,21 @@ class RetryableError(Exception):
 
 class StoreUnavailableError(RetryableError):
     """The store could not be reached or refused the call (throttling, timeout, 5xx)."""
+
+
+class RecordRejectedError(Exception):
+    """The store refused the record itself (DynamoDB ``ValidationException``, details no store
+    can hold): a permanent refusal, retrying the same write can never succeed."""
+
+
+def validate_record(record: OpRecord) -> None:
+    """The write hook of every store: refuse (``RecordRejectedError``) a record whose details
+    a store cannot hold, before the store is called (moto and SQLite would accept some of
+    them; real DynamoDB would not)."""
+    try:
+        check(record.details)
+    except InvalidDetailsError as exc:
+        raise RecordRejectedError(f"record {record.name}: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 
 from opstate.reducer import OpRecord
 from opstate.states import parse_state
-from opstate.store.port import WRITTEN, StoreUnavailableError, WriteOutcome
+from opstate.store.port import WRITTEN, StoreUnavailableError, WriteOutcome, validate_record
 from opstate.times import NS_PER_SECOND
 
 DEFAULT_BUSY_TIMEOUT_S = 5.0
@@ -256,6 +256,7 @@ class SQLiteStore:
     # -- helpers -----------------------------------------------------------------------------
 
     def _row(self, record: OpRecord) -> tuple[Any, ...]:
+        validate_record(record)
         expires: int | None = None
         open_ns: str | None = None
         if record.terminal:

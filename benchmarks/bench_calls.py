@@ -1,0 +1,179 @@
+"""Section 2: DynamoDB API calls per ingested event (also runs on its own).
+
+The real API calls of a ``DynamoDBStore`` are counted with a botocore ``before-call`` hook on its
+client, per event:
+
+- ``new``: the first event of an operation (targets <= 2: GetItem + PutItem);
+- ``advancing``: a newer, higher-ranked event (<= 2);
+- ``duplicate``: the same state and time again (<= 1: GetItem only);
+- ``stale``: an older, lower-ranked event (<= 1);
+- ``contended``: 8 threads on ONE operation, its timeline (PENDING, RUNNING refreshes,
+  SUCCEEDED) dealt round-robin in true order and started together, a ``RetryableError`` (the
+  webhook's 503) retried by its sender (``bench_ingest.contention``, section 3's workload);
+  average over all events including the retried sends (<= 3), with ``contended_lost`` events
+  (never acknowledged, or acknowledged and then behind the final record; must be 0).
+
+``run.py`` runs it on its moto server. On its own it starts one (moto's DynamoDB made atomic
+per request, as real DynamoDB is per item: ``tests/support/moto_atomic.py``), or uses moto's
+in-process ``mock_aws`` with ``--inprocess`` (its ``put_item`` wrapped in a lock for the same
+reason), or the plain, non-atomic moto server with ``--non-atomic`` (its conditional writes race,
+which shows why the tests serialise them), and prints the figures against their targets:
+
+    .venv/bin/python benchmarks/bench_calls.py [--ops 50] [--contended 200] [--inprocess]
+        [--non-atomic] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+for _entry in (str(HERE), str(ROOT), str(ROOT / "layers" / "opstate")):
+    if _entry not in sys.path:
+        sys.path.insert(0, _entry)
+
+import bench_ingest  # noqa: E402
+
+from opstate.events import OpEvent, Source  # noqa: E402
+from opstate.ingest import ingest  # noqa: E402
+from opstate.states import State  # noqa: E402
+from opstate.store.port import Store  # noqa: E402
+
+TARGETS = {"new": 2.0, "advancing": 2.0, "duplicate": 1.0, "stale": 1.0, "contended": 3.0}
+
+
+class ApiCallCounter:
+    """Counts DynamoDB API calls made by a boto3 client (botocore ``before-call`` events)."""
+
+    def __init__(self, client: Any) -> None:
+        self.calls: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        client.meta.events.register("before-call.dynamodb", self._on_call)
+
+    def _on_call(self, model: Any = None, **_: Any) -> None:
+        with self._lock:
+            self.calls[getattr(model, "name", "?")] += 1
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(self.calls.values())
+
+
+def _event(name: str, state: State, ns: int) -> OpEvent:
+    return OpEvent(name, state, ns, Source.REPORT, {})
+
+
+def calls_per_event(
+    store: Store, label: str, n: int, total: Callable[[], int], contended_events: int
+) -> dict[str, float | int]:
+    """Calls per event of each case, ``n`` operations each (``contended_events`` events of one
+    operation for ``contended``); ``total`` reads the running count of calls."""
+    t0 = bench_ingest.T0_NS
+    names = [f"batches/{label}-calls-{i:05d}" for i in range(n)]
+
+    def per_event(events: Sequence[OpEvent]) -> float:
+        before = total()
+        for event in events:
+            ingest(store, event)
+        return (total() - before) / len(events)
+
+    new = per_event([_event(name, State.PENDING, t0) for name in names])
+    advancing = per_event([_event(name, State.RUNNING, t0 + 1_000) for name in names])
+    duplicate = per_event([_event(name, State.RUNNING, t0 + 1_000) for name in names])
+    stale = per_event([_event(name, State.PENDING, t0 + 5) for name in names])
+    result = bench_ingest.contention(store, f"{label}-calls-hot", contended_events, total)
+    return {
+        "new": round(new, 3),
+        "advancing": round(advancing, 3),
+        "duplicate": round(duplicate, 3),
+        "stale": round(stale, 3),
+        "contended": float(result["calls_per_event"]),
+        "contended_lost": int(result["lost"]),
+    }
+
+
+# -- standalone ----------------------------------------------------------------------------------
+
+
+@contextmanager
+def _endpoint(inprocess: bool, atomic: bool) -> Iterator[str | None]:
+    if inprocess:
+        from moto import mock_aws
+        from moto.dynamodb.models import DynamoDBBackend
+
+        # moto checks a condition and writes without a lock; real DynamoDB is atomic per item.
+        original = DynamoDBBackend.put_item
+        lock = threading.Lock()
+
+        def atomic_put_item(self: Any, *args: Any, **kwargs: Any) -> Any:
+            with lock:
+                return original(self, *args, **kwargs)
+
+        DynamoDBBackend.put_item = atomic_put_item  # type: ignore[method-assign]
+        try:
+            with mock_aws():
+                yield None
+        finally:
+            DynamoDBBackend.put_item = original  # type: ignore[method-assign]
+        return
+    from tests.support.motoserver import start_moto_server
+
+    server = start_moto_server(atomic_dynamodb=atomic)
+    try:
+        yield server.endpoint
+    finally:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--ops", type=int, default=50, help="operations per simple case")
+    parser.add_argument("--contended", type=int, default=200, help="events of the contended case")
+    parser.add_argument("--inprocess", action="store_true", help="moto mock_aws, no server")
+    parser.add_argument("--non-atomic", action="store_true", help="plain moto server")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        os.environ[key] = "bench"
+    os.environ["AWS_DEFAULT_REGION"] = "us-east-1"
+    os.environ.pop("AWS_PROFILE", None)
+
+    from opstate.store.dynamodb import DynamoDBStore
+    from tests.support.stores import dynamodb_client, unique_table
+    from tests.support.template import create_table_from_template
+
+    with _endpoint(args.inprocess, atomic=not args.non_atomic) as url:
+        client = dynamodb_client(url)
+        table = unique_table()
+        create_table_from_template(client, table)
+        counter = ApiCallCounter(client)
+        store = DynamoDBStore(table, client=client)
+        result = calls_per_event(store, "calls", args.ops, counter.total, args.contended)
+
+    backend = "moto in-process" if args.inprocess else "moto server"
+    if args.non_atomic and not args.inprocess:
+        backend += ", non-atomic"
+    ok = result["contended_lost"] == 0 and all(result[k] <= v for k, v in TARGETS.items())
+    if args.json:
+        print(json.dumps({**result, "store": backend}, indent=2))
+        return 0 if ok else 1
+    print(f"DynamoDB calls per event ({backend}; {args.ops} ops, {args.contended} contended)")
+    for key, target in TARGETS.items():
+        verdict = "ok" if result[key] <= target else "OVER TARGET"
+        print(f"  {key:<12} {result[key]:6.3f}   target <= {target:.0f}   {verdict}")
+    print(f"  contended events lost: {result['contended_lost']} (target 0)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

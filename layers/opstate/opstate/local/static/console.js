@@ -1,0 +1,302 @@
+// opstate operations page: polls the local server; renders with DOM calls and textContent only.
+"use strict";
+
+(function () {
+  const POLL_MS = 1000;
+  const FULL_REFRESH_EVERY = 10; // polls; catches writes by other processes (CLI, reconciler)
+  const TOKEN_KEY = "opstate-token";
+
+  const $ = (id) => document.getElementById(id);
+  const state = {
+    token: null,
+    operations: [],
+    versions: new Map(),
+    cursor: "",
+    now: null,
+    selected: null,
+    polls: 0,
+    timer: null,
+    firstLoad: true,
+  };
+
+  // --- token: from the URL fragment (#token=...), kept for this tab only ---------------------
+  function takeTokenFromFragment() {
+    const hash = window.location.hash.replace(/^#/, "");
+    const params = new URLSearchParams(hash);
+    const token = params.get("token");
+    if (token) {
+      sessionStorage.setItem(TOKEN_KEY, token);
+      params.delete("token");
+      const rest = params.toString();
+      history.replaceState(null, "", window.location.pathname + window.location.search + (rest ? "#" + rest : ""));
+    }
+    return sessionStorage.getItem(TOKEN_KEY);
+  }
+
+  function askForToken(message) {
+    $("main").hidden = true;
+    $("token-form").hidden = false;
+    $("token-message").textContent = message;
+    setStatus("Waiting for the API token", true);
+    $("token-input").focus();
+  }
+
+  $("token-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const token = $("token-input").value.trim();
+    if (!token) return;
+    sessionStorage.setItem(TOKEN_KEY, token);
+    state.token = token;
+    $("token-input").value = "";
+    $("token-form").hidden = true;
+    state.cursor = "";
+    poll();
+  });
+
+  // --- data ----------------------------------------------------------------------------------
+  class Unauthorized extends Error {}
+
+  async function getJSON(url) {
+    const response = await fetch(url, {
+      headers: { Authorization: "Bearer " + state.token, Accept: "application/json" },
+      cache: "no-store",
+    });
+    if (response.status === 401) throw new Unauthorized("the token was refused");
+    const body = await response.json();
+    if (!response.ok) throw new Error(body.message || response.statusText);
+    return body;
+  }
+
+  async function poll() {
+    clearTimeout(state.timer);
+    try {
+      state.polls += 1;
+      const full = state.polls % FULL_REFRESH_EVERY === 0;
+      const since = full ? "" : state.cursor;
+      const data = await getJSON("/ui/api/operations" + (since ? "?since=" + encodeURIComponent(since) : ""));
+      state.now = Date.parse(data.now);
+      if (data.changed) {
+        state.cursor = data.cursor;
+        receive(data.operations, data.total);
+        if (state.selected) await loadDetail(state.selected, false);
+      }
+      $("main").hidden = false;
+      setStatus("Live · updated " + new Date(state.now).toLocaleTimeString(), false);
+      renderAges();
+    } catch (error) {
+      if (error instanceof Unauthorized) {
+        sessionStorage.removeItem(TOKEN_KEY);
+        askForToken("The token was refused. Paste the API token printed by opstate serve.");
+        return;
+      }
+      setStatus("Cannot reach the server (" + error.message + "); retrying", true);
+    }
+    state.timer = setTimeout(poll, POLL_MS);
+  }
+
+  function receive(operations, total) {
+    const fresh = new Set();
+    for (const op of operations) {
+      const before = state.versions.get(op.name);
+      if (!state.firstLoad && before !== op.version) fresh.add(op.name);
+      state.versions.set(op.name, op.version);
+    }
+    state.firstLoad = false;
+    state.operations = operations;
+    state.total = total;
+    render(fresh);
+  }
+
+  // --- the table -----------------------------------------------------------------------------
+  function filters() {
+    return {
+      search: $("search").value.trim().toLowerCase(),
+      state: $("filter-state").value,
+      kind: $("filter-kind").value,
+      open: $("filter-open").value,
+    };
+  }
+
+  function matches(op, f) {
+    if (f.search && !op.name.toLowerCase().includes(f.search)) return false;
+    if (f.state && op.state !== f.state) return false;
+    if (f.kind && op.kind !== f.kind) return false;
+    if (f.open === "open" && op.terminal) return false;
+    if (f.open === "terminal" && !op.terminal) return false;
+    return true;
+  }
+
+  function badge(text, cls) {
+    const span = document.createElement("span");
+    span.className = "badge " + cls;
+    span.textContent = text;
+    return span;
+  }
+
+  function cell(row, content, cls) {
+    const td = document.createElement("td");
+    if (cls) td.className = cls;
+    if (content instanceof Node) td.append(content);
+    else td.textContent = content == null ? "—" : String(content);
+    row.append(td);
+    return td;
+  }
+
+  function render(fresh) {
+    const f = filters();
+    const shown = state.operations.filter((op) => matches(op, f));
+    const body = $("rows");
+    const rows = [];
+    for (const op of shown) {
+      const tr = document.createElement("tr");
+      tr.dataset.name = op.name;
+      if (fresh && fresh.has(op.name)) tr.classList.add("fresh");
+      if (op.name === state.selected) tr.classList.add("selected");
+      const button = document.createElement("button");
+      button.type = "button";
+      button.className = "op-link";
+      button.textContent = op.name;
+      button.setAttribute("aria-label", "Show " + op.name);
+      button.addEventListener("click", () => openDetail(op.name));
+      cell(tr, button, "name");
+      cell(tr, op.kind);
+      cell(tr, badge(op.state, op.state));
+      cell(tr, op.version, "num");
+      cell(tr, formatTime(op.updateTime), "mono");
+      const age = cell(tr, "", "num age");
+      age.dataset.since = op.createdAt || op.updateTime || "";
+      rows.push(tr);
+    }
+    body.replaceChildren(...rows);
+    $("empty").hidden = shown.length > 0;
+    const all = state.operations.length;
+    let text = shown.length + " of " + all + " operation" + (all === 1 ? "" : "s");
+    if (state.total > all) text += " (newest " + all + " of " + state.total + ")";
+    $("count").textContent = text;
+    renderAges();
+  }
+
+  function renderAges() {
+    for (const td of document.querySelectorAll("td.age")) {
+      td.textContent = age(td.dataset.since);
+    }
+  }
+
+  function age(since) {
+    if (!since || state.now == null) return "—";
+    let s = Math.max(0, Math.floor((state.now - Date.parse(since)) / 1000));
+    const d = Math.floor(s / 86400); s -= d * 86400;
+    const h = Math.floor(s / 3600); s -= h * 3600;
+    const m = Math.floor(s / 60); s -= m * 60;
+    if (d) return d + "d " + h + "h";
+    if (h) return h + "h " + m + "m";
+    if (m) return m + "m " + s + "s";
+    return s + "s";
+  }
+
+  function formatTime(text) {
+    if (!text) return "—";
+    // 2026-05-10T09:59:00.250000000Z -> 2026-05-10 09:59:00.25Z (milliseconds at most)
+    const match = /^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)(?:\.(\d+))?Z$/.exec(text);
+    if (!match) return text;
+    const fraction = (match[3] || "").slice(0, 3).replace(/0+$/, "");
+    return match[1] + " " + match[2] + (fraction ? "." + fraction : "") + "Z";
+  }
+
+  // --- the detail view -----------------------------------------------------------------------
+  async function openDetail(name) {
+    state.selected = name;
+    for (const tr of $("rows").children) tr.classList.toggle("selected", tr.dataset.name === name);
+    await loadDetail(name, true);
+  }
+
+  async function loadDetail(name, focus) {
+    let data;
+    try {
+      data = await getJSON("/ui/api/operation?name=" + encodeURIComponent(name));
+    } catch (error) {
+      if (error instanceof Unauthorized) throw error;
+      setStatus("Cannot load " + name + " (" + error.message + ")", true);
+      return;
+    }
+    if (state.selected !== name) return;
+    const section = $("detail");
+    $("detail-title").textContent = name;
+    const fields = $("detail-fields");
+    const items = [];
+    const record = data.record;
+    const add = (label, value) => {
+      const dt = document.createElement("dt");
+      dt.textContent = label;
+      const dd = document.createElement("dd");
+      if (value instanceof Node) dd.append(value); else dd.textContent = value == null ? "—" : String(value);
+      items.push(dt, dd);
+    };
+    if (record) {
+      add("State", badge(record.state, record.state));
+      add("Kind", record.kind);
+      add("Version", record.version);
+      add("Last server time", formatTime(record.updateTime));
+      add("Source", record.source);
+      add("Tracked since", formatTime(record.createdAt));
+      add("Last applied", formatTime(record.appliedAt));
+    } else {
+      add("Record", "not stored (every event was dropped)");
+    }
+    fields.replaceChildren(...items);
+    $("detail-json").textContent = JSON.stringify(record ? record.details : {}, null, 2);
+    const rows = [];
+    for (const d of data.decisions.slice().reverse()) {
+      const tr = document.createElement("tr");
+      cell(tr, formatTime(d.receivedAt), "mono");
+      cell(tr, badge(d.applied ? "applied" : "dropped", d.applied ? "applied" : "dropped"));
+      cell(tr, d.reason, "mono reason");
+      cell(tr, d.state);
+      cell(tr, d.source);
+      cell(tr, formatTime(d.updateTime), "mono");
+      cell(tr, d.version, "num");
+      rows.push(tr);
+    }
+    $("decision-rows").replaceChildren(...rows);
+    $("decisions-empty").hidden = rows.length > 0;
+    $("decisions").hidden = rows.length === 0;
+    section.hidden = false;
+    if (focus) section.focus();
+  }
+
+  function closeDetail() {
+    const name = state.selected;
+    state.selected = null;
+    $("detail").hidden = true;
+    for (const tr of $("rows").children) tr.classList.remove("selected");
+    const row = name && document.querySelector('tr[data-name="' + CSS.escape(name) + '"] button');
+    if (row) row.focus();
+  }
+
+  $("detail-close").addEventListener("click", closeDetail);
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Escape" && state.selected) closeDetail();
+    if (event.key === "/" && document.activeElement.tagName !== "INPUT") {
+      event.preventDefault();
+      $("search").focus();
+    }
+  });
+
+  // --- filters -------------------------------------------------------------------------------
+  for (const id of ["search", "filter-state", "filter-kind", "filter-open"]) {
+    $(id).addEventListener("input", () => render(null));
+    $(id).addEventListener("change", () => render(null));
+  }
+  $("filters").addEventListener("submit", (event) => event.preventDefault());
+  $("filters").addEventListener("reset", () => setTimeout(() => render(null), 0));
+
+  function setStatus(text, error) {
+    const status = $("status");
+    status.textContent = text;
+    status.classList.toggle("error", Boolean(error));
+  }
+
+  state.token = takeTokenFromFragment();
+  if (state.token) poll();
+  else askForToken("This page needs the opstate API token: open the link opstate serve prints, or paste the token.");
+})();

@@ -1,0 +1,1 @@
+"""Developer scripts (not shipped): generators whose output is committed."""

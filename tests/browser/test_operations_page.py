@@ -1,0 +1,308 @@
+"""The operations page of ``opstate serve`` in a real browser (headless chromium).
+
+One ``opstate serve`` process (SQLite in a temporary directory) for the module; the page is
+opened with the token ``serve`` prints. Webhooks are signed with ``standardwebhooks`` at the
+current time, as Gemini would.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from standardwebhooks.webhooks import Webhook
+
+from tests.browser.conftest import ARTIFACTS, missing
+from tests.e2e.harness import in_ci
+
+# One line for the whole module when the browser or playwright is missing; an error under CI.
+_LACKING = missing()
+if _LACKING is not None:
+    if in_ci():
+        pytest.fail(f"browser tests under CI need {_LACKING}", pytrace=False)
+    pytest.skip(f"browser tests need {_LACKING}", allow_module_level=True)
+
+from playwright.sync_api import expect  # noqa: E402
+
+from tests.support.serve_process import (  # noqa: E402
+    TEST_API_TOKEN,
+    ServeProcess,
+    http,
+    start_serve,
+)
+
+SECRET = "whsec_" + base64.b64encode(b"opstate-browser-test-secret-32by").decode()
+DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "operations-page.png"
+# The page polls every second; the issue's bound for a webhook to show up without a reload.
+APPEARS_WITHIN_MS = 2000
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, chromium: Any) -> Iterator[ServeProcess]:
+    home = tmp_path_factory.mktemp("serve")
+    proc = start_serve(
+        ["--store", f"sqlite:///{home / 'ops.db'}"],
+        cwd=home,
+        env={"OPSTATE_WEBHOOK_SECRETS": SECRET},  # OPSTATE_API_TOKEN: TEST_API_TOKEN
+    )
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+
+
+@pytest.fixture(scope="module")
+def page_url(server: ServeProcess) -> str:
+    """The page with the API token in its fragment, as serve's hint builds it."""
+    line = server.wait_for_line(r"operations page: http://\S+/$")
+    assert line.split(": ", 1)[1].strip() == server.url + "/"
+    return f"{server.url}/#token={TEST_API_TOKEN}"
+
+
+@pytest.fixture(scope="module")
+def token() -> str:
+    return TEST_API_TOKEN
+
+
+def webhook(server: ServeProcess, event_type: str, name: str, when: str, **data: Any) -> dict:
+    raw = json.dumps(
+        {"type": event_type, "version": "v1", "timestamp": when, "data": {"id": name, **data}}
+    )
+    msg_id = f"msg_{uuid.uuid4().hex}"
+    now = datetime.now(UTC)
+    headers = {
+        "content-type": "application/json",
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(int(now.timestamp())),
+        "webhook-signature": Webhook(SECRET).sign(msg_id, now, raw),
+    }
+    status, _, body = http("POST", f"{server.url}/gemini/webhook", raw.encode(), headers)
+    assert status == 200, body
+    return dict(body)
+
+
+def redeliver(server: ServeProcess, raw_event: tuple[str, str, str, dict[str, Any]]) -> dict:
+    event_type, name, when, data = raw_event
+    return webhook(server, event_type, name, when, **data)
+
+
+def report(server: ServeProcess, token: str, name: str, state: str, when: str) -> None:
+    body = json.dumps({"state": state, "updateTime": when}).encode()
+    headers = {"content-type": "application/json"}
+    status, _, answer = http("PUT", f"{server.url}/operations/{name}", body, headers, token=token)
+    assert status == 200, answer
+
+
+def rows(page: Any) -> list[str]:
+    return [
+        str(n) for n in page.locator("#rows tr").evaluate_all("r => r.map(x => x.dataset.name)")
+    ]
+
+
+def open_page(page: Any, url: str) -> None:
+    page.goto(url)
+    page.wait_for_selector("#status:has-text('Live')")
+
+
+def test_the_page_loads_and_keeps_the_token_out_of_the_url(page: Any, page_url: str) -> None:
+    open_page(page, page_url)
+    assert page.title() == "opstate · operations"
+    assert "token" not in page.url  # taken from the fragment, kept in sessionStorage
+    headers = [h.strip() for h in page.locator("#operations thead th").all_inner_texts()]
+    assert headers == ["Name", "Kind", "State", "Version", "Last server time", "Age"]
+
+
+def test_without_a_valid_token_the_page_asks_for_one_and_shows_no_data(
+    page: Any, server: ServeProcess, page_url: str
+) -> None:
+    webhook(server, "batch.succeeded", "batches/secret-one", "2026-11-30T10:00:00Z")
+    page.goto(server.url + "/#token=not-the-token")
+    page.wait_for_selector("#token-form:not([hidden])")
+    assert page.locator("#main").is_hidden()
+    assert "secret-one" not in page.content()
+    # Pasting the right token shows the data.
+    page.fill("#token-input", page_url.split("#token=", 1)[1])
+    page.keyboard.press("Enter")
+    page.wait_for_selector("tr[data-name='batches/secret-one']")
+
+
+def test_a_signed_webhook_appears_without_a_reload(
+    page: Any, server: ServeProcess, page_url: str
+) -> None:
+    open_page(page, page_url)
+    page.evaluate("window.__sameDocument = true")
+    webhook(
+        server,
+        "batch.succeeded",
+        "batches/live-1",
+        "2026-11-30T11:00:00Z",
+        output_file_uri="files/o1",
+    )
+    row = page.locator("tr[data-name='batches/live-1']")
+    row.wait_for(timeout=APPEARS_WITHIN_MS)
+    assert page.evaluate("window.__sameDocument") is True  # no navigation happened
+    assert row.locator(".badge").inner_text() == "SUCCEEDED"
+    assert row.locator("td").nth(4).inner_text() == "2026-11-30 11:00:00Z"
+
+
+def test_filters_and_search(page: Any, server: ServeProcess, token: str, page_url: str) -> None:
+    report(server, token, "batches/filter-pending", "PENDING", "2026-11-30T08:00:00Z")
+    report(server, token, "batches/filter-running", "RUNNING", "2026-11-30T08:01:00Z")
+    webhook(server, "batch.failed", "batches/filter-failed", "2026-11-30T08:02:00Z", error_code=3)
+    webhook(server, "interaction.requires_action", "interactions/filter-ia", "2026-11-30T08:03:00Z")
+    open_page(page, page_url)
+    page.wait_for_selector("tr[data-name='interactions/filter-ia']")
+
+    page.select_option("#filter-state", "FAILED")
+    assert set(rows(page)) == {"batches/filter-failed"}
+    page.select_option("#filter-state", "")
+
+    page.select_option("#filter-kind", "interaction")
+    assert rows(page) == ["interactions/filter-ia"]
+    page.select_option("#filter-kind", "")
+
+    page.select_option("#filter-open", "open")
+    shown = set(rows(page))
+    assert {"batches/filter-pending", "batches/filter-running", "interactions/filter-ia"} <= shown
+    assert "batches/filter-failed" not in shown and "batches/live-1" not in shown
+    page.select_option("#filter-open", "terminal")
+    assert "batches/filter-failed" in rows(page) and "batches/filter-running" not in rows(page)
+    page.select_option("#filter-open", "")
+
+    page.fill("#search", "FILTER-RUN")  # case-insensitive substring of the name
+    assert rows(page) == ["batches/filter-running"]
+    assert page.locator("#count").inner_text().startswith("1 of ")
+    page.fill("#search", "no-such-operation")
+    assert rows(page) == [] and page.locator("#empty").is_visible()
+    page.click("#clear-filters")
+    expect(page.locator("tr[data-name='batches/filter-failed']")).to_be_visible()
+    assert page.locator("#search").input_value() == ""
+
+
+@pytest.fixture(scope="module")
+def stale_one(server: ServeProcess) -> str:
+    """batches/stale-1: a delivery and Gemini's retry of it (dropped as stale), once."""
+    delivery = (
+        "batch.succeeded",
+        "batches/stale-1",
+        "2026-11-30T12:00:00Z",
+        {"output_file_uri": "files/stale-out"},
+    )
+    assert redeliver(server, delivery)["applied"] is True
+    again = redeliver(server, delivery)  # Gemini retries the same event
+    assert (again["applied"], again["reason"]) == (False, "stale-or-equal-update-time")
+    return "batches/stale-1"
+
+
+def test_detail_view_shows_details_and_the_drop_reason_of_a_stale_redelivery(
+    page: Any, page_url: str, stale_one: str
+) -> None:
+    open_page(page, page_url)
+    page.get_by_role("button", name="Show batches/stale-1").click()
+    detail = page.locator("#detail")
+    detail.wait_for()
+    assert page.locator("#detail-title").inner_text() == "batches/stale-1"
+    assert json.loads(page.locator("#detail-json").inner_text()) == {
+        "output_file_uri": "files/stale-out"
+    }
+    decisions = page.locator("#decision-rows tr")
+    assert decisions.count() == 2
+    newest = decisions.nth(0).locator("td").all_inner_texts()
+    assert newest[1:5] == ["dropped", "stale-or-equal-update-time", "SUCCEEDED", "webhook"]
+    oldest = decisions.nth(1).locator("td").all_inner_texts()
+    assert oldest[1:3] == ["applied", "created"]
+
+
+def test_keyboard_only(page: Any, page_url: str, stale_one: str) -> None:
+    open_page(page, page_url)
+    page.wait_for_selector("tr[data-name='batches/stale-1']")
+    page.keyboard.press("/")
+    assert page.evaluate("document.activeElement.id") == "search"
+    page.keyboard.type("stale-1")
+    page.keyboard.press("Tab")  # state
+    page.keyboard.press("Tab")  # kind
+    page.keyboard.press("Tab")  # open/terminal
+    page.keyboard.press("Tab")  # clear
+    page.keyboard.press("Tab")  # the first operation's name
+    assert page.evaluate("document.activeElement.textContent") == "batches/stale-1"
+    page.keyboard.press("Enter")
+    expect(page.locator("#detail")).to_be_focused()
+    page.keyboard.press("Escape")
+    page.wait_for_selector("#detail", state="hidden")
+    assert page.evaluate("document.activeElement.textContent") == "batches/stale-1"
+
+
+def test_screenshot(
+    page: Any, server: ServeProcess, token: str, page_url: str, stale_one: str
+) -> None:
+    """The page with a few operations and one detail open, saved as a test artifact
+    (``OPSTATE_WRITE_DOCS_SCREENSHOT=1`` also refreshes the README's copy)."""
+    video = "models/veo-3.1-generate-preview/operations/demo-video"
+    report(server, token, video, "RUNNING", "2026-11-30T12:30:00Z")
+    report(server, token, "batches/nightly-embeddings", "PENDING", "2026-11-30T12:40:00Z")
+    webhook(server, "batch.failed", "batches/eval-run-7", "2026-11-30T11:20:00Z", error_code=3)
+    webhook(
+        server, "interaction.requires_action", "interactions/support-42", "2026-11-30T12:45:00Z"
+    )
+    page.set_viewport_size({"width": 1280, "height": 860})
+    open_page(page, page_url)
+    page.get_by_role("button", name="Show batches/stale-1").click()
+    page.locator("#detail").wait_for()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "operations-page.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+    if os.environ.get("OPSTATE_WRITE_DOCS_SCREENSHOT") == "1":
+        DOCS_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, DOCS_SCREENSHOT)
+
+
+def _luminance(rgb: str) -> float:
+    r, g, b = (int(x) / 255 for x in re.findall(r"\d+", rgb)[:3])
+
+    def channel(c: float) -> float:
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+
+    return 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b)
+
+
+def contrast(fg: str, bg: str) -> float:
+    lighter, darker = sorted((_luminance(fg), _luminance(bg)), reverse=True)
+    return (lighter + 0.05) / (darker + 0.05)
+
+
+def test_text_contrast_meets_wcag_aa(page: Any, page_url: str, stale_one: str) -> None:
+    open_page(page, page_url)
+    page.get_by_role("button", name="Show batches/stale-1").click()
+    page.locator("#detail").wait_for()
+    pairs = page.evaluate(
+        """() => {
+          const out = [];
+          const bg = (el) => {
+            for (let e = el; e; e = e.parentElement) {
+              const c = getComputedStyle(e).backgroundColor;
+              if (c && c !== 'rgba(0, 0, 0, 0)' && c !== 'transparent') return c;
+            }
+            return 'rgb(255, 255, 255)';
+          };
+          const sel = '.badge, td, th, label, #status, #count, .op-link, dt, dd, h1, h2, h3';
+          for (const el of document.querySelectorAll(sel)) {
+            if (!el.offsetParent || !el.textContent.trim()) continue;
+            out.push([el.className + ' ' + el.textContent.trim().slice(0, 30),
+                      getComputedStyle(el).color, bg(el)]);
+          }
+          return out;
+        }"""
+    )
+    assert len(pairs) > 40
+    low = [(what, round(contrast(fg, bg), 2)) for what, fg, bg in pairs if contrast(fg, bg) < 4.5]
+    assert not low, low

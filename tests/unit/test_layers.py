@@ -1,0 +1,236 @@
+"""The import graph of ``opstate``: no upward arrow between layers, no cycle, every package says
+what it owns and what it may import.
+
+Layers, bottom up (a module may import its own layer and the ones below, never above):
+
+0. the domain (pure: no AWS, HTTP or Gemini code; test_purity.py checks that) and settings;
+1. the store, webhook authenticity (signatures, secrets, the local API token), observability and
+   ingest;
+2. the API, the notifier and the reconciler;
+3. the local server and the CLI.
+
+Every ``import`` counts, at module level, inside functions (lazy imports) and under
+``TYPE_CHECKING`` alike: all are dependencies. Modules are placed by prefix, so a new module in
+an existing package needs nothing here; a new top-level module must be given a layer below.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "layers" / "opstate" / "opstate"
+
+# The pure domain (test_purity.py probes every one of these that exists).
+DOMAIN = (
+    "opstate.states",
+    "opstate.times",
+    "opstate.names",
+    "opstate.events",
+    "opstate.reducer",
+    "opstate.model",
+    "opstate.views",
+    "opstate.strict_json",
+    "opstate.details",
+)
+# (layer name, module prefixes): "opstate.store" places opstate.store and opstate.store.*.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("domain and settings", (*DOMAIN, "opstate.config", "opstate.settings")),
+    (
+        "store, signatures, secrets, observability, ingest",
+        (
+            "opstate.store",
+            "opstate.signatures",
+            "opstate.webhook_secrets",
+            "opstate.api_token",
+            "opstate.observability",
+            "opstate.ingest",
+            "opstate.quarantine",
+        ),
+    ),
+    (
+        "api, notify, reconcile",
+        ("opstate.api", "opstate.notify", "opstate.reconcile", "opstate.replay"),
+    ),
+    ("local, cli", ("opstate.local", "opstate.cli")),
+]
+ROOT_PACKAGE = "opstate"  # its __init__ imports nothing of opstate: below everything
+
+
+def module_files(package: Path = PACKAGE) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the package (``__init__`` = package)."""
+    modules: dict[str, Path] = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _owner(name: str, modules: Mapping[str, Path]) -> str | None:
+    """The module ``name`` refers to: itself, or the nearest enclosing package that exists."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports_of(module: str, path: Path, modules: Mapping[str, Path]) -> set[str]:
+    """The opstate modules ``module`` imports (any statement, anywhere in the file)."""
+    found: set[str] = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from . import x, from ..store import y
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            # "from opstate.store import sqlite" names a module; "... import MemoryStore" not
+            targets = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                for alias in node.names
+            ]
+        else:
+            continue
+        for target in targets:
+            if target == ROOT_PACKAGE or target.startswith(ROOT_PACKAGE + "."):
+                owner = _owner(target, modules)
+                if owner is not None and owner != module:
+                    found.add(owner)
+    return found
+
+
+def import_graph(modules: Mapping[str, Path] | None = None) -> dict[str, set[str]]:
+    modules = modules if modules is not None else module_files()
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def layer_of(module: str, layers: list[tuple[str, tuple[str, ...]]] = LAYERS) -> int | None:
+    if module == ROOT_PACKAGE:
+        return -1
+    best: tuple[int, int] | None = None  # (prefix length, layer)
+    for index, (_name, prefixes) in enumerate(layers):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (
+                best is None or len(prefix) > best[0]
+            ):
+                best = (len(prefix), index)
+    return None if best is None else best[1]
+
+
+def upward_arrows(graph: Mapping[str, Iterable[str]]) -> list[str]:
+    problems = []
+    for module, targets in sorted(graph.items()):
+        source = layer_of(module)
+        for target in sorted(targets):
+            aim = layer_of(target)
+            if source is not None and aim is not None and aim > source:
+                problems.append(
+                    f"{module} ({LAYERS[source][0]}) imports {target} ({LAYERS[aim][0]})"
+                )
+    return problems
+
+
+def _reachable(graph: Mapping[str, Iterable[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = list(graph.get(start, ()))
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo.extend(graph.get(node, ()))
+    return seen
+
+
+def cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or not (each sorted)."""
+    reach = {module: _reachable(graph, module) for module in graph}
+    groups = {
+        tuple(sorted({m, *(o for o in reach[m] if m in reach.get(o, ()))}))
+        for m in graph
+        if m in reach[m]
+    }
+    return sorted(list(group) for group in groups)
+
+
+GRAPH = import_graph()
+
+
+def test_the_graph_is_read() -> None:
+    assert GRAPH["opstate.api"] >= {"opstate.ingest", "opstate.signatures", "opstate.store"}
+    assert "opstate.store.port" in GRAPH["opstate.ingest"]
+    # lazy imports count: the CLI imports the local server inside its command
+    assert any(t.startswith("opstate.local") for t in GRAPH["opstate.cli.serve"])
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = [m for m in GRAPH if layer_of(m) is None]
+    assert unplaced == [], f"give these modules a layer in tests/unit/test_layers.py: {unplaced}"
+
+
+def test_no_upward_arrow() -> None:
+    assert upward_arrows(GRAPH) == []
+
+
+def test_no_cycle() -> None:
+    assert cycles(GRAPH) == []
+
+
+def test_the_checks_can_fail() -> None:
+    bad = {
+        "opstate.reducer": {"opstate.store.port"},  # domain -> store: upward
+        "opstate.store.port": {"opstate.reducer"},  # ... and back: a cycle
+        "opstate.api": {"opstate.cli.app"},  # api -> cli: upward
+        "opstate.cli.app": {"opstate.api"},
+        "opstate.names": set(),
+    }
+    assert upward_arrows(bad) == [
+        "opstate.api (api, notify, reconcile) imports opstate.cli.app (local, cli)",
+        "opstate.reducer (domain and settings) imports opstate.store.port "
+        "(store, signatures, secrets, observability, ingest)",
+    ]
+    assert cycles(bad) == [
+        ["opstate.api", "opstate.cli.app"],
+        ["opstate.reducer", "opstate.store.port"],
+    ]
+    assert layer_of("opstate.brand_new") is None
+    assert layer_of("opstate.reconcile.brand_new") == 2
+    assert layer_of("opstate.local.brand_new") == 3
+
+
+def test_relative_and_from_imports_resolve(tmp_path: Path) -> None:
+    package = tmp_path / "opstate"
+    (package / "store").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "reducer.py").write_text("")
+    (package / "store" / "__init__.py").write_text("from .memory import MemoryStore\n")
+    (package / "store" / "memory.py").write_text(
+        "from ..reducer import OpRecord\n"
+        "def f():\n"
+        "    from opstate.store import port, MemoryStore\n"
+    )
+    (package / "store" / "port.py").write_text("import opstate.reducer\n")
+    graph = import_graph(module_files(package))
+    assert graph == {
+        "opstate": set(),
+        "opstate.reducer": set(),
+        "opstate.store": {"opstate.store.memory"},
+        "opstate.store.memory": {"opstate.reducer", "opstate.store.port", "opstate.store"},
+        "opstate.store.port": {"opstate.reducer"},
+    }
+
+
+PACKAGES = sorted(m for m, p in module_files().items() if p.name == "__init__.py")
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_package_says_what_it_owns_and_may_import(package: str) -> None:
+    path = module_files()[package]
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    assert "owns" in doc.lower(), f"{path}: the docstring should say what the package owns"
+    assert "may import" in doc.lower(), f"{path}: the docstring should say what it may import"

@@ -1,0 +1,347 @@
+"""Mutation testing of the domain modules and signatures.py (``make mutate``; not part of
+``make test``).
+
+An AST driver of our own rather than mutmut: the package lives in a SAM layer directory
+(``layers/opstate``) and is installed in editable mode, which mutmut 3's copy-the-tree runner
+does not fit. For every mutant the driver copies the package to a scratch directory, writes the
+one mutated module there, and runs the module's tests in a fresh interpreter with that copy
+first on ``sys.path``. A mutant is *killed* when the tests fail (or time out) and *survives*
+when they pass: a survivor is behaviour no test pins down, or an equivalent mutant.
+
+Mutations: comparison operators (``<``/``<=``, ``>``/``>=``, ``==``/``!=``, ``in``/``not in``,
+``is``/``is not``), ``+``/``-``, ``and``/``or``, ``not x`` -> ``x``, integer constants ``n`` ->
+``n + 1``, ``True``/``False``, ``split``/``rsplit`` (with a maxsplit: without one they agree)
+and ``strip``/``lstrip``, ``if`` conditions
+negated, ``break``/``continue``, and the message strings of ``raise`` statements. Annotations
+and docstrings are never mutated.
+
+Usage: python tools/mutate.py [--module NAME ...] [--max N] [--jobs N] [--list]
+Exit status: 0 when every mutant was killed, 1 when some survived (they are listed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "layers" / "opstate" / "opstate"
+# What a test run needs, copied once at start: edits made while the run goes on change nothing.
+SNAPSHOT_PARTS = ("layers/opstate/opstate", "tests", "events", "pyproject.toml", "template.yaml")
+
+# Module -> the tests that pin it (the unit tests and the ingest-conflict tests).
+TARGETS: dict[str, list[str]] = {
+    "states": ["tests/unit/test_states.py", "tests/unit/test_reducer.py"],
+    "times": ["tests/unit/test_times.py", "tests/unit/test_properties.py"],
+    "names": ["tests/unit/test_names.py", "tests/unit/test_events.py"],
+    "events": ["tests/unit/test_events.py", "tests/unit/test_reducer.py"],
+    "reducer": [
+        "tests/unit/test_reducer.py",
+        "tests/unit/test_properties.py",
+        "tests/unit/test_ingest.py",
+        "tests/integration/test_ingest_conflicts.py",
+    ],
+    "details": ["tests/unit/test_details.py", "tests/unit/test_reducer.py"],
+    "signatures": ["tests/unit/test_signatures.py"],
+}
+
+_COMPARE_SWAP: dict[type[ast.cmpop], type[ast.cmpop]] = {
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+}
+_METHOD_SWAP = {"split": "rsplit", "rsplit": "split", "strip": "lstrip", "lstrip": "strip"}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    module: str
+    index: int
+    line: int
+    description: str
+
+
+def _skipped_nodes(tree: ast.AST) -> set[int]:
+    """ids of nodes never mutated: annotations and docstrings."""
+    skip: set[int] = set()
+
+    def mark(node: ast.AST | None) -> None:
+        if node is not None:
+            skip.update(id(n) for n in ast.walk(node))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg | ast.AnnAssign):
+            mark(node.annotation)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            mark(node.returns)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                mark(body[0])
+    return skip
+
+
+def _raise_strings(tree: ast.AST) -> set[int]:
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            for inner in ast.walk(node.exc):
+                if isinstance(inner, ast.Constant) and isinstance(inner.value, str):
+                    out.add(id(inner))
+    return out
+
+
+def _points(tree: ast.AST) -> Iterator[tuple[ast.AST, str, int]]:
+    """(node, kind, slot) for every mutation point, in a stable order."""
+    skip = _skipped_nodes(tree)
+    messages = _raise_strings(tree)
+    bounded_splits = {
+        id(call.func)
+        for call in ast.walk(tree)
+        if isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and (len(call.args) >= 2 or any(k.arg == "maxsplit" for k in call.keywords))
+    }
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Compare):
+            for slot, op in enumerate(node.ops):
+                if type(op) in _COMPARE_SWAP:
+                    yield node, "compare", slot
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub):
+            yield node, "arith", 0
+        elif isinstance(node, ast.BoolOp):
+            yield node, "boolop", 0
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            yield node, "not", 0
+        elif isinstance(node, ast.Constant):
+            if isinstance(node.value, bool):
+                yield node, "bool", 0
+            elif isinstance(node.value, int):
+                yield node, "int", 0
+            elif isinstance(node.value, str) and id(node) in messages:
+                yield node, "message", 0
+        elif isinstance(node, ast.Attribute) and node.attr in _METHOD_SWAP:
+            if node.attr in ("split", "rsplit") and id(node) not in bounded_splits:
+                continue  # without maxsplit, split and rsplit agree: an equivalent mutant
+            yield node, "method", 0
+        elif isinstance(node, ast.If):
+            yield node, "if", 0
+        elif isinstance(node, ast.Break | ast.Continue):
+            yield node, "loop", 0
+
+
+def _describe(node: ast.AST, kind: str, slot: int) -> str:
+    if kind == "compare":
+        assert isinstance(node, ast.Compare)
+        op = node.ops[slot]
+        return f"{type(op).__name__} -> {_COMPARE_SWAP[type(op)].__name__}"
+    if kind == "arith":
+        assert isinstance(node, ast.BinOp)
+        return "+ -> -" if isinstance(node.op, ast.Add) else "- -> +"
+    if kind == "boolop":
+        assert isinstance(node, ast.BoolOp)
+        return "and -> or" if isinstance(node.op, ast.And) else "or -> and"
+    if kind == "int":
+        assert isinstance(node, ast.Constant) and isinstance(node.value, int)
+        return f"{node.value} -> {node.value + 1}"
+    if kind == "bool":
+        assert isinstance(node, ast.Constant)
+        return f"{node.value!r} -> {not node.value!r}"
+    if kind == "method":
+        assert isinstance(node, ast.Attribute)
+        return f".{node.attr} -> .{_METHOD_SWAP[node.attr]}"
+    if kind == "message":
+        return "raise message -> 'XX' + message + 'XX'"
+    if kind == "if":
+        return "if c -> if not c"
+    if kind == "not":
+        return "not x -> x"
+    return "break <-> continue"
+
+
+def _apply(tree: ast.Module, target: int) -> tuple[ast.Module, str, int]:
+    tree = copy.deepcopy(tree)
+    for i, (node, kind, slot) in enumerate(_points(tree)):
+        if i != target:
+            continue
+        text = _describe(node, kind, slot)
+        line = getattr(node, "lineno", 0)
+        if kind == "compare":
+            assert isinstance(node, ast.Compare)
+            node.ops[slot] = _COMPARE_SWAP[type(node.ops[slot])]()
+        elif kind == "arith":
+            assert isinstance(node, ast.BinOp)
+            node.op = ast.Sub() if isinstance(node.op, ast.Add) else ast.Add()
+        elif kind == "boolop":
+            assert isinstance(node, ast.BoolOp)
+            node.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
+        elif kind == "int":
+            assert isinstance(node, ast.Constant) and isinstance(node.value, int)
+            node.value = node.value + 1
+        elif kind == "bool":
+            assert isinstance(node, ast.Constant)
+            node.value = not node.value
+        elif kind == "message":
+            assert isinstance(node, ast.Constant) and isinstance(node.value, str)
+            node.value = "XX" + node.value + "XX"
+        elif kind == "method":
+            assert isinstance(node, ast.Attribute)
+            node.attr = _METHOD_SWAP[node.attr]
+        elif kind == "if":
+            assert isinstance(node, ast.If)
+            node.test = ast.UnaryOp(op=ast.Not(), operand=node.test)
+        elif kind == "not":
+            return _replace_not(tree, node), text, line
+        else:
+            return _swap_loop(tree, node), text, line
+        return ast.fix_missing_locations(tree), text, line
+    raise IndexError(target)
+
+
+class _Replacer(ast.NodeTransformer):
+    def __init__(self, old: ast.AST, new: ast.AST) -> None:
+        self.old, self.new = old, new
+
+    def visit(self, node: ast.AST) -> ast.AST:
+        if node is self.old:
+            return self.new
+        visited: ast.AST = super().visit(node)
+        return visited
+
+
+def _replace_not(tree: ast.Module, node: ast.AST) -> ast.Module:
+    assert isinstance(node, ast.UnaryOp)
+    out = _Replacer(node, node.operand).visit(tree)
+    assert isinstance(out, ast.Module)
+    return ast.fix_missing_locations(out)
+
+
+def _swap_loop(tree: ast.Module, node: ast.AST) -> ast.Module:
+    new: ast.stmt = ast.Continue() if isinstance(node, ast.Break) else ast.Break()
+    out = _Replacer(node, ast.copy_location(new, node)).visit(tree)
+    assert isinstance(out, ast.Module)
+    return ast.fix_missing_locations(out)
+
+
+def snapshot(into: Path) -> Path:
+    """A copy of what the tests need; returns its root."""
+    for part in SNAPSHOT_PARTS:
+        source, target = ROOT / part, into / part
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        elif source.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    return into
+
+
+def mutants_of(module: str, root: Path = ROOT) -> list[Mutant]:
+    tree = ast.parse((root / "layers" / "opstate" / "opstate" / f"{module}.py").read_text())
+    return [
+        Mutant(module, i, getattr(node, "lineno", 0), _describe(node, kind, slot))
+        for i, (node, kind, slot) in enumerate(_points(tree))
+    ]
+
+
+def run_mutant(mutant: Mutant, timeout_s: float, root: Path = ROOT) -> bool:
+    """True when the tests killed the mutant (index -1: the module unmutated, the baseline)."""
+    source = root / "layers" / "opstate" / "opstate"
+    tree = ast.parse((source / f"{mutant.module}.py").read_text())
+    mutated = tree if mutant.index < 0 else _apply(tree, mutant.index)[0]
+    with tempfile.TemporaryDirectory(prefix="opstate-mutant-") as scratch:
+        package = Path(scratch) / "opstate"
+        shutil.copytree(source, package, ignore=shutil.ignore_patterns("__pycache__"))
+        (package / f"{mutant.module}.py").write_text(ast.unparse(mutated) + "\n")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([scratch, str(root)])
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-x",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--hypothesis-seed=0",
+            *TARGETS[mutant.module],
+        ]
+        try:
+            done = subprocess.run(
+                command, cwd=root, env=env, capture_output=True, timeout=timeout_s, check=False
+            )
+        except subprocess.TimeoutExpired:
+            return True
+        return done.returncode != 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--module", action="append", choices=sorted(TARGETS))
+    parser.add_argument("--max", type=int, default=0, help="at most N mutants per module")
+    parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
+    args = parser.parse_args(argv)
+
+    modules = args.module or list(TARGETS)
+    mutants = [m for module in modules for m in mutants_of(module)[: args.max or None]]
+    if args.list:
+        for m in mutants:
+            print(f"{m.module}.py:{m.line}: #{m.index} {m.description}")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="opstate-mutate-") as frozen:
+        return _run(args, modules, mutants, snapshot(Path(frozen)))
+
+
+def _run(args: argparse.Namespace, modules: list[str], mutants: list[Mutant], root: Path) -> int:
+    started = time.monotonic()
+    for module in modules:  # the tests must pass on the unmutated copy, or nothing is learnt
+        if run_mutant(Mutant(module, -1, 0, "baseline"), args.timeout, root):
+            print(f"the tests of {module} fail without any mutation: fix them first")
+            return 2
+    print(f"{len(mutants)} mutants in {', '.join(modules)}; {args.jobs} at a time", flush=True)
+
+    def one(m: Mutant) -> tuple[Mutant, bool]:
+        killed = run_mutant(m, args.timeout, root)
+        if not killed:
+            print(f"  survived {m.module}.py:{m.line}: #{m.index} {m.description}", flush=True)
+        return m, killed
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        results = list(pool.map(one, mutants))
+    survivors = [m for m, killed in results if not killed]
+    for module in modules:
+        mine = [killed for m, killed in results if m.module == module]
+        print(f"{module:<11} {len(mine):>4} mutants, {len(mine) - sum(mine):>3} survived")
+    for m in survivors:
+        print(f"SURVIVED {m.module}.py:{m.line}: #{m.index} {m.description}")
+    print(
+        f"{len(results)} mutants, {len(survivors)} survived, {time.monotonic() - started:.0f} s",
+        flush=True,
+    )
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
