@@ -11,9 +11,13 @@ Each sample is one fresh container of the Lambda base image (``make lambda-base-
   ``import app`` (the handler module) then building what the first request needs (webhook: the
   API app with its store, boto3 client and verifier; reconciler: its google-genai client and
   its store) - interpreter start-up is left out, as in the host benchmark (bench_cold.py);
-- two modes, side by side in one run: ``bytecode`` (the shipped ``.pyc``) and ``source``
-  (``-X pycache_prefix`` elsewhere and no bytecode writing: every module compiled from source,
-  as with a build without ``.pyc`` - what the build shipped before it compiled).
+- two modes, side by side in one run: ``bytecode`` (the build as shipped, with its ``.pyc``) and
+  ``source`` (a copy of the same build without any ``.pyc``, also mounted read-only: every
+  module of the function and the layer compiled from source at each start, as with the build
+  before it compiled; the interpreter's own standard library keeps its bytecode, as in Lambda);
+- besides the wall time, the CPU time of the same span (``time.process_time``): on a shared
+  host the wall time under a CPU quota also counts waiting for the host's CPUs, the CPU time
+  does not, so ``cpu_ms / cpus`` is what the quota alone would give.
 
 The figure is the median of ``rounds`` fresh containers per (function, memory, mode). Where no
 Docker engine answers, or the image or the build is missing, the section says so and nothing is
@@ -25,11 +29,14 @@ measured (the host figures of bench_cold.py remain).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +69,10 @@ FUNCTIONS: dict[str, dict[str, Any]] = {
 PROBE = """
 import time
 _t0 = time.perf_counter()
+_c0 = time.process_time()
 import app
 {init}
-print("INIT_MS", (time.perf_counter() - _t0) * 1000.0)
+print("INIT_MS", (time.perf_counter() - _t0) * 1000.0, (time.process_time() - _c0) * 1000.0)
 """
 
 ENV = {
@@ -82,6 +90,8 @@ ENV = {
     "POWERTOOLS_METRICS_NAMESPACE": "GeminiOpstateBench",
     "OPSTATE_STORE": "dynamodb://bench-cold-start",
     "OPSTATE_WEBHOOK_SECRETS": "whsec_YmVuY2gtY29sZC1zdGFydC1zZWNyZXQtMzItYnl0ZXM=",
+    # As deployed: the webhook's quarantine is an SQS queue (its client is built on first use).
+    "OPSTATE_QUARANTINE_QUEUE_URL": "https://sqs.us-east-1.amazonaws.com/123456789012/bench-q",
     "GEMINI_API_KEY": "bench-not-a-key",
 }
 
@@ -129,14 +139,31 @@ def configured_memory() -> dict[str, int]:
     return out
 
 
-def probe_once(function: str, memory_mb: int, mode: str) -> float:
+@contextlib.contextmanager
+def builds_without_bytecode() -> Iterator[Path]:
+    """A temporary copy of .aws-sam/build (the layer and the measured functions) without any
+    ``.pyc``: the build as it was before it compiled."""
+    with tempfile.TemporaryDirectory(prefix="opstate-no-pyc-") as tmp:
+        root = Path(tmp)
+        skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+        for logical_id in ["OpstateLayer", *(spec["logical_id"] for spec in FUNCTIONS.values())]:
+            shutil.copytree(BUILD / logical_id, root / logical_id, ignore=skip, symlinks=True)
+        yield root
+
+
+def probe_once(
+    function: str, memory_mb: int, mode: str, source_build: Path | None = None
+) -> tuple[float, float]:
+    """One fresh container: (wall ms, CPU ms) of the init. ``source`` mode mounts
+    ``source_build`` (see ``builds_without_bytecode``)."""
     spec = FUNCTIONS[function]
     cpus = memory_mb / FULL_VCPU_MB
     env = {**ENV, "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(memory_mb)}
-    python = ["python3.11"]
+    build = BUILD
     if mode == "source":
-        python += ["-X", "pycache_prefix=/tmp/no-shipped-bytecode"]
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        if source_build is None:
+            raise ValueError("source mode needs the build without bytecode")
+        build = source_build
     command = [
         "docker",
         "run",
@@ -146,26 +173,20 @@ def probe_once(function: str, memory_mb: int, mode: str) -> float:
         f"--cpus={cpus:.3f}",
         f"--memory={memory_mb}m",
         "-v",
-        f"{BUILD / spec['logical_id']}:/var/task:ro",
+        f"{build / spec['logical_id']}:/var/task:ro",
         "-v",
-        f"{BUILD / 'OpstateLayer'}:/opt:ro",
+        f"{build / 'OpstateLayer'}:/opt:ro",
         "-w",
         "/var/task",
     ]
     for key, value in env.items():
         command += ["-e", f"{key}={value}"]
-    command += [
-        "--entrypoint",
-        python[0],
-        IMAGE,
-        *python[1:],
-        "-c",
-        PROBE.format(init=spec["init"]),
-    ]
+    command += ["--entrypoint", "python3.11", IMAGE, "-c", PROBE.format(init=spec["init"])]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     for line in proc.stdout.splitlines():
         if line.startswith("INIT_MS "):
-            return float(line.split()[1])
+            _, wall, cpu = line.split()
+            return float(wall), float(cpu)
     raise RuntimeError(f"{function} @ {memory_mb} MB ({mode}) failed:\n{proc.stderr[-2000:]}")
 
 
@@ -182,35 +203,47 @@ def measure(rounds: int = 5, sizes: tuple[int, ...] = MEMORY_SIZES) -> dict[str,
         "price_per_gb_s": PRICE_PER_GB_S,
         "functions": {},
     }
-    for function in FUNCTIONS:
-        all_sizes = sorted({*sizes, memory[function]})
-        samples: dict[tuple[int, str], list[float]] = {
-            (m, mode): [] for m in all_sizes for mode in ("source", "bytecode")
-        }
-        for _ in range(rounds):  # interleaved, so machine noise hits every cell alike
-            for key in samples:
-                samples[key].append(probe_once(function, *key))
-        by_memory: dict[str, Any] = {}
-        for m in all_sizes:
-            source = statistics.median(samples[(m, "source")])
-            bytecode = statistics.median(samples[(m, "bytecode")])
-            by_memory[str(m)] = {
-                "cpus": round(m / FULL_VCPU_MB, 3),
-                "source_ms": round(source, 1),
-                "bytecode_ms": round(bytecode, 1),
-                "speedup": round(source / bytecode, 2),
-                "init_cost_usd_per_million": round(
-                    bytecode / 1000 * m / 1024 * PRICE_PER_GB_S * 1e6, 2
-                ),
-            }
-        meeting = [m for m in all_sizes if by_memory[str(m)]["bytecode_ms"] <= TARGET_MS[function]]
-        result["functions"][function] = {
-            "configured_mb": memory[function],
-            "target_ms": TARGET_MS[function],
-            "cheapest_meeting_target_mb": min(meeting) if meeting else None,
-            "by_memory": by_memory,
-        }
+    with builds_without_bytecode() as source_build:
+        for function in FUNCTIONS:
+            result["functions"][function] = _measure_function(
+                function, sorted({*sizes, memory[function]}), memory[function], rounds, source_build
+            )
     return result
+
+
+def _measure_function(
+    function: str, all_sizes: list[int], configured_mb: int, rounds: int, source_build: Path
+) -> dict[str, Any]:
+    samples: dict[tuple[int, str], list[tuple[float, float]]] = {
+        (m, mode): [] for m in all_sizes for mode in ("source", "bytecode")
+    }
+    for _ in range(rounds):  # interleaved, so machine noise hits every cell alike
+        for key in samples:
+            samples[key].append(probe_once(function, *key, source_build=source_build))
+    by_memory: dict[str, Any] = {}
+    for m in all_sizes:
+        source = statistics.median(wall for wall, _ in samples[(m, "source")])
+        bytecode = statistics.median(wall for wall, _ in samples[(m, "bytecode")])
+        source_cpu = statistics.median(cpu for _, cpu in samples[(m, "source")])
+        bytecode_cpu = statistics.median(cpu for _, cpu in samples[(m, "bytecode")])
+        by_memory[str(m)] = {
+            "cpus": round(m / FULL_VCPU_MB, 3),
+            "source_ms": round(source, 1),
+            "bytecode_ms": round(bytecode, 1),
+            "speedup": round(source / bytecode, 2),
+            "source_cpu_ms": round(source_cpu, 1),
+            "bytecode_cpu_ms": round(bytecode_cpu, 1),
+            "init_cost_usd_per_million": round(
+                bytecode / 1000 * m / 1024 * PRICE_PER_GB_S * 1e6, 2
+            ),
+        }
+    meeting = [m for m in all_sizes if by_memory[str(m)]["bytecode_ms"] <= TARGET_MS[function]]
+    return {
+        "configured_mb": configured_mb,
+        "target_ms": TARGET_MS[function],
+        "cheapest_meeting_target_mb": min(meeting) if meeting else None,
+        "by_memory": by_memory,
+    }
 
 
 def main() -> int:

@@ -208,6 +208,14 @@ def _container_rows(
                 if mark
                 else "",
             )
+            if "bytecode_cpu_ms" in cell:
+                row(
+                    f"  the same, CPU time (ms; / {cell['cpus']} = the quota alone)",
+                    cell["bytecode_cpu_ms"],
+                    cell["source_cpu_ms"],
+                    round(cell["bytecode_cpu_ms"] / cell["source_cpu_ms"], 2),
+                    "",
+                )
 
 
 def table(results: dict[str, Any]) -> list[str]:
