@@ -19,20 +19,24 @@ SAM := SAM_CLI_TELEMETRY=0 $(TOOLS_VENV)/bin/sam
 CFN_LINT := $(TOOLS_VENV)/bin/cfn-lint
 
 .PHONY: help run test unit lint typecheck pytest venv bench bench-quick clean \
-	tools rie-venv template-check build e2e dashboard mutate
+	tools rie-venv template-check build e2e dashboard mutate lambda-base-image \
+	lambda-base-image-if-docker samlocal
 
 help:
 	@echo "make run    - set up .venv if needed, then serve the app on http://127.0.0.1:3000"
 	@echo "make test   - set up .venv (and .tools-venv, .rie-venv) if needed, then ruff, mypy,"
 	@echo "              the template checks, sam build and the whole pytest suite (incl. e2e)"
 	@echo "make unit   - the inner loop: the domain and unit tests only (tests/unit, under 30 s)"
-	@echo "make bench  - benchmarks (not part of make test); make bench-quick for a short run"
+	@echo "make bench  - benchmarks (not part of make test; cold start also in a Lambda-like container"
+	@echo "              when Docker answers); make bench-quick for a short run"
 	@echo "make mutate - mutation testing of the domain modules and signatures (not part of"
 	@echo "              make test; slow: lists the surviving mutants)"
 	@echo "make template-check - sam validate --lint and cfn-lint (+ serverless rules) on template.yaml"
 	@echo "make build  - sam build (cached, parallel) into .aws-sam/build"
 	@echo "make dashboard - regenerate template.yaml's dashboard and saved queries (scripts/)"
 	@echo "make e2e    - the built functions through the Lambda runtime interface (no Docker)"
+	@echo "make samlocal - sam local invoke / start-api on the build (needs Docker; part of make test)"
+	@echo "make lambda-base-image - AWS's Lambda Python 3.11 image, or its offline stand-in"
 
 # The environment: recreated when missing or built by another python, refreshed when the
 # dependency files change.
@@ -82,6 +86,21 @@ build: $(TOOLS_STAMP)
 e2e: $(STAMP) build $(RIE_STAMP)
 	$(PY) -m pytest -m e2e tests/e2e $(PYTEST_ARGS)
 
+# The image `sam local` builds its containers on: AWS's when present or pullable, else an offline
+# stand-in (Debian + CPython 3.11 + awslambdaric), rebuilt only when its inputs change.
+lambda-base-image:
+	scripts/lambda-base-image.sh
+
+# In `make test`: only where a Docker engine answers, and never fatal here (without the image
+# the sam local tests skip - or fail under CI=true - with one line saying what is missing).
+lambda-base-image-if-docker:
+	@if command -v docker >/dev/null && docker info >/dev/null 2>&1; then \
+		scripts/lambda-base-image.sh || echo "lambda-base-image failed: the sam local tests will say so"; \
+	fi
+
+samlocal: $(STAMP) build lambda-base-image
+	$(PY) -m pytest -m samlocal tests/samlocal $(PYTEST_ARGS)
+
 run: $(STAMP)
 	$(VENV)/bin/opstate serve
 
@@ -92,7 +111,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 	@for f in functions/*/app.py; do $(VENV)/bin/mypy --strict --follow-imports=silent "$$f" || exit 1; done
-	$(VENV)/bin/mypy --strict tests/support tests/e2e benchmarks scripts
+	$(VENV)/bin/mypy --strict tests/support tests/e2e tests/samlocal benchmarks scripts
 
 pytest: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -102,13 +121,14 @@ pytest: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q -m "not slow" $(PYTEST_ARGS)
 
-# The template checks and the build come first: the e2e tests (part of pytest) run the build.
-test: lint typecheck template-check build rie-venv pytest
+# The template checks and the build come first: the e2e and sam local tests (part of pytest)
+# run the build.
+test: lint typecheck template-check build rie-venv lambda-base-image-if-docker pytest
 
-bench: $(STAMP)
+bench: $(STAMP) build lambda-base-image-if-docker
 	$(PY) benchmarks/run.py
 
-bench-quick: $(STAMP)
+bench-quick: $(STAMP) build lambda-base-image-if-docker
 	$(PY) benchmarks/run.py --quick
 
 # Mutation testing (tools/mutate.py): every mutant of the domain modules and signatures

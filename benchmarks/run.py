@@ -1,8 +1,8 @@
 """``make bench``: every figure measured in one run next to its reference; writes results.json.
 
 Usage: ``python benchmarks/run.py [--quick] [--out PATH] [--skip SECTION ...]``.
-Sections: ingest, calls, contention, cold, seed, reconcile (see benchmarks/README.md for every
-key).
+Sections: ingest, calls, contention, cold, cold-container, seed, reconcile (see
+benchmarks/README.md for every key).
 Never part of ``make test``: nothing here asserts a time.
 """
 
@@ -42,6 +42,7 @@ os.environ.pop("AWS_PROFILE", None)
 import bench_calls  # noqa: E402
 import bench_cold  # noqa: E402
 import bench_ingest  # noqa: E402
+import cold_container  # noqa: E402
 import reconcile_scale  # noqa: E402
 import seed_compare  # noqa: E402
 
@@ -69,6 +70,7 @@ SIZES = {
         "contention": 1000,
         "contention_moto": 300,
         "cold_rounds": 7,
+        "container_rounds": 3,
         "seed_ops": 120,
         "reconcile_ops": 1000,
     },
@@ -81,6 +83,7 @@ SIZES = {
         "contention": 1000,
         "contention_moto": 1000,
         "cold_rounds": 11,
+        "container_rounds": 5,
         "seed_ops": 600,
         "reconcile_ops": 10_000,
     },
@@ -241,6 +244,32 @@ def _cold_rows(cold: dict[str, Any], row: Row) -> None:
     )
 
 
+def _container_rows(container: dict[str, Any], row: Row) -> None:
+    if "skipped" in container:
+        row(f"cold start in a container: NOT MEASURED ({container['skipped']})", "", "", "", "")
+    for name, fn in container.get("functions", {}).items():
+        for mb, cell in fn["by_memory"].items():
+            mark = " (configured)" if int(mb) == fn["configured_mb"] else ""
+            row(
+                f"container init {name} {mb} MB ({cell['cpus']} vCPU){mark}: pyc vs source (ms)",
+                cell["bytecode_ms"],
+                cell["source_ms"],
+                round(1 / cell["speedup"], 2),
+                f"<= {fn['target_ms']:.0f}"
+                + (" ok" if cell["bytecode_ms"] <= fn["target_ms"] else " MISSED")
+                if mark
+                else "",
+            )
+            if "bytecode_cpu_ms" in cell:
+                row(
+                    f"  the same, CPU time (ms; / {cell['cpus']} = the quota alone)",
+                    cell["bytecode_cpu_ms"],
+                    cell["source_cpu_ms"],
+                    round(cell["bytecode_cpu_ms"] / cell["source_cpu_ms"], 2),
+                    "",
+                )
+
+
 def _seed_rows(seed: dict[str, Any], row: Row) -> None:
     if "seed_wrong" not in seed:
         return
@@ -336,6 +365,7 @@ def table(results: dict[str, Any]) -> list[str]:
     _calls_rows(results.get("calls_per_event", {}), row)
     _contention_rows(results.get("contention", {}), row)
     _cold_rows(results.get("cold_start", {}), row)
+    _container_rows(results.get("cold_start_container", {}), row)
     _seed_rows(results.get("seed_baseline", {}), row)
     _scale_rows(results.get("reconcile_scale", {}), row)
     return _aligned(rows) + _notes(results, ing)
@@ -358,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         action="append",
         default=[],
-        choices=["ingest", "calls", "contention", "cold", "seed", "reconcile"],
+        choices=["ingest", "calls", "contention", "cold", "cold-container", "seed", "reconcile"],
     )
     args = parser.parse_args(argv)
     size = SIZES[args.quick]
@@ -397,6 +427,15 @@ def main(argv: list[str] | None = None) -> int:
                 run("contention", "contention", lambda: section_contention(size, tmp, moto))
         run("seed", "seed_baseline", lambda: section_seed(size))
     run("cold", "cold_start", lambda: bench_cold.measure(size["cold_rounds"]))
+    # The same init under Lambda's CPU share, in a container (needs Docker; says so otherwise).
+    run(
+        "cold-container",
+        "cold_start_container",
+        lambda: cold_container.measure(
+            size["container_rounds"],
+            cold_container.MEMORY_SIZES if not args.quick else (cold_container.FULL_VCPU_MB,),
+        ),
+    )
     run("reconcile", "reconcile_scale", lambda: section_reconcile(size))
     results["meta"]["seconds"] = round(time.perf_counter() - started, 1)
 

@@ -57,7 +57,7 @@ class Stack:
     table: str
     bus: str
     queue_url: str
-    quarantine_url: str
+    quarantine_queue_url: str
     webhook_secret_arn: str
     gemini_key_secret_arn: str
     clients: dict[str, Any] = field(repr=False)
@@ -71,7 +71,7 @@ class Stack:
         return {
             "OperationsTable": self.table,
             "EventBus": self.bus,
-            "WebhookQuarantineQueue": self.quarantine_url,  # an SQS queue's Ref is its URL
+            "WebhookQuarantineQueue": self.quarantine_queue_url,  # an SQS queue's Ref is its URL
             "WebhookSigningSecret": self.webhook_secret_arn,
             "GeminiApiKeySecret": self.gemini_key_secret_arn,
             "AWS::StackName": STACK_NAME,
@@ -123,7 +123,7 @@ def stack(moto_server: MotoServer) -> Stack:
         table=table,
         bus=bus,
         queue_url=queue_url,
-        quarantine_url=quarantine_url,
+        quarantine_queue_url=quarantine_url,
         webhook_secret_arn=webhook_secret,
         gemini_key_secret_arn=gemini_secret,
         clients=clients,

@@ -317,8 +317,9 @@ def lambda_environment(
         "AWS_EXECUTION_ENV": "AWS_Lambda_python3.11",
         "AWS_LAMBDA_FUNCTION_NAME": logical_id,
         "AWS_LAMBDA_FUNCTION_TIMEOUT": str(template.function_setting(logical_id, "Timeout") or 3),
-        "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(
-            template.function_setting(logical_id, "MemorySize") or 128
+        # MemorySize may be a Ref to a template parameter (its default here).
+        "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": template.resolve(
+            template.function_setting(logical_id, "MemorySize") or 128, refs
         ),
         "AWS_REGION": REGION,
         "AWS_DEFAULT_REGION": REGION,
@@ -334,6 +335,9 @@ def lambda_environment(
     if ca_bundle:
         env["AWS_CA_BUNDLE"] = ca_bundle
     env.update(template.resolved_environment(logical_id, refs))
+    # The test's AWS is the moto server: the template's empty AWS_ENDPOINT_URL (declared for
+    # `sam local` only, "unset" to boto3) must not hide it.
+    env["AWS_ENDPOINT_URL"] = aws_endpoint
     env.update(overrides or {})
     return env
 

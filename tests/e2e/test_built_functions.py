@@ -16,6 +16,7 @@ Test-only environment overrides, on top of the built template's variables:
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 from typing import Any
@@ -241,6 +242,17 @@ def test_signed_webhook_is_stored_then_announced_once_on_the_bus(
     # A forged signature: 401, nothing written.
     forged = webhook.invoke(load_event("webhook-bad-signature.json"))
     assert forged["statusCode"] == 401
+    # Signed but not JSON: 200 quarantined, the exact bytes kept on the stack's SQS queue.
+    malformed_event = load_event("webhook-malformed-json.json")
+    malformed = webhook.invoke(malformed_event)
+    assert malformed["statusCode"] == 200, malformed
+    assert response_body(malformed)["reason"] == "quarantined"
+    kept = stack.client("sqs").receive_message(
+        QueueUrl=stack.quarantine_queue_url, MaxNumberOfMessages=10
+    )["Messages"]
+    assert [json.loads(m["Body"])["body"] for m in kept] == [
+        base64.b64encode(malformed_event["body"].encode()).decode()
+    ]
     # A stale poll result reported through PUT cannot move the record back.
     stale = webhook.invoke(load_event("report-stale.json"))
     assert stale["statusCode"] == 200
@@ -254,10 +266,11 @@ def test_signed_webhook_is_stored_then_announced_once_on_the_bus(
     # The alarms watch exactly the metrics the built function emits.
     emitted = emf_metrics(webhook.log_text())
     assert alarm_metric("SignatureRejectedAlarm") in emitted
+    assert alarm_metric("WebhooksQuarantinedAlarm") in emitted
     # ... and the dashboard's: each metric with the dimensions METRICS (its source) names.
     assert_metrics_as_catalogued(emitted)
     outcomes = {d.get("outcome") for _, m, d in emitted if m == "WebhookDeliveries"}
-    assert {"applied", "dropped", "rejected"} <= outcomes
+    assert {"applied", "dropped", "rejected", "quarantined"} <= outcomes
 
     # The stream holds one record: the INSERT (redelivery and the stale report wrote nothing).
     records = stream_records(stack)
@@ -278,11 +291,8 @@ def test_signed_webhook_is_stored_then_announced_once_on_the_bus(
     assert detail["state"] == "SUCCEEDED"
     assert detail["previousState"] is None
     assert detail["version"] == 1
-    # One key per change for the record's whole life: its creation time tells incarnations apart.
-    stored = stack.client("dynamodb").get_item(
-        TableName=stack.table, Key={"name": {"S": SAMPLE_NAME}}
-    )["Item"]
-    assert detail["idempotencyKey"] == f"{SAMPLE_NAME}@{stored['created_ns']['N']}#1"
+    # <name>@<created_ns>#<version>: the incarnation's creation time, read from the table.
+    assert detail["idempotencyKey"] == f"{SAMPLE_NAME}@{item['created_ns']['N']}#1"
     assert detail["updateTime"] == "2026-05-10T09:59:58.123456789Z"
 
 

@@ -117,3 +117,22 @@ def test_a_bad_setting_fails_the_init_with_the_gc_back_on() -> None:
     )
     assert answer["enabled"] is True
     assert "OPSTATE_RECONCILE_SAFETY_MARGIN_SECONDS" in str(answer["error"])
+
+
+def test_the_tracer_instruments_only_aws_calls_and_http_client() -> None:
+    """With tracing on (as in Lambda), the Tracer patches botocore and http.client only: the
+    other modules the X-Ray SDK supports are not imported at init just to be patched."""
+    answer = run(
+        "import aws_xray_sdk.core as xray\n"
+        "calls = []\n"
+        "patch, patch_all = xray.patch, xray.patch_all\n"
+        "xray.patch = lambda modules, **kw: (calls.append(sorted(modules)), patch(modules, **kw))\n"
+        "xray.patch_all = lambda **kw: (calls.append('all'), patch_all(**kw))\n"
+        "load_entry()\n"
+        "print(json.dumps({'calls': calls, 'requests': 'requests' in sys.modules}))\n",
+        OPSTATE_STORE="memory://",
+        POWERTOOLS_TRACE_DISABLED="false",
+        LAMBDA_TASK_ROOT=str(ENTRY.parent),
+        AWS_XRAY_CONTEXT_MISSING="LOG_ERROR",
+    )
+    assert answer == {"calls": [["botocore", "httplib"]], "requests": False}

@@ -91,6 +91,43 @@ def test_a_failed_send_is_retryable(tmp_path: Path) -> None:
         SQLiteQuarantine(directory)
 
 
+def test_the_sqs_client_is_built_on_first_use_not_at_init(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The webhook builds its quarantine at init; the SQS client (SQS's service model) waits
+    for the first delivery that needs it, so cold starts that quarantine nothing skip it."""
+    from moto import mock_aws
+
+    built: list[str] = []
+    real_client = boto3.client
+
+    def recording_client(service: str, *args: Any, **kwargs: Any) -> Any:
+        built.append(service)
+        return real_client(service, *args, **kwargs)
+
+    with mock_aws():
+        url = real_client("sqs", region_name="us-east-1").create_queue(QueueName="q")["QueueUrl"]
+        monkeypatch.setattr(boto3, "client", recording_client)
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        kept_in = quarantine_from_settings(url)
+        assert built == []
+        kept_in.put(delivery(b"{"))
+        kept_in.put(delivery(b"[", 1))
+        assert built == ["sqs"]
+        assert [k.delivery.body for k in kept_in.take(limit=10)] == [b"{", b"["]
+
+
+def test_an_sqs_client_that_cannot_be_built_is_retryable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name in ("AWS_DEFAULT_REGION", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    kept_in = quarantine_from_settings("https://sqs.invalid/q")  # no region: no client yet
+    with pytest.raises(QuarantineUnavailableError):
+        kept_in.put(delivery(b"{"))
+
+
 def test_without_a_queue_the_delivery_is_logged_whole() -> None:
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)

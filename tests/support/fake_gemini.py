@@ -223,8 +223,9 @@ def error_body(status: int, message: str) -> dict[str, Any]:
 class FakeGemini:
     """The fake server; see the module docstring."""
 
-    def __init__(self, *, request_delay: float = 0.0) -> None:
+    def __init__(self, *, request_delay: float = 0.0, host: str = "127.0.0.1") -> None:
         self.request_delay = request_delay
+        self.host = host  # where it listens (the sam local tests: the Docker bridge's gateway)
         self.api_key: str | None = None
         self.requests: list[Request] = []
         self._reply_headers: dict[int, dict[str, str]] = {}
@@ -249,7 +250,7 @@ class FakeGemini:
         class _Handler(_RequestHandler):
             owner = fake
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        server = ThreadingHTTPServer((self.host, 0), _Handler)
         server.daemon_threads = True
         self._server = server
         self._stopping.clear()

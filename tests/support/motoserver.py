@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
 
@@ -43,21 +43,25 @@ class MotoServer:
 ATOMIC_LAUNCHER = Path(__file__).with_name("moto_atomic.py")
 
 
-def start_moto_server(timeout_s: float = 30.0, *, atomic_dynamodb: bool = True) -> MotoServer:
+def start_moto_server(
+    timeout_s: float = 30.0, *, atomic_dynamodb: bool = True, host: str = "127.0.0.1"
+) -> MotoServer:
     """Start a moto server. ``atomic_dynamodb`` (default) serialises DynamoDB requests so a
-    conditional write is atomic as in real DynamoDB (see ``moto_atomic.py``)."""
-    port = free_port()
+    conditional write is atomic as in real DynamoDB (see ``moto_atomic.py``). ``host`` is the
+    address it listens on (the ``sam local`` tests use the Docker bridge's gateway, which the
+    Lambda containers reach)."""
+    port = free_port(host)
     env = dict(os.environ)
     env.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     launcher = [str(ATOMIC_LAUNCHER)] if atomic_dynamodb else ["-m", "moto.server"]
     process = subprocess.Popen(
-        [sys.executable, *launcher, "-H", "127.0.0.1", "-p", str(port)],
+        [sys.executable, *launcher, "-H", host, "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         stdin=subprocess.DEVNULL,
         env=env,
     )
-    endpoint = f"http://127.0.0.1:{port}"
+    endpoint = f"http://{host}:{port}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:

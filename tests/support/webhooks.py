@@ -186,6 +186,34 @@ def _oversized_body() -> bytes:
     return body
 
 
+# `sam local` (events/env.json): the table / bus names the local functions use.
+LOCAL_TABLE = "opstate-local"
+LOCAL_EVENT_BUS = "opstate-local"
+LOCAL_GEMINI_API_KEY = "local-gemini-api-key"
+
+
+def local_env_vars() -> dict[str, dict[str, str]]:
+    """events/env.json, the ``sam local --env-vars`` file of docs/deploy.md: the test secret,
+    a tolerance wide enough for the fixed timestamp, no Secrets Manager, no quarantine queue (an
+    unreadable signed delivery is logged whole instead), local names. Endpoints
+    (``AWS_ENDPOINT_URL``, ``GOOGLE_GEMINI_BASE_URL``) come from the shell: SAM passes a
+    variable the template declares from the environment when the file does not set it."""
+    return {
+        "Parameters": {"OPSTATE_TABLE_NAME": LOCAL_TABLE},
+        "WebhookFunction": {
+            "OPSTATE_WEBHOOK_SECRETS": TEST_SECRET,
+            "OPSTATE_WEBHOOK_SECRET_ARN": "",
+            "OPSTATE_WEBHOOK_TOLERANCE_SECONDS": "2000000000",
+            "OPSTATE_QUARANTINE_QUEUE_URL": "",
+        },
+        "ReconcileFunction": {
+            "OPSTATE_GEMINI_API_KEY_SECRET_ARN": "",
+            "GEMINI_API_KEY": LOCAL_GEMINI_API_KEY,
+        },
+        "NotifyFunction": {"OPSTATE_EVENT_BUS_NAME": LOCAL_EVENT_BUS},
+    }
+
+
 def sample_events() -> dict[str, dict[str, Any]]:
     """Every file under events/ (except README.md), by file name."""
     oversized = _oversized_body()
@@ -220,6 +248,7 @@ def sample_events() -> dict[str, dict[str, Any]]:
             ],
             "detail": {},
         },
+        "env.json": local_env_vars(),
     }
 
 

@@ -94,8 +94,17 @@ WEBHOOK_OUTCOMES: Final = (
 )
 
 
+# What X-Ray instruments: the AWS calls (botocore) and plain http.client (urllib: the JWKS fetch).
+# Powertools' default patches every module the X-Ray SDK supports that is importable, which
+# imports `requests` (the reconciler has it through google-auth, never calls it) and `sqlite3`
+# at init just to patch them: 25 ms of CPU per reconciler cold start at one vCPU, 3 ms for the
+# webhook (docs/deploy.md, "Import only what the first request needs"). google-genai talks
+# through its own httpx2, which the X-Ray SDK does not instrument either way.
+TRACED_MODULES: Final = ("botocore", "httplib")
+
+
 class LazyTracer:
-    """The Powertools ``Tracer``, built on first use.
+    """The Powertools ``Tracer``, built on first use, instrumenting ``TRACED_MODULES`` only.
 
     Building a ``Tracer`` imports ``aws_xray_sdk.core``, whose global recorder creates botocore
     X-Ray clients: 0.2-0.5 s of cold start. Where tracing is off (outside Lambda, under SAM
@@ -115,7 +124,7 @@ class LazyTracer:
 
     def get(self) -> Tracer:
         if self._tracer is None:
-            self._tracer = Tracer(service=self._service)
+            self._tracer = Tracer(service=self._service, patch_modules=TRACED_MODULES)
         return self._tracer
 
     def capture_lambda_handler(self, lambda_handler: Any = None, **options: Any) -> Any:

@@ -160,26 +160,38 @@ class LogQuarantine:
 
 class SqsQuarantine:
     """An SQS queue. ``take`` receives with a visibility timeout: a delivery not removed
-    (its replay failed) comes back after it."""
+    (its replay failed) comes back after it.
+
+    Without ``client``, the SQS client is built on first use, not here: the webhook builds its
+    quarantine at init, and most cold starts never quarantine anything, so building the client
+    (loading SQS's service model) there would only lengthen every cold start (docs/deploy.md,
+    "Import only what the first request needs")."""
 
     def __init__(
         self, queue_url: str, *, client: Any = None, visibility_timeout_s: int = 60
     ) -> None:
         self.queue_url = queue_url
         self.visibility_timeout_s = visibility_timeout_s
-        if client is None:
-            import boto3
-            from botocore.config import Config
+        self._client: Any = client
+        self._client_lock = threading.Lock()
 
-            client = boto3.client(
-                "sqs",
-                config=Config(
-                    retries={"mode": "standard", "total_max_attempts": 3},
-                    connect_timeout=2,
-                    read_timeout=5,
-                ),
-            )
-        self.client: Any = client
+    @property
+    def client(self) -> Any:
+        """The SQS client (built on first use when none was given)."""
+        with self._client_lock:
+            if self._client is None:
+                import boto3
+                from botocore.config import Config
+
+                self._client = boto3.client(
+                    "sqs",
+                    config=Config(
+                        retries={"mode": "standard", "total_max_attempts": 3},
+                        connect_timeout=2,
+                        read_timeout=5,
+                    ),
+                )
+            return self._client
 
     def put(self, delivery: Delivery) -> None:
         from botocore.exceptions import BotoCoreError, ClientError

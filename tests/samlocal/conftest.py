@@ -1,0 +1,156 @@
+"""Fixtures of the ``sam local`` tests (marker ``samlocal``): Docker checked once, one moto
+server on the Docker bridge's gateway, the local table / bus / consumer queue of events/env.json
+recreated for every test, and the wall-clock timings printed at the end of the run."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import boto3
+import pytest
+
+from tests.samlocal.harness import (
+    REGION,
+    Invocation,
+    bridge_gateway,
+    missing_prerequisite,
+    require,
+    sam_environment,
+)
+from tests.support.motoserver import MotoServer, start_moto_server
+from tests.support.template import create_table_from_template
+from tests.support.webhooks import LOCAL_EVENT_BUS, LOCAL_TABLE
+
+TIMINGS: list[tuple[str, float]] = []
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if TIMINGS:
+        terminalreporter.section("sam local timings (wall clock)")
+        for label, seconds in TIMINGS:
+            terminalreporter.write_line(f"{seconds:7.1f} s  {label}")
+
+
+def record_timing(label: str, seconds: float) -> None:
+    TIMINGS.append((label, seconds))
+
+
+def record_invocation(invocation: Invocation) -> None:
+    record_timing(
+        f"sam local invoke {invocation.function} -e {invocation.event}", invocation.seconds
+    )
+
+
+@pytest.fixture(scope="session")
+def docker_gateway() -> str:
+    """Docker, the base image, the SAM CLI and a current build are here (else skip / CI fail);
+    the address the containers reach the host on."""
+    problem = missing_prerequisite()
+    require(problem is None, problem or "")
+    return bridge_gateway()
+
+
+@pytest.fixture(scope="session")
+def local_moto(docker_gateway: str) -> Iterator[MotoServer]:
+    server = start_moto_server(host=docker_gateway)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass
+class LocalStack:
+    """What events/env.json names, on the moto server: the table, the bus, a consumer queue."""
+
+    endpoint: str
+    gateway: str
+    queue_url: str
+    clients: dict[str, Any] = field(repr=False)
+    table: str = LOCAL_TABLE
+    bus: str = LOCAL_EVENT_BUS
+
+    def client(self, service: str) -> Any:
+        return self.clients[service]
+
+    def sam_env(self, **extra: str) -> dict[str, str]:
+        return sam_environment(self.endpoint, extra)
+
+    def get_item(self, name: str) -> dict[str, Any] | None:
+        item: dict[str, Any] | None = (
+            self.client("dynamodb")
+            .get_item(TableName=self.table, Key={"name": {"S": name}}, ConsistentRead=True)
+            .get("Item")
+        )
+        return item
+
+    def stream_event(self) -> dict[str, Any]:
+        """Every record on the table's stream, as Lambda hands them to the notifier."""
+        ddb, streams = self.client("dynamodb"), self.client("dynamodbstreams")
+        arn = ddb.describe_table(TableName=self.table)["Table"]["LatestStreamArn"]
+        records: list[dict[str, Any]] = []
+        for shard in streams.describe_stream(StreamArn=arn)["StreamDescription"]["Shards"]:
+            iterator = streams.get_shard_iterator(
+                StreamArn=arn, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
+            )["ShardIterator"]
+            while iterator:
+                page = streams.get_records(ShardIterator=iterator, Limit=1000)
+                if not page["Records"]:
+                    break
+                for raw in page["Records"]:
+                    record = dict(raw)
+                    created = record["dynamodb"].get("ApproximateCreationDateTime")
+                    if created is not None and hasattr(created, "timestamp"):
+                        record["dynamodb"] = {
+                            **record["dynamodb"],
+                            "ApproximateCreationDateTime": created.timestamp(),
+                        }
+                    record["eventSourceARN"] = arn  # Lambda adds it
+                    records.append(record)
+                iterator = page.get("NextShardIterator")
+        event: dict[str, Any] = json.loads(json.dumps({"Records": records}, default=str))
+        return event
+
+    def received(self) -> list[dict[str, Any]]:
+        sqs = self.client("sqs")
+        got: list[dict[str, Any]] = []
+        while True:
+            page = sqs.receive_message(
+                QueueUrl=self.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0
+            )
+            messages = page.get("Messages", [])
+            if not messages:
+                return got
+            for message in messages:
+                got.append(json.loads(message["Body"]))
+                sqs.delete_message(QueueUrl=self.queue_url, ReceiptHandle=message["ReceiptHandle"])
+
+
+@pytest.fixture
+def local_stack(local_moto: MotoServer, docker_gateway: str) -> LocalStack:
+    """A fresh moto (reset) holding exactly what events/env.json names."""
+    local_moto.reset()
+    clients: dict[str, Any] = {
+        name: boto3.client(name, region_name=REGION, endpoint_url=local_moto.endpoint)
+        for name in ("dynamodb", "dynamodbstreams", "events", "sqs")
+    }
+    create_table_from_template(clients["dynamodb"], LOCAL_TABLE)
+    clients["events"].create_event_bus(Name=LOCAL_EVENT_BUS)
+    queue_url = clients["sqs"].create_queue(QueueName="opstate-local-consumer")["QueueUrl"]
+    queue_arn = clients["sqs"].get_queue_attributes(
+        QueueUrl=queue_url, AttributeNames=["QueueArn"]
+    )["Attributes"]["QueueArn"]
+    clients["events"].put_rule(
+        Name="opstate-local-changes",
+        EventBusName=LOCAL_EVENT_BUS,
+        EventPattern='{"source": ["gemini-opstate"], "detail-type": ["Operation State Changed"]}',
+    )
+    clients["events"].put_targets(
+        Rule="opstate-local-changes",
+        EventBusName=LOCAL_EVENT_BUS,
+        Targets=[{"Id": "consumer", "Arn": queue_arn}],
+    )
+    return LocalStack(local_moto.endpoint, docker_gateway, queue_url, clients)
