@@ -38,7 +38,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "layers" / "opstate" / "opstate"
 # What a test run needs, copied once at start: edits made while the run goes on change nothing.
-SNAPSHOT_PARTS = ("layers/opstate/opstate", "tests", "events", "pyproject.toml", "template.yaml")
+SNAPSHOT_PARTS = (
+    "layers/opstate/opstate",
+    "functions",
+    "tests",
+    "events",
+    "pyproject.toml",
+    "template.yaml",
+)
 
 # Module -> the tests that pin it (the unit tests and the ingest-conflict tests).
 TARGETS: dict[str, list[str]] = {
@@ -56,6 +63,9 @@ TARGETS: dict[str, list[str]] = {
         "tests/unit/test_reducer.py",
         "tests/unit/test_properties.py",
         "tests/unit/test_time_bounds.py",
+        "tests/unit/test_events.py",
+        "tests/unit/test_notify.py",
+        "tests/unit/test_model.py",
     ],
     "details": ["tests/unit/test_details.py", "tests/unit/test_reducer.py"],
     "signatures.standard": ["tests/unit/test_signatures.py"],

@@ -770,6 +770,23 @@ def test_signature_header_bound_is_4096_characters() -> None:
         verifier.verify(BODY, _padded_signature(4097))
 
 
+def test_only_the_first_16_signature_entries_are_tried() -> None:
+    """A sender cannot make us try an unbounded number of entries: the valid one as the 16th
+    counts, as the 17th it does not."""
+    verifier = StaticSecretsVerifier([TEST_SECRET], clock_s=frozen())
+    decoy = "v1," + base64.b64encode(b"\0" * 32).decode()
+
+    def with_valid_at(position: int) -> dict[str, str]:
+        headers = headers_for()
+        entries = [decoy] * (position - 1) + [headers["webhook-signature"]]
+        headers["webhook-signature"] = " ".join(entries)
+        return headers
+
+    verifier.verify(BODY, with_valid_at(16))
+    with pytest.raises(SignatureError):
+        verifier.verify(BODY, with_valid_at(17))
+
+
 @pytest.mark.parametrize("junk", ["!", "*", "-", "_", " "])
 def test_signature_base64_is_validated_strictly(junk: str) -> None:
     """A lenient decoder would drop the junk character and find the valid signature."""
