@@ -183,3 +183,21 @@ def test_sanitized_details_always_pass_the_strict_check(details: dict[str, Any])
     if not problems:
         assert cleaned == details or json.dumps(cleaned) == json.dumps(details)
     json.dumps(cleaned, ensure_ascii=False).encode("utf-8")  # always encodable
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    details=st.dictionaries(
+        st.text(min_size=1, max_size=8), st.text(max_size=60), min_size=1, max_size=12
+    ),
+    limit=st.integers(2, 400),
+)
+def test_fit_drops_no_more_than_it_must(details: dict[str, Any], limit: int) -> None:
+    """Within the limit, and putting back the last key it dropped would break it: the size
+    bookkeeping is exact, not an estimate on either side."""
+    fitted, dropped = fit(details, limit=limit)
+    assert size(fitted) <= limit
+    assert set(fitted) | set(dropped) == set(details) and not set(fitted) & set(dropped)
+    if dropped:
+        last = dropped[-1]
+        assert size({**fitted, last: details[last]}) > limit

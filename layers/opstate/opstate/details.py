@@ -113,8 +113,10 @@ def _clean_text(text: str) -> str:
 
 
 class _Walk:
-    def __init__(self, lenient: bool) -> None:
-        self.lenient = lenient
+    """One pass over a details value: the cleaned copy, and every problem noted on the way
+    (``check`` refuses on any, ``sanitize`` reports them)."""
+
+    def __init__(self) -> None:
         self.problems: list[Problem] = []
 
     def note(self, path: str, why: str) -> None:
@@ -197,7 +199,7 @@ def sanitize(details: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[Problem,
     Values are normalised or dropped entry by entry (see the module docstring); then whole
     top-level keys are dropped, largest first, until the size cap is met.
     """
-    walk = _Walk(lenient=True)
+    walk = _Walk()
     cleaned = walk.mapping(details, "$", 0)
     fitted, dropped = fit(cleaned)
     problems = list(walk.problems)
@@ -209,7 +211,7 @@ def sanitize(details: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[Problem,
 
 def check(details: Mapping[str, Any]) -> dict[str, Any]:
     """A plain copy of ``details`` if every store can hold it; else ``InvalidDetailsError``."""
-    walk = _Walk(lenient=False)
+    walk = _Walk()
     cleaned = walk.mapping(details, "$", 0)
     if walk.problems:
         raise InvalidDetailsError(walk.problems)
