@@ -160,7 +160,8 @@ def test_event_files_match_their_generator() -> None:
         assert name in readme
 
 
-def test_webhook_entry_does_not_import_google_genai() -> None:
+def test_webhook_entry_does_not_import_google_genai_or_sqlite() -> None:
+    """Neither the reconciler's SDK nor the local stores' sqlite3 belong in the webhook's init."""
     code = (
         "import importlib.util, sys\n"
         f"sys.path.insert(0, {str(LAYER)!r})\n"
@@ -169,6 +170,7 @@ def test_webhook_entry_does_not_import_google_genai() -> None:
         "spec.loader.exec_module(module)\n"
         "assert callable(module.lambda_handler)\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[:2] == ['google', 'genai'])\n"
+        "loaded += sorted(m for m in sys.modules if m in ('sqlite3', '_sqlite3'))\n"
         "print(','.join(loaded) or 'none')\n"
     )
     result = subprocess.run(

@@ -26,16 +26,18 @@ import base64
 import binascii
 import contextlib
 import json
-import sqlite3
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opstate.store.port import RetryableError
 from opstate.times import format_time
+
+if TYPE_CHECKING:
+    import sqlite3
 
 FORMAT_VERSION = 1
 
@@ -248,6 +250,8 @@ class SQLiteQuarantine:
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
+        import sqlite3  # here, not at import: the webhook Lambda never uses this class
+
         try:
             conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
         except sqlite3.Error as exc:
