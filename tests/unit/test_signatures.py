@@ -950,3 +950,36 @@ def test_jwt_settings_reach_the_verifier(jwks: JwksServer, signers: tuple[Signer
     ):
         with pytest.raises(SignatureError):
             verifier.verify(BODY, {"authorization": token})
+
+
+def test_a_jwt_of_16384_characters_is_read_and_a_longer_one_is_not(
+    jwks: JwksServer, signers: tuple[Signer, Signer]
+) -> None:
+    """The length bound is exact: a valid token of exactly the bound passes; one character more
+    is refused before any key lookup (docs/security.md: at most 16 KiB)."""
+    bound = 16 * 1024
+    one, _ = signers
+    # base64url never ends a segment on some lengths: kids of 4 lengths cover every total.
+    kin = []
+    for j in range(4):
+        signer = Signer.__new__(Signer)
+        signer.kid, signer.private = one.kid + "x" * j, one.private
+        kin.append(signer)
+    jwks.keys = [signer.jwk() for signer in kin]
+    verifier, _ = jwt_verifier(jwks.url)
+
+    def of_length(length: int) -> str:
+        for signer in kin:
+            start = signer.token(filler="x" * 11_000)
+            guess = 11_000 + (length - len(start)) * 3 // 4
+            for n in range(guess - 4, guess + 5):
+                token = signer.token(filler="x" * n)
+                if len(token) == length:
+                    return token
+        raise AssertionError(f"no token of {length} characters")
+
+    verifier.verify(BODY, {"authorization": of_length(bound)})
+    fetched = jwks.fetches
+    with pytest.raises(SignatureError):
+        verifier.verify(BODY, {"authorization": of_length(bound + 1)})
+    assert jwks.fetches == fetched
