@@ -201,3 +201,13 @@ def test_fit_drops_no_more_than_it_must(details: dict[str, Any], limit: int) -> 
     if dropped:
         last = dropped[-1]
         assert size({**fitted, last: details[last]}) > limit
+
+
+def test_check_admits_exactly_64_kib_and_refuses_one_byte_more() -> None:
+    """The cap is 64 KiB of compact JSON, inclusive (docs/model.md)."""
+    cap = 64 * 1024
+    overhead = size({"k": ""})
+    at_cap = {"k": "x" * (cap - overhead)}
+    assert size(at_cap) == cap and check(at_cap) == at_cap
+    with pytest.raises(InvalidDetailsError, match=f"{cap + 1} bytes as JSON"):
+        check({"k": "x" * (cap - overhead + 1)})
