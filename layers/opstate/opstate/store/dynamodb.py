@@ -143,25 +143,17 @@ class DynamoDBStore:
             names[f"#r{index}"] = key
         expression = "SET " + ", ".join(sets)
         expression += " REMOVE " + ", ".join(f"#r{i}" for i in range(len(removes)))
-        try:
-            self.client.update_item(
-                TableName=self.table_name,
-                Key={"name": {"S": record.name}},
-                UpdateExpression=expression,
-                ConditionExpression="#version = :expected",
-                ExpressionAttributeNames=names,
-                ExpressionAttributeValues=values,
-                ReturnValuesOnConditionCheckFailure="ALL_OLD",
-            )
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == CONDITION_FAILED:
-                old: Any = exc.response.get("Item")
-                return WriteOutcome(ok=False, current=record_from_wire(old) if old else None)
-            refused(exc, record)
-            fault(exc, "UpdateItem")
-        except BotoCoreError as exc:
-            fault(exc, "UpdateItem")
-        return WRITTEN
+        return self._conditional(
+            "UpdateItem",
+            record,
+            TableName=self.table_name,
+            Key={"name": {"S": record.name}},
+            UpdateExpression=expression,
+            ConditionExpression="#version = :expected",
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=values,
+            ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        )
 
     def list_open(self, limit: int = 100) -> Sequence[OpRecord]:
         """Up to ``limit`` open records in open-index order (soonest due first; ties by name).
@@ -308,16 +300,23 @@ class DynamoDBStore:
         }
         if values:
             kwargs["ExpressionAttributeValues"] = dict(values)
+        return self._conditional("PutItem", record, **kwargs)
+
+    def _conditional(self, operation: str, record: OpRecord, **request: Any) -> WriteOutcome:
+        """One conditional write (``PutItem`` or ``UpdateItem``): a failed condition is an
+        outcome carrying the item that won; a refused item is ``RecordRejectedError``; anything
+        else is a fault (``StoreUnavailableError`` when transient)."""
+        call = self.client.put_item if operation == "PutItem" else self.client.update_item
         try:
-            self.client.put_item(**kwargs)
+            call(**request)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == CONDITION_FAILED:
                 old: Any = exc.response.get("Item")
                 return WriteOutcome(ok=False, current=record_from_wire(old) if old else None)
             refused(exc, record)
-            fault(exc, "PutItem")
+            fault(exc, operation)
         except BotoCoreError as exc:
-            fault(exc, "PutItem")
+            fault(exc, operation)
         return WRITTEN
 
     def _due_pages(self, shard: int, now_ns: int | None, page_size: int) -> Iterator[Due]:
