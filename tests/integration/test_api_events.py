@@ -161,7 +161,8 @@ def test_event_files_match_their_generator() -> None:
 
 
 def test_webhook_entry_does_not_import_google_genai_or_sqlite() -> None:
-    """Neither the reconciler's SDK nor the local stores' sqlite3 belong in the webhook's init."""
+    """Neither the reconciler's SDK nor the local stores' sqlite3 belong in the webhook's init,
+    nor JWT verification (off without OPSTATE_PUBLIC_URL) or the CLI's secret-file writers."""
     code = (
         "import importlib.util, sys\n"
         f"sys.path.insert(0, {str(LAYER)!r})\n"
@@ -170,7 +171,9 @@ def test_webhook_entry_does_not_import_google_genai_or_sqlite() -> None:
         "spec.loader.exec_module(module)\n"
         "assert callable(module.lambda_handler)\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[:2] == ['google', 'genai'])\n"
-        "loaded += sorted(m for m in sys.modules if m in ('sqlite3', '_sqlite3'))\n"
+        "lazy = ('sqlite3', '_sqlite3', 'opstate.signatures.jwt_tokens',\n"
+        "        'opstate.webhook_secrets.files', 'opstate.webhook_secrets.rotation')\n"
+        "loaded += sorted(m for m in sys.modules if m in lazy)\n"
         "print(','.join(loaded) or 'none')\n"
     )
     result = subprocess.run(

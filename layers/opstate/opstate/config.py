@@ -30,6 +30,9 @@ DEFAULT_OPEN_INDEX_SHARDS = 4
 DEFAULT_RETENTION_DAYS = 90
 DEFAULT_RECONCILE_EVERY_S = 300.0
 DEFAULT_INGEST_MAX_ATTEMPTS = 8
+DEFAULT_WEBHOOK_TOLERANCE_S = 300
+DEFAULT_JWT_MAX_LIFETIME_S = 3600
+DEFAULT_JWT_LEEWAY_S = 30
 
 
 class ConfigError(ValueError):
@@ -213,7 +216,7 @@ class WebhookSettings(_Part):
 
     webhook_secret_arn: str | None = None
     webhook_secrets: tuple[str, ...] = field(default=(), repr=False)
-    webhook_tolerance_s: int = 300
+    webhook_tolerance_s: int = DEFAULT_WEBHOOK_TOLERANCE_S
     max_body_bytes: int = 256 * 1024
     # How long secret values (webhook secrets, the Gemini API key) are cached.
     secrets_cache_s: int = 300
@@ -226,8 +229,8 @@ class WebhookSettings(_Part):
     # Expected JWT issuers (OPSTATE_JWT_ISSUER, comma-separated; required with public_url), the
     # longest accepted token lifetime (exp - iat), clock leeway, optional pinned sub / email.
     jwt_issuers: tuple[str, ...] = ()
-    jwt_max_lifetime_s: int = 3600
-    jwt_leeway_s: int = 30
+    jwt_max_lifetime_s: int = DEFAULT_JWT_MAX_LIFETIME_S
+    jwt_leeway_s: int = DEFAULT_JWT_LEEWAY_S
     jwt_subject: str | None = None
     jwt_email: str | None = None
     # AWS_SAM_LOCAL=true (set by SAM CLI in sam local containers, never in a deployment): SAM

@@ -35,19 +35,18 @@ here. It may import the domain and settings (``opstate.config``), ``opstate.stor
 or anything above it.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from opstate.config import DEFAULT_JWT_LEEWAY_S, DEFAULT_JWT_MAX_LIFETIME_S
 from opstate.signatures.common import (
     INVALID_SIGNATURE,
     InvalidSecretError,
     SecretsUnavailableError,
     SignatureError,
     Verifier,
-)
-from opstate.signatures.jwt_tokens import (
-    DEFAULT_JWT_LEEWAY_S,
-    DEFAULT_JWT_MAX_LIFETIME_S,
-    MAX_JWT_LENGTH,
-    JwksCache,
-    JwtVerifier,
 )
 from opstate.signatures.standard import (
     HEADER_ID,
@@ -62,6 +61,20 @@ from opstate.signatures.standard import (
     secrets_manager_provider,
 )
 from opstate.signatures.wiring import WebhookVerifier, verifier_from_settings
+
+if TYPE_CHECKING:
+    from opstate.signatures.jwt_tokens import MAX_JWT_LENGTH, JwksCache, JwtVerifier
+
+# Loaded on first use: JWT verification (PyJWT) is off unless OPSTATE_PUBLIC_URL is set.
+_LAZY = frozenset(
+    {
+        "DEFAULT_JWT_LEEWAY_S",
+        "DEFAULT_JWT_MAX_LIFETIME_S",
+        "MAX_JWT_LENGTH",
+        "JwksCache",
+        "JwtVerifier",
+    }
+)
 
 __all__ = [
     "DEFAULT_JWT_LEEWAY_S",
@@ -87,3 +100,11 @@ __all__ = [
     "secrets_manager_provider",
     "verifier_from_settings",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'opstate.signatures' has no attribute {name!r}")
+    value = getattr(importlib.import_module("opstate.signatures.jwt_tokens"), name)
+    globals()[name] = value
+    return value

@@ -9,10 +9,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeGuard
 
+from opstate.config import DEFAULT_JWT_LEEWAY_S, DEFAULT_JWT_MAX_LIFETIME_S
 from opstate.signatures.common import SecretsUnavailableError, SignatureError, lower_headers
 
-DEFAULT_JWT_MAX_LIFETIME_S = 3600
-DEFAULT_JWT_LEEWAY_S = 30
 MAX_JWT_LENGTH = 16384
 
 

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 from standardwebhooks.webhooks import Webhook
 
+from opstate.config import DEFAULT_WEBHOOK_TOLERANCE_S
 from opstate.signatures.common import (
     InvalidSecretError,
     SecretsUnavailableError,
@@ -80,7 +81,7 @@ class StaticSecretsVerifier:
     def __init__(
         self,
         secrets: Iterable[str],
-        tolerance_s: int = 300,
+        tolerance_s: int = DEFAULT_WEBHOOK_TOLERANCE_S,
         *,
         clock_s: Callable[[], float] = time.time,
     ) -> None:
@@ -147,7 +148,7 @@ class SecretsProviderVerifier:
     def __init__(
         self,
         provider: Callable[[], str | bytes | Sequence[object]],
-        tolerance_s: int = 300,
+        tolerance_s: int = DEFAULT_WEBHOOK_TOLERANCE_S,
         *,
         clock_s: Callable[[], float] = time.time,
         where: str = "webhook secret",

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 
 from opstate.config import ConfigError
 from opstate.signatures.common import SignatureError, Verifier, lower_headers
-from opstate.signatures.jwt_tokens import JwksCache, JwtVerifier
 from opstate.signatures.standard import (
     HEADER_SIGNATURE,
     SecretsProviderVerifier,
@@ -21,6 +20,7 @@ from opstate.webhook_secrets import parse_stored
 
 if TYPE_CHECKING:
     from opstate.config import Settings
+    from opstate.signatures.jwt_tokens import JwtVerifier
 
 
 class WebhookVerifier:
@@ -69,6 +69,9 @@ def verifier_from_settings(
             raise ConfigError(
                 "OPSTATE_JWT_ISSUER must be set when OPSTATE_PUBLIC_URL turns on JWT verification"
             )
+        # Here, not at import: most deployments never turn dynamic (JWT) webhooks on.
+        from opstate.signatures.jwt_tokens import JwksCache, JwtVerifier
+
         jwt_verifier = JwtVerifier(
             JwksCache(settings.jwks_url),
             audience=settings.public_url,

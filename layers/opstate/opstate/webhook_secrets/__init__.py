@@ -32,23 +32,11 @@ a client it is given); every name callers use is re-exported here. It may import
 library only: nothing of opstate beyond itself, and no AWS code.
 """
 
-from opstate.webhook_secrets.files import (
-    SecretFileReader,
-    create_private_file,
-    create_secret_file,
-    file_lock,
-    lock_path,
-    read_secret_file,
-    update_secret_file,
-    write_secret_file,
-)
-from opstate.webhook_secrets.rotation import (
-    MAX_STORED_SECRETS,
-    merge_new,
-    revoked_by_rotation,
-    rotation_change,
-    secret_matches,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from opstate.webhook_secrets.rule import (
     GENERATED_KEY_BYTES,
     KEY_RULE,
@@ -65,11 +53,51 @@ from opstate.webhook_secrets.rule import (
     require_keys,
     secret_key,
 )
-from opstate.webhook_secrets.secrets_manager import (
-    UPDATE_ATTEMPTS,
-    read_secrets_manager,
-    update_secrets_manager,
-)
+
+if TYPE_CHECKING:
+    from opstate.webhook_secrets.files import (
+        SecretFileReader,
+        create_private_file,
+        create_secret_file,
+        file_lock,
+        lock_path,
+        read_secret_file,
+        update_secret_file,
+        write_secret_file,
+    )
+    from opstate.webhook_secrets.rotation import (
+        MAX_STORED_SECRETS,
+        merge_new,
+        revoked_by_rotation,
+        rotation_change,
+        secret_matches,
+    )
+    from opstate.webhook_secrets.secrets_manager import (
+        UPDATE_ATTEMPTS,
+        read_secrets_manager,
+        update_secrets_manager,
+    )
+
+# Loaded on first use: the webhook Lambda needs only the rule (the local file, rotation and
+# Secrets Manager writes are the CLI's and opstate serve's).
+_WHERE = {
+    "SecretFileReader": "files",
+    "create_private_file": "files",
+    "create_secret_file": "files",
+    "file_lock": "files",
+    "lock_path": "files",
+    "read_secret_file": "files",
+    "update_secret_file": "files",
+    "write_secret_file": "files",
+    "MAX_STORED_SECRETS": "rotation",
+    "merge_new": "rotation",
+    "revoked_by_rotation": "rotation",
+    "rotation_change": "rotation",
+    "secret_matches": "rotation",
+    "UPDATE_ATTEMPTS": "secrets_manager",
+    "read_secrets_manager": "secrets_manager",
+    "update_secrets_manager": "secrets_manager",
+}
 
 __all__ = [
     "GENERATED_KEY_BYTES",
@@ -103,3 +131,12 @@ __all__ = [
     "update_secrets_manager",
     "write_secret_file",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'opstate.webhook_secrets' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"opstate.webhook_secrets.{module}"), name)
+    globals()[name] = value
+    return value
