@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.harness import in_ci
+from tests.support.prerequisites import in_ci
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 CHROMIUM_ARGS = [

@@ -22,7 +22,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from tests.browser.conftest import ARTIFACTS, missing
-from tests.e2e.harness import in_ci
+from tests.support.prerequisites import in_ci
 
 # One line for the whole module when the browser or playwright is missing; an error under CI.
 _LACKING = missing()

@@ -39,9 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.support.motoserver import free_port
+from tests.support.prerequisites import require as _require
 from tests.support.template import load_template
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,17 +54,14 @@ REGION = "us-east-1"
 INVOKE_PATH = "/2015-03-31/functions/function/invocations"
 
 
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
-
-
 def require(condition: bool, message: str) -> None:
     """A missing prerequisite fails under CI and skips locally (documented in docs/deploy.md)."""
-    if condition:
-        return
-    if in_ci():
-        pytest.fail(f"e2e prerequisite missing under CI: {message}", pytrace=False)
-    pytest.skip(f"e2e prerequisite missing: {message}")
+    _require(
+        condition,
+        message,
+        fail_prefix="e2e prerequisite missing under CI: ",
+        skip_prefix="e2e prerequisite missing: ",
+    )
 
 
 def rie_binary() -> Path | None:

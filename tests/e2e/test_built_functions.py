@@ -35,6 +35,7 @@ from tests.e2e.harness import (
     load_event,
 )
 from tests.support.fake_gemini import FakeGemini
+from tests.support.streams import lambda_stream_records
 from tests.support.template import load_template
 from tests.support.webhooks import SAMPLE_NAME
 
@@ -59,31 +60,9 @@ def get_item(stack: Stack, name: str) -> dict[str, Any] | None:
 
 def stream_records(stack: Stack) -> list[dict[str, Any]]:
     """Every record on the table's stream, shaped as Lambda hands them to the notifier."""
-    ddb, streams = stack.client("dynamodb"), stack.client("dynamodbstreams")
-    arn = ddb.describe_table(TableName=stack.table)["Table"]["LatestStreamArn"]
-    records: list[dict[str, Any]] = []
-    for shard in streams.describe_stream(StreamArn=arn)["StreamDescription"]["Shards"]:
-        iterator = streams.get_shard_iterator(
-            StreamArn=arn, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
-        )["ShardIterator"]
-        while iterator:
-            page = streams.get_records(ShardIterator=iterator, Limit=1000)
-            if not page["Records"]:
-                break
-            for raw in page["Records"]:
-                record = dict(raw)
-                created = record["dynamodb"].get("ApproximateCreationDateTime")
-                if created is not None and hasattr(created, "timestamp"):
-                    record["dynamodb"] = {
-                        **record["dynamodb"],
-                        "ApproximateCreationDateTime": created.timestamp(),
-                    }
-                record["eventSourceARN"] = arn  # Lambda adds it
-                records.append(record)
-            iterator = page.get("NextShardIterator")
-    # As delivered by Lambda: plain JSON.
-    delivered: list[dict[str, Any]] = json.loads(json.dumps(records, default=str))
-    return delivered
+    return lambda_stream_records(
+        stack.client("dynamodb"), stack.client("dynamodbstreams"), stack.table
+    )
 
 
 def receive_all(stack: Stack) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from tests.samlocal.harness import (
     sam_environment,
 )
 from tests.support.motoserver import MotoServer, start_moto_server
+from tests.support.streams import lambda_stream_records
 from tests.support.template import create_table_from_template
 from tests.support.webhooks import LOCAL_EVENT_BUS, LOCAL_TABLE
 
@@ -90,29 +91,7 @@ class LocalStack:
     def stream_event(self) -> dict[str, Any]:
         """Every record on the table's stream, as Lambda hands them to the notifier."""
         ddb, streams = self.client("dynamodb"), self.client("dynamodbstreams")
-        arn = ddb.describe_table(TableName=self.table)["Table"]["LatestStreamArn"]
-        records: list[dict[str, Any]] = []
-        for shard in streams.describe_stream(StreamArn=arn)["StreamDescription"]["Shards"]:
-            iterator = streams.get_shard_iterator(
-                StreamArn=arn, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
-            )["ShardIterator"]
-            while iterator:
-                page = streams.get_records(ShardIterator=iterator, Limit=1000)
-                if not page["Records"]:
-                    break
-                for raw in page["Records"]:
-                    record = dict(raw)
-                    created = record["dynamodb"].get("ApproximateCreationDateTime")
-                    if created is not None and hasattr(created, "timestamp"):
-                        record["dynamodb"] = {
-                            **record["dynamodb"],
-                            "ApproximateCreationDateTime": created.timestamp(),
-                        }
-                    record["eventSourceARN"] = arn  # Lambda adds it
-                    records.append(record)
-                iterator = page.get("NextShardIterator")
-        event: dict[str, Any] = json.loads(json.dumps({"Records": records}, default=str))
-        return event
+        return {"Records": lambda_stream_records(ddb, streams, self.table)}
 
     def received(self) -> list[dict[str, Any]]:
         sqs = self.client("sqs")

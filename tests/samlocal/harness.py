@@ -32,9 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.e2e.harness import BUILT_TEMPLATE, stale_build_files
+from tests.support.prerequisites import require as _require
 
 ROOT = Path(__file__).resolve().parents[2]
 SAM = ROOT / ".tools-venv" / "bin" / "sam"
@@ -45,16 +44,13 @@ BASE_IMAGE = "public.ecr.aws/lambda/python:3.11-x86_64"
 REGION = "us-east-1"
 
 
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
-
-
 def require(condition: bool, message: str) -> None:
-    if condition:
-        return
-    if in_ci():
-        pytest.fail(f"sam local prerequisite missing under CI: {message}", pytrace=False)
-    pytest.skip(f"sam local tests skipped: {message}")
+    _require(
+        condition,
+        message,
+        fail_prefix="sam local prerequisite missing under CI: ",
+        skip_prefix="sam local tests skipped: ",
+    )
 
 
 def _docker(*args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:

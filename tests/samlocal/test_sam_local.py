@@ -25,7 +25,6 @@ from opstate.store.dynamodb import DynamoDBStore
 from tests.samlocal.conftest import LocalStack, record_invocation, record_timing
 from tests.samlocal.harness import (
     EVENTS_DIR,
-    in_ci,
     missing_prerequisite,
     sam_invoke,
     start_api,
@@ -33,6 +32,7 @@ from tests.samlocal.harness import (
 from tests.samlocal.test_local_config import PROMISED, SAMPLE_UPDATE_TIME, SCHEDULE, readme_order
 from tests.support.fake_gemini import FakeGemini
 from tests.support.motoserver import free_port
+from tests.support.prerequisites import in_ci
 from tests.support.webhooks import LOCAL_GEMINI_API_KEY, SAMPLE_NAME
 
 pytestmark = pytest.mark.samlocal
