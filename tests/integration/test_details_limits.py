@@ -15,20 +15,15 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from opstate import strict_json
-from opstate.api import create_app
-from opstate.config import Settings
 from opstate.details import MAX_DETAILS_BYTES, size
 from opstate.ingest import ingest
 from opstate.model import OpEvent, OpRecord, Reason
-from opstate.signatures import StaticSecretsVerifier
 from opstate.states import State
 from opstate.store.dynamodb import DynamoDBStore, serialize_item
 from opstate.store.port import RecordRejectedError
 from opstate.times import parse_time
-from tests.support.stores import Harness, harness_for
+from tests.support.stores import Harness, harness_for, signed_app
 from tests.support.webhooks import (
-    EVENT_TIMESTAMP,
-    TEST_SECRET,
     operation_event,
     signed_headers,
     webhook_event,
@@ -52,12 +47,7 @@ def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]
 
 
 def app_for(harness: Harness) -> Any:
-    return create_app(
-        store=harness.store,
-        verifier=StaticSecretsVerifier([TEST_SECRET], clock_s=lambda: EVENT_TIMESTAMP),
-        settings=Settings(),
-        clock_ns=lambda: NOW_NS,
-    )
+    return signed_app(harness.store, NOW_NS)
 
 
 def call(app: Any, event: dict[str, Any]) -> tuple[int, Any]:

@@ -10,20 +10,15 @@ from typing import Any
 
 import pytest
 
-from opstate.api import create_app
-from opstate.config import Settings
 from opstate.events import from_operation
 from opstate.ingest import ingest
 from opstate.model import OpRecord
-from opstate.signatures import StaticSecretsVerifier
 from opstate.states import State
 from opstate.store.dynamodb import serialize_item
 from opstate.store.sqlite import SQLiteStore
 from opstate.times import parse_time
-from tests.support.stores import Harness, harness_for
+from tests.support.stores import Harness, harness_for, signed_app
 from tests.support.webhooks import (
-    EVENT_TIMESTAMP,
-    TEST_SECRET,
     operation_event,
     signed_headers,
     webhook_event,
@@ -44,12 +39,7 @@ def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]
 
 
 def app_for(harness: Harness) -> Any:
-    return create_app(
-        store=harness.store,
-        verifier=StaticSecretsVerifier([TEST_SECRET], clock_s=lambda: EVENT_TIMESTAMP),
-        settings=Settings(),
-        clock_ns=lambda: NOW_NS,
-    )
+    return signed_app(harness.store, NOW_NS)
 
 
 def call(app: Any, event: dict[str, Any]) -> tuple[int, Any]:

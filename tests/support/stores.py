@@ -199,3 +199,19 @@ def harness_for(
         yield memory_harness()
     else:
         raise ValueError(kind)
+
+
+def signed_app(store: Store, now_ns: int) -> Any:
+    """The API over ``store`` as the webhook tests drive it: the suite's static signing secret
+    (signatures checked at ``EVENT_TIMESTAMP``), default settings, a fixed ingest clock."""
+    from opstate.api import create_app
+    from opstate.config import Settings
+    from opstate.signatures import StaticSecretsVerifier
+    from tests.support.webhooks import EVENT_TIMESTAMP, TEST_SECRET
+
+    return create_app(
+        store=store,
+        verifier=StaticSecretsVerifier([TEST_SECRET], clock_s=lambda: EVENT_TIMESTAMP),
+        settings=Settings(),
+        clock_ns=lambda: now_ns,
+    )
