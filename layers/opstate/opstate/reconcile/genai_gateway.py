@@ -96,9 +96,11 @@ def classify(exc: BaseException) -> GatewayError:
 
     status: object
     headers: Any = None
+    said: str | None = None
     if isinstance(exc, genai_errors.APIError):
         status = exc.code
         headers = getattr(exc.response, "headers", None)
+        said = ": ".join(str(part) for part in (exc.status, exc.message) if part) or None
     else:
         status = getattr(exc, "status_code", None)
         headers = getattr(getattr(exc, "response", None), "headers", None)
@@ -108,6 +110,7 @@ def classify(exc: BaseException) -> GatewayError:
             status=status,
             transient=status in TRANSIENT_STATUSES,
             retry_after_s=retry_after_s(headers) if status in TRANSIENT_STATUSES else None,
+            said=said,
         )
     return GatewayError(message, status=None, transient=False)
 

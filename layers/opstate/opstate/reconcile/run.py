@@ -118,9 +118,13 @@ class _Run:
             name = decision.record.name if decision.record is not None else None
             logger.exception("on_decision hook failed", extra={"operation": name})
 
-    def error(self, message: str, **context: object) -> None:
+    def error(self, message: str, said: str | None = None, **context: object) -> None:
+        """Log and count one error; ``said`` (what the server said) replaces the logged
+        ``error`` in the sentence kept for the operator."""
         log_fields(logger.error, message, context)
-        self.tally.error(error_sentence(message, context))
+        self.tally.error(
+            error_sentence(message, {**context, "error": said or context.get("error")})
+        )
 
     def pace(self) -> bool:
         """Wait for the rate limit and any backoff pause; False: do not start (stopped)."""
@@ -174,7 +178,7 @@ class _Run:
         try:
             webhooks = self.gateway.webhooks()
         except GatewayError as exc:
-            self.error("webhook listing failed", status=exc.status, error=exc.message)
+            self.error("webhook listing failed", exc.sentence, status=exc.status, error=exc.message)
             return
         disabled = 0
         for webhook in webhooks:
@@ -217,7 +221,7 @@ class _Run:
                     self.stop("budget")
                     break
         except GatewayError as exc:
-            self.error("batch discovery failed", status=exc.status, error=exc.message)
+            self.error("batch discovery failed", exc.sentence, status=exc.status, error=exc.message)
         return seen
 
     def ingest_job(
@@ -336,7 +340,7 @@ class _Run:
                 )
                 self.tally.error(
                     error_sentence("poll failed", {"name": record.name, "status": exc.status})
-                    + f": {exc.message}",
+                    + f": {exc.sentence}",
                     throttled=int(exc.status == 429),
                 )
             raise
