@@ -26,8 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     store.add_argument(
         "--store",
         metavar="URL",
-        help="dynamodb://TABLE, sqlite:///PATH or memory:// "
-        "(default: OPSTATE_STORE, else sqlite:///.opstate/ops.db)",
+        help="dynamodb://TABLE, sqlite:///PATH or memory:// (default: OPSTATE_STORE, else "
+        "dynamodb://$OPSTATE_TABLE_NAME, else sqlite:///.opstate/ops.db; serve: OPSTATE_STORE, "
+        "else sqlite:///.opstate/ops.db)",
     )
     as_json = Parser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON (see docs/cli.md)")

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opstate.cli.common import (
     EXIT_FAILURE,
     EXIT_OK,
     CliError,
-    decision_line,
     name_arg,
     open_store,
     out,
@@ -17,9 +16,6 @@ from opstate.cli.common import (
     require_gemini_key,
     settings_for,
 )
-
-if TYPE_CHECKING:
-    from opstate.reconcile.run import Refreshed
 
 
 def add_parser(
@@ -55,42 +51,7 @@ def cmd_refresh(args: argparse.Namespace) -> int:
             raise CliError(f"the store {config.store_url} cannot be polled from")
         refreshed = refresh_with(store, config, record)
     if args.json:
-        print_json(refreshed_json(refreshed))
+        print_json(refreshed.as_dict())
     else:
-        out(refreshed_line(refreshed))
+        out(refreshed.sentence())
     return EXIT_OK if refreshed.error is None else EXIT_FAILURE
-
-
-def refreshed_line(refreshed: Refreshed) -> str:
-    """One sentence: the decision on Gemini's answer, a 404, or why there was no answer."""
-    record = refreshed.record
-    if refreshed.error is not None:
-        return (
-            f"{record.name}: not refreshed, stays {record.state} (version {record.version}): "
-            f"{refreshed.error}"
-        )
-    if not refreshed.found:
-        return (
-            f"{record.name}: Gemini answered 404 (not found); the record is kept, stays "
-            f"{record.state} (version {record.version})"
-        )
-    if refreshed.decision is None:
-        return (
-            f"{record.name}: Gemini's answer was not an event this version reads; stays "
-            f"{record.state} (version {record.version})"
-        )
-    return decision_line(refreshed.decision)
-
-
-def refreshed_json(refreshed: Refreshed) -> dict[str, Any]:
-    decision = refreshed.decision
-    current = decision.record if decision is not None and decision.record else refreshed.record
-    return {
-        "name": refreshed.record.name,
-        "found": refreshed.found,
-        "applied": decision.applied if decision is not None else False,
-        "reason": str(decision.reason) if decision is not None else None,
-        "state": str(current.state),
-        "version": current.version,
-        "error": refreshed.error,
-    }

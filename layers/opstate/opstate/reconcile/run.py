@@ -478,6 +478,38 @@ class Refreshed:
     found: bool
     error: str | None
 
+    def sentence(self) -> str:
+        """One line for a person: the decision (as ``opstate report`` prints one), the 404,
+        or why there was no answer."""
+        record = self.record
+        stays = f"stays {record.state} (version {record.version})"
+        if self.error is not None:
+            return f"{record.name}: not refreshed, {stays}: {self.error}"
+        if not self.found:
+            return f"{record.name}: Gemini answered 404 (not found); the record is kept, {stays}"
+        decision = self.decision
+        if decision is None:
+            return f"{record.name}: Gemini's answer was not an event this version reads; {stays}"
+        now = decision.record if decision.record is not None else record
+        if decision.applied:
+            return f"{record.name}: {decision.reason}, now {now.state} (version {now.version})"
+        return (
+            f"{record.name}: dropped ({decision.reason}), stays {now.state} (version {now.version})"
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        decision = self.decision
+        now = decision.record if decision is not None and decision.record else self.record
+        return {
+            "name": self.record.name,
+            "found": self.found,
+            "applied": decision.applied if decision is not None else False,
+            "reason": str(decision.reason) if decision is not None else None,
+            "state": str(now.state),
+            "version": now.version,
+            "error": self.error,
+        }
+
 
 def refresh_one(
     store: PollingStore,
