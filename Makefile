@@ -8,6 +8,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEPS := pyproject.toml layers/opstate/requirements.txt functions/reconcile/requirements.txt
 PIP_FLAGS := --disable-pip-version-check --no-input --quiet
+# The project's own install shows pip's progress (what it collects, downloads and installs), so
+# that a first `make run` / `make test` never looks hung.
+PIP_PROGRESS_FLAGS := --disable-pip-version-check --no-input
 # Build/lint tools (aws-sam-cli, cfn-lint) live in their own virtualenv so that their pins never
 # shape the runtime environment; the e2e tests' runtime interface client lives in another one
 # that holds nothing else.
@@ -41,13 +44,16 @@ help:
 # The environment: recreated when missing or built by another python, refreshed when the
 # dependency files change.
 $(STAMP): $(DEPS)
+	@echo "make: installing $(VENV), the Python environment of opstate and its tests, from PyPI" \
+		"(first time: every dependency is downloaded; pip's progress follows)"
 	@if [ ! -x $(PY) ] || ! $(PY) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)'; then \
 		rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); \
 	fi
 	$(PY) -m pip install $(PIP_FLAGS) --upgrade pip
-	$(PY) -m pip install $(PIP_FLAGS) -c layers/opstate/requirements.txt \
+	$(PY) -m pip install $(PIP_PROGRESS_FLAGS) -c layers/opstate/requirements.txt \
 		-c functions/reconcile/requirements.txt -e '.[dev]'
 	@touch $(STAMP)
+	@echo "make: $(VENV) is ready"
 
 venv: $(STAMP)
 
@@ -102,6 +108,8 @@ samlocal: $(STAMP) build lambda-base-image
 	$(PY) -m pytest -m samlocal tests/samlocal $(PYTEST_ARGS)
 
 run: $(STAMP)
+	@echo "make run: the opstate command is $(VENV)/bin/opstate; to type plain 'opstate' in another" \
+		"shell, run 'source $(VENV)/bin/activate' there first"
 	$(VENV)/bin/opstate serve
 
 lint: $(STAMP)
