@@ -394,6 +394,21 @@ def test_reconciler_runs_on_a_timer_when_a_key_is_set(serve, fake_gemini):
     assert server.terminate() == 0
 
 
+def test_a_reconciler_pass_with_errors_says_the_first_as_a_sentence(serve, fake_gemini):
+    fake_gemini.fail("webhooks", 403, message="API key not valid")
+    server = serve(
+        "--reconcile-every",
+        "3600",
+        env={"GEMINI_API_KEY": "test-key", "GOOGLE_GEMINI_BASE_URL": fake_gemini.base_url},
+    )
+    line = server.wait_for_line(r"reconcile: 1 error\(s\); the first: ", 30)
+    assert line.strip().endswith(
+        "webhook listing failed (HTTP 403): PERMISSION_DENIED: API key not valid"
+    )
+    server.wait_for_line(r"reconcile: .*errors=1", 10)
+    assert server.terminate() == 0
+
+
 def test_shutdown_still_works_when_stdout_went_away(tmp_path, store_url):
     # e.g. `opstate serve | head -n 20`: printing fails, serving and stopping must not.
     process = subprocess.Popen(
