@@ -176,57 +176,6 @@ def video_response(uri: str) -> dict[str, Any]:
     }
 
 
-def cloud_batch_resource(
-    name: str,
-    state: str = "JOB_STATE_RUNNING",
-    *,
-    update_time: str | None = "2026-05-01T10:00:00Z",
-    create_time: str | None = "2026-05-01T09:00:00Z",
-    display_name: str | None = None,
-    model: str = "publishers/google/models/gemini-2.5-flash",
-    gcs_output_directory: str | None = None,
-    bigquery_output_table: str | None = None,
-    completion_stats: Mapping[str, int] | None = None,
-    error: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A Google Cloud ``BatchPredictionJob`` as ``GET .../batchPredictionJobs/{id}`` returns it
-    (not an LRO: the job itself). ``completion_stats`` (``successfulCount``...) are sent as
-    int64 JSON strings, as the REST API does."""
-    if not state.startswith("JOB_STATE_"):
-        state = f"JOB_STATE_{state}"
-    body: dict[str, Any] = {"name": name, "model": model, "state": state}
-    if display_name is not None:
-        body["displayName"] = display_name
-    if create_time is not None:
-        body["createTime"] = create_time
-    if update_time is not None:
-        body["updateTime"] = update_time
-    info: dict[str, str] = {}
-    if gcs_output_directory is not None:
-        info["gcsOutputDirectory"] = gcs_output_directory
-        body["outputConfig"] = {
-            "predictionsFormat": "jsonl",
-            "gcsDestination": {"outputUriPrefix": gcs_output_directory.rsplit("/", 1)[0]},
-        }
-    if bigquery_output_table is not None:
-        info["bigqueryOutputTable"] = bigquery_output_table
-    if info:
-        body["outputInfo"] = info
-    if completion_stats is not None:
-        body["completionStats"] = {k: str(v) for k, v in completion_stats.items()}
-    if error is not None:
-        body["error"] = dict(error)
-    return body
-
-
-def cloud_video_response(uri: str) -> dict[str, Any]:
-    """The ``response`` of a finished Veo operation on Google Cloud (``fetchPredictOperation``)."""
-    return {
-        "@type": "type.googleapis.com/cloud.ai.large_models.vision.GenerateVideoResponse",
-        "videos": [{"gcsUri": uri, "mimeType": "video/mp4"}],
-    }
-
-
 def interaction_resource(
     interaction_id: str,
     status: str = "in_progress",

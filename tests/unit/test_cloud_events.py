@@ -21,7 +21,8 @@ from opstate.events import (
 from opstate.names import Kind, kind_of
 from opstate.states import State
 from opstate.times import parse_time
-from tests.support.fake_gemini import cloud_batch_resource, cloud_video_response, operation_resource
+from tests.support.fake_gemini import operation_resource
+from tests.support.fake_google_cloud import cloud_batch_resource, cloud_video_response
 from tests.unit.test_events import JOB_TABLE
 
 JOB = "projects/p1/locations/us-central1/batchPredictionJobs/123"

@@ -1,10 +1,15 @@
-"""Wiring: settings -> store + gateway -> one run (the Lambda entry and the CLI call this)."""
+"""Wiring: settings -> store + gateways -> one run (the Lambda entry and the CLI call this).
+
+The Google Cloud gateway is made only when Google Cloud is configured
+(``Settings.google_cloud_configured``); it loads its credentials on its first request.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from opstate.config import Settings
+from opstate.reconcile.cloud_gateway import GoogleCloudGateway
 from opstate.reconcile.genai_gateway import GenaiGateway, make_client
 from opstate.reconcile.run import DecisionHook, RunResult, reconcile_once
 from opstate.store.port import PollingStore
@@ -23,6 +28,7 @@ def run_from_settings(
         if not isinstance(store, PollingStore):  # pragma: no cover - every store of ours is
             raise TypeError(f"{type(store).__name__} cannot schedule polls")
         gateway = GenaiGateway(make_client(settings))
+        cloud = GoogleCloudGateway(settings) if settings.google_cloud_configured else None
         try:
             return reconcile_once(
                 store,
@@ -30,8 +36,11 @@ def run_from_settings(
                 settings=settings,
                 remaining_ms=remaining_ms,
                 on_decision=on_decision,
+                cloud=cloud,
             )
         finally:
             gateway.close()
+            if cloud is not None:
+                cloud.close()
     finally:
         store.close()
