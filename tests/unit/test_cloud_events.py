@@ -6,17 +6,23 @@ The jobs are what google-genai 3.6.1 itself makes of the REST answers in enterpr
 
 from __future__ import annotations
 
+import base64
+import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from opstate.events import (
     COMPLETION_STATS,
     OUTPUT_LOCATION,
+    InvalidEventError,
     Source,
     UnsupportedEventError,
     from_batch_job,
     from_operation,
+    from_pubsub,
 )
 from opstate.names import Kind, kind_of
 from opstate.states import State
@@ -150,3 +156,32 @@ def test_cloud_veo_operations(
     event = from_operation(sdk_video(body) if form == "sdk" else body)
     assert (event.name, event.state, dict(event.details)) == (VEO, state, details)
     assert kind_of(event.name) is Kind.VIDEO
+
+
+@given(data=st.binary(max_size=200), publish=st.one_of(st.none(), st.text(max_size=30)))
+def test_any_pubsub_data_is_an_operation_or_one_clear_refusal(
+    data: bytes, publish: str | None
+) -> None:
+    envelope = {"message": {"data": base64.b64encode(data).decode(), "publishTime": publish}}
+    try:
+        event = from_pubsub(envelope)
+    except InvalidEventError as exc:
+        assert exc.code in {"invalid-body", "invalid-name", "missing-field", "invalid-time"}
+    else:  # pragma: no cover - random bytes are almost never an operation
+        assert kind_of(event.name) is Kind.VIDEO
+
+
+def test_a_pubsub_operation_takes_the_publish_time_when_it_has_none() -> None:
+    op = json.dumps({"name": VEO, "done": True, "response": cloud_video_response("gs://a")})
+    envelope = {
+        "message": {"data": base64.b64encode(op.encode()).decode(), "publishTime": TS},
+        "subscription": "projects/p1/subscriptions/s",
+    }
+    event = from_pubsub(envelope)
+    assert (event.name, event.state, event.update_time_ns, event.source) == (
+        VEO,
+        State.SUCCEEDED,
+        parse_time(TS),
+        Source.WEBHOOK,
+    )
+    assert event.details == {"video_uri": "gs://a"}

@@ -26,6 +26,10 @@ from opstate.names import Kind
 
 DEFAULT_LOCAL_STORE = "sqlite:///.opstate/ops.db"
 DEFAULT_JWKS_URL = "https://generativelanguage.googleapis.com/.well-known/jwks.json"
+# Google's OIDC signing keys (Pub/Sub push tokens are Google-signed ID tokens).
+DEFAULT_PUBSUB_JWKS_URL = "https://www.googleapis.com/oauth2/v3/certs"
+# The issuers of Google-signed ID tokens.
+PUBSUB_ISSUERS = ("https://accounts.google.com", "accounts.google.com")
 # Defaults other modules need too (the stores' own keyword defaults, the CLI's options).
 DEFAULT_OPEN_INDEX_SHARDS = 4
 DEFAULT_RETENTION_DAYS = 90
@@ -261,6 +265,7 @@ class WebhookSettings(_Part):
     # service account's email; the route refuses every push unless both are set.
     pubsub_audience: str | None = None
     pubsub_email: str | None = None
+    pubsub_jwks_url: str = DEFAULT_PUBSUB_JWKS_URL
     # AWS_SAM_LOCAL=true (set by SAM CLI in sam local containers, never in a deployment): SAM
     # does not emulate the AWS_IAM authorizer, so the Lambda's IAM-context check is skipped.
     sam_local: bool = False
@@ -286,6 +291,7 @@ class WebhookSettings(_Part):
             jwt_email=_str(env, "OPSTATE_JWT_EMAIL"),
             pubsub_audience=_str(env, "OPSTATE_PUBSUB_AUDIENCE"),
             pubsub_email=_str(env, "OPSTATE_PUBSUB_EMAIL"),
+            pubsub_jwks_url=_str(env, "OPSTATE_PUBSUB_JWKS_URL"),
             sam_local=(env.get("AWS_SAM_LOCAL") or "").strip().lower() == "true" or None,
         )
 

@@ -21,6 +21,8 @@ Two kinds of refusal:
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
@@ -29,8 +31,18 @@ from typing import Any
 from opstate.details import InvalidDetailsError
 from opstate.details import check as check_details
 from opstate.model import OpEvent
-from opstate.names import VIDEO_DETAIL, InvalidNameError, Kind, ParsedName, parse_name
+from opstate.names import (
+    GOOGLE_CLOUD,
+    VIDEO_DETAIL,
+    InvalidNameError,
+    Kind,
+    ParsedName,
+    backend_of,
+    kind_of,
+    parse_name,
+)
 from opstate.states import State, UnknownStateError, parse_state
+from opstate.strict_json import InvalidJSONError, loads
 from opstate.times import InvalidTimeError, parse_time
 
 
@@ -357,6 +369,43 @@ def _video_uri(response: Any) -> str | None:
     video = _get(videos[0], "video")
     uri = _get(video, "uri") if video is not None else None
     return uri if isinstance(uri, str) else None
+
+
+def from_pubsub(envelope: object) -> OpEvent:
+    """A Pub/Sub push delivery for a Google Cloud Veo operation.
+
+    The envelope is Pub/Sub's documented push body ``{"message": {"data": <base64>,
+    "attributes", "messageId", "publishTime"}, "subscription"}``. What Veo publishes in
+    ``data`` is not documented (google-genai 3.6.1 only says ``pubsub_topic`` receives "the
+    video generation progress"), so only what can be checked is accepted: ``data`` decodes to
+    a ``google.longrunning.Operation`` JSON (``name``, ``done``, ``error``, ``response``, the
+    shape ``fetchPredictOperation`` answers) naming a Cloud Veo operation
+    (``projects/.../publishers/google/models/M/operations/ID``). Its time is the operation's
+    ``metadata.updateTime``, else the message's ``publishTime``. Anything else is an
+    ``InvalidEventError`` (the receiver quarantines it).
+    """
+    if not isinstance(envelope, Mapping):
+        raise InvalidEventError("invalid-body", "the Pub/Sub push body must be a JSON object")
+    message = envelope.get("message")
+    if not isinstance(message, Mapping):
+        raise InvalidEventError("missing-field", "the Pub/Sub push body has no 'message' object")
+    data = message.get("data")
+    if not isinstance(data, str) or not data:
+        raise InvalidEventError("missing-field", "the Pub/Sub message has no 'data' string")
+    try:
+        operation = loads(base64.b64decode(data, validate=True))
+    except (binascii.Error, ValueError, InvalidJSONError):
+        raise InvalidEventError(
+            "invalid-body", "the Pub/Sub message data is not base64-encoded JSON"
+        ) from None
+    if not isinstance(operation, Mapping):
+        raise InvalidEventError("invalid-body", "the Pub/Sub message data is not a JSON object")
+    parsed = _parsed(_get(operation, "name"), Kind.VIDEO)
+    if backend_of(parsed.key) != GOOGLE_CLOUD or kind_of(parsed.key) is not Kind.VIDEO:
+        raise InvalidEventError("invalid-name", f"{parsed.key} is not a Google Cloud Veo operation")
+    event = from_operation(operation)
+    update_ns = event.update_time_ns or _time(message.get("publishTime"))
+    return OpEvent(event.name, event.state, update_ns, Source.WEBHOOK, event.details)
 
 
 def from_interaction(interaction: Any) -> OpEvent:
