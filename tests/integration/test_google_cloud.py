@@ -333,3 +333,40 @@ def test_unusable_credential_files_are_one_clear_error(
     path.write_text(text)
     with pytest.raises(CredentialsError, match=match):
         load_credentials(settings(google_application_credentials=str(path)))
+
+
+def test_a_cloud_only_deployment_needs_no_gemini_api_key(
+    fake_gemini: FakeGemini,
+    cloud: GoogleCloudSide,
+    key_file: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from opstate.config import ConfigError
+    from opstate.reconcile.wiring import run_from_settings
+    from opstate.store.sqlite import SQLiteStore
+
+    name = f"{JOBS}/5"
+    fake_gemini.put(name, cloud_batch_resource(name, "SUCCEEDED"))
+    db = tmp_path / "ops.db"
+    s = settings(
+        store_url=f"sqlite:///{db}",
+        gemini_api_key=None,
+        google_application_credentials=str(key_file),
+        google_cloud_scopes=(SCOPE,),
+        reconcile_max_pages=1,
+    )
+    with caplog.at_level(logging.ERROR):
+        result = run_from_settings(s)
+    assert result.discovered == 1 and result.errors == 0
+    assert any("follows Google Cloud only" in r.getMessage() for r in caplog.records)
+    assert [r.name for r in fake_gemini.requests if not r.name.startswith("projects/")] == ["token"]
+    store = SQLiteStore(str(db))
+    try:
+        found = store.get(name)
+    finally:
+        store.close()
+    assert found is not None and found.state is State.SUCCEEDED
+    # Without Cloud scopes a missing key still fails the run, as it always did.
+    with pytest.raises(ConfigError, match="no Gemini API key"):
+        run_from_settings(replace(s, google_cloud_scopes=()))

@@ -191,7 +191,7 @@ class _Run:
         if lane.refuse():
             log_fields(
                 logger.error,
-                "Google Cloud credentials refused; its operations are left for the next run",
+                f"{lane.backend} credentials refused; its operations are left for the next run",
                 {
                     "backend": lane.backend,
                     "phase": phase,
@@ -199,7 +199,8 @@ class _Run:
                     "error": exc.message,
                 },
             )
-            count("GoogleCloudAuthFailed")
+            if lane.backend == GOOGLE_CLOUD:
+                count("GoogleCloudAuthFailed")
 
     def pace(self, lane: _Lane) -> bool:
         """Wait for the lane's rate limit and any backoff pause; False: do not start."""

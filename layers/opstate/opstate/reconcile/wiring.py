@@ -1,18 +1,55 @@
 """Wiring: settings -> store + gateways -> one run (the Lambda entry and the CLI call this).
 
 The Google Cloud gateway is made only when Google Cloud is configured
-(``Settings.google_cloud_configured``); it loads its credentials on its first request.
+(``Settings.google_cloud_configured``); it loads its credentials on its first request. A
+deployment with Google Cloud scopes and no usable Gemini API key follows Google Cloud only
+(one error line per run); without scopes a missing key fails the run, as it always did.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 
-from opstate.config import Settings
+from opstate.config import ConfigError, Settings
+from opstate.model import OpEvent, OpRecord
+from opstate.observability import logger
 from opstate.reconcile.cloud_gateway import GoogleCloudGateway
+from opstate.reconcile.gateway import AuthError, Listed, WebhookInfo
 from opstate.reconcile.genai_gateway import GenaiGateway, make_client
 from opstate.reconcile.run import DecisionHook, RunResult, reconcile_once
 from opstate.store.port import PollingStore
+
+
+class NoGeminiApi:
+    """The Gemini API side of a Google-Cloud-only deployment: no request, ever."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def webhooks(self) -> Sequence[WebhookInfo]:
+        return ()
+
+    def batch_pages(self, page_size: int) -> Iterator[Sequence[Listed]]:
+        return iter(())
+
+    def fetch(self, record: OpRecord) -> OpEvent:
+        raise AuthError(self.why)
+
+    def close(self) -> None:
+        return None
+
+
+def gemini_gateway(settings: Settings) -> GenaiGateway | NoGeminiApi:
+    """The Gemini API gateway; ``NoGeminiApi`` when there is no key but Cloud scopes are set."""
+    try:
+        return GenaiGateway(make_client(settings))
+    except ConfigError as exc:
+        if not settings.google_cloud_scopes:
+            raise
+        logger.error(
+            "no Gemini API key; this run follows Google Cloud only", extra={"error": str(exc)}
+        )
+        return NoGeminiApi(str(exc))
 
 
 def run_from_settings(
@@ -27,7 +64,7 @@ def run_from_settings(
     try:
         if not isinstance(store, PollingStore):  # pragma: no cover - every store of ours is
             raise TypeError(f"{type(store).__name__} cannot schedule polls")
-        gateway = GenaiGateway(make_client(settings))
+        gateway = gemini_gateway(settings)
         cloud = GoogleCloudGateway(settings) if settings.google_cloud_configured else None
         try:
             return reconcile_once(
