@@ -184,6 +184,11 @@ def test_each_function_gets_only_its_own_configuration(
     # Least privilege shows in the configuration too: no function is told another's secret.
     assert "OPSTATE_GEMINI_API_KEY_SECRET_ARN" not in envs["WebhookFunction"]
     assert "OPSTATE_WEBHOOK_SECRET_ARN" not in envs["ReconcileFunction"]
+    assert envs["ReconcileFunction"]["OPSTATE_GOOGLE_CREDENTIALS_SECRET_ARN"] == (
+        stack.google_credentials_secret_arn
+    )
+    assert "OPSTATE_GOOGLE_CREDENTIALS_SECRET_ARN" not in envs["WebhookFunction"]
+    assert "OPSTATE_GOOGLE_CREDENTIALS_SECRET_ARN" not in envs["NotifyFunction"]
     assert "OPSTATE_WEBHOOK_SECRET_ARN" not in envs["NotifyFunction"]
     assert "OPSTATE_EVENT_BUS_NAME" not in envs["WebhookFunction"]
 
