@@ -333,6 +333,52 @@ def test_scheduled_reconcile_polls_gemini_with_the_secret_key_and_ingests(
     assert "disabled_due_to_failed_deliveries" in reconcile.log_text()
 
 
+# --- Pub/Sub push (Veo on Google Cloud) -> the built webhook function -> table ---------------
+
+
+def test_a_signed_pubsub_push_reaches_the_table_through_the_built_webhook(
+    start: StartFunction, stack: Stack
+) -> None:
+    from tests.integration.test_pubsub_push import AUDIENCE, EMAIL, VEO, envelope, operation
+    from tests.integration.test_pubsub_push import token as pubsub_token
+    from tests.support.fake_google_cloud import cloud_video_response
+    from tests.support.webhooks import http_event
+    from tests.unit.test_signatures import JwksServer, Signer
+
+    signer = Signer("google-e2e")
+    jwks = JwksServer()
+    jwks.keys = [signer.jwk()]
+    try:
+        webhook = start(
+            "WebhookFunction",
+            overrides={
+                # The template's parameters, as a deployment sets them; Google's JWKS is a test's.
+                "OPSTATE_PUBSUB_AUDIENCE": AUDIENCE,
+                "OPSTATE_PUBSUB_EMAIL": EMAIL,
+                "OPSTATE_PUBSUB_JWKS_URL": jwks.url,
+            },
+        )
+        body = envelope(operation(done=True, response=cloud_video_response("gs://e2e/v.mp4")))
+
+        def push(bearer: str) -> dict[str, Any]:
+            headers = {"content-type": "application/json", "authorization": f"Bearer {bearer}"}
+            event = http_event("POST", "/google-cloud/pubsub", body=body, headers=headers)
+            response: dict[str, Any] = webhook.invoke(event)
+            return response
+
+        forged = push(Signer("google-e2e").token(aud=AUDIENCE, iss="https://accounts.google.com"))
+        assert forged["statusCode"] == 401
+        assert get_item(stack, VEO) is None
+        accepted = push(pubsub_token(signer))
+        assert accepted["statusCode"] == 200, webhook.log_tail()
+        assert response_body(accepted)["state"] == "SUCCEEDED"
+    finally:
+        jwks.stop()
+    item = get_item(stack, VEO) or {}
+    assert item["state"] == {"S": "SUCCEEDED"}
+    assert item["kind"] == {"S": "video"}
+
+
 # --- schedule -> reconciler -> Google Cloud (federated credentials) -> table -----------------
 
 
