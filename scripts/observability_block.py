@@ -157,6 +157,7 @@ PANELS: list[Panel] = [
             custom("Applied"),
             custom("Dropped"),
             custom("WebhooksDisabled", stat="Maximum", label="Gemini webhooks not enabled"),
+            custom("GoogleCloudAuthFailed", label="Google Cloud credentials failed"),
         ],
     ),
     Panel(

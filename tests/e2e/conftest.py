@@ -60,6 +60,7 @@ class Stack:
     quarantine_queue_url: str
     webhook_secret_arn: str
     gemini_key_secret_arn: str
+    google_credentials_secret_arn: str
     clients: dict[str, Any] = field(repr=False)
 
     def client(self, service: str) -> Any:
@@ -74,6 +75,7 @@ class Stack:
             "WebhookQuarantineQueue": self.quarantine_queue_url,  # an SQS queue's Ref is its URL
             "WebhookSigningSecret": self.webhook_secret_arn,
             "GeminiApiKeySecret": self.gemini_key_secret_arn,
+            "GoogleCredentialsSecret": self.google_credentials_secret_arn,
             "AWS::StackName": STACK_NAME,
             "AWS::Region": REGION,
             "AWS::AccountId": ACCOUNT_ID,
@@ -118,6 +120,10 @@ def stack(moto_server: MotoServer) -> Stack:
         Name=f"e2e-gemini-key-{suffix}", Description="e2e"
     )["ARN"]
     clients["secretsmanager"].put_secret_value(SecretId=gemini_secret, SecretString=GEMINI_TEST_KEY)
+    # Left empty, as the template creates it: a deployment without Google Cloud never reads it.
+    google_secret = clients["secretsmanager"].create_secret(
+        Name=f"e2e-google-credentials-{suffix}", Description="e2e"
+    )["ARN"]
     return Stack(
         endpoint=moto_server.endpoint,
         table=table,
@@ -126,6 +132,7 @@ def stack(moto_server: MotoServer) -> Stack:
         quarantine_queue_url=quarantine_url,
         webhook_secret_arn=webhook_secret,
         gemini_key_secret_arn=gemini_secret,
+        google_credentials_secret_arn=google_secret,
         clients=clients,
     )
 

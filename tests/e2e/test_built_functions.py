@@ -35,6 +35,7 @@ from tests.e2e.harness import (
     load_event,
 )
 from tests.support.fake_gemini import FakeGemini
+from tests.support.fake_google_cloud import TOKEN_EXCHANGE, GoogleCloudSide, cloud_batch_resource
 from tests.support.streams import lambda_stream_records
 from tests.support.template import load_template
 from tests.support.webhooks import SAMPLE_NAME
@@ -183,6 +184,11 @@ def test_each_function_gets_only_its_own_configuration(
     # Least privilege shows in the configuration too: no function is told another's secret.
     assert "OPSTATE_GEMINI_API_KEY_SECRET_ARN" not in envs["WebhookFunction"]
     assert "OPSTATE_WEBHOOK_SECRET_ARN" not in envs["ReconcileFunction"]
+    assert envs["ReconcileFunction"]["OPSTATE_GOOGLE_CREDENTIALS_SECRET_ARN"] == (
+        stack.google_credentials_secret_arn
+    )
+    assert "OPSTATE_GOOGLE_CREDENTIALS_SECRET_ARN" not in envs["WebhookFunction"]
+    assert "OPSTATE_GOOGLE_CREDENTIALS_SECRET_ARN" not in envs["NotifyFunction"]
     assert "OPSTATE_WEBHOOK_SECRET_ARN" not in envs["NotifyFunction"]
     assert "OPSTATE_EVENT_BUS_NAME" not in envs["WebhookFunction"]
 
@@ -325,6 +331,119 @@ def test_scheduled_reconcile_polls_gemini_with_the_secret_key_and_ingests(
     assert alarm_metric("WebhooksDisabledAlarm") in emf_metrics(reconcile.log_text())
     assert_metrics_as_catalogued(emf_metrics(reconcile.log_text()))
     assert "disabled_due_to_failed_deliveries" in reconcile.log_text()
+
+
+# --- Pub/Sub push (Veo on Google Cloud) -> the built webhook function -> table ---------------
+
+
+def test_a_signed_pubsub_push_reaches_the_table_through_the_built_webhook(
+    start: StartFunction, stack: Stack
+) -> None:
+    from tests.integration.test_pubsub_push import AUDIENCE, EMAIL, VEO, envelope, operation
+    from tests.integration.test_pubsub_push import token as pubsub_token
+    from tests.support.fake_google_cloud import cloud_video_response
+    from tests.support.webhooks import http_event
+    from tests.unit.test_signatures import JwksServer, Signer
+
+    signer = Signer("google-e2e")
+    jwks = JwksServer()
+    jwks.keys = [signer.jwk()]
+    try:
+        webhook = start(
+            "WebhookFunction",
+            overrides={
+                # The template's parameters, as a deployment sets them; Google's JWKS is a test's.
+                "OPSTATE_PUBSUB_AUDIENCE": AUDIENCE,
+                "OPSTATE_PUBSUB_EMAIL": EMAIL,
+                "OPSTATE_PUBSUB_JWKS_URL": jwks.url,
+            },
+        )
+        body = envelope(operation(done=True, response=cloud_video_response("gs://e2e/v.mp4")))
+
+        def push(bearer: str) -> dict[str, Any]:
+            headers = {"content-type": "application/json", "authorization": f"Bearer {bearer}"}
+            event = http_event("POST", "/google-cloud/pubsub", body=body, headers=headers)
+            response: dict[str, Any] = webhook.invoke(event)
+            return response
+
+        forged = push(Signer("google-e2e").token(aud=AUDIENCE, iss="https://accounts.google.com"))
+        assert forged["statusCode"] == 401
+        assert get_item(stack, VEO) is None
+        accepted = push(pubsub_token(signer))
+        assert accepted["statusCode"] == 200, webhook.log_tail()
+        assert response_body(accepted)["state"] == "SUCCEEDED"
+    finally:
+        jwks.stop()
+    item = get_item(stack, VEO) or {}
+    assert item["state"] == {"S": "SUCCEEDED"}
+    assert item["kind"] == {"S": "video"}
+
+
+# --- schedule -> reconciler -> Google Cloud (federated credentials) -> table -----------------
+
+
+def test_scheduled_reconcile_polls_a_google_cloud_job_with_federated_credentials(
+    start: StartFunction, stack: Stack
+) -> None:
+    """The built reconciler reads an external_account JSON from the stack's (template-created)
+    Google credentials secret, signs GetCallerIdentity with its own AWS credentials, exchanges
+    it at the fake STS, impersonates the service account, and polls a Cloud job and a Cloud
+    scope through its own google-genai build in enterprise mode."""
+    job = "projects/p1/locations/us-central1/batchPredictionJobs/e2e1"
+    untracked = "projects/p1/locations/us-central1/batchPredictionJobs/e2e2"
+    store = DynamoDBStore(stack.table, client=stack.client("dynamodb"))
+    try:
+        assert ingest(store, OpEvent(job, State.PENDING, 0, "test", {})).applied
+    finally:
+        store.close()
+    with FakeGemini() as fake:
+        cloud = GoogleCloudSide(fake)
+        stack.client("secretsmanager").put_secret_value(
+            SecretId=stack.google_credentials_secret_arn,
+            SecretString=json.dumps(
+                cloud.external_account_info("opstate@p1.iam.gserviceaccount.com")
+            ),
+        )
+        fake.put(
+            job,
+            cloud_batch_resource(
+                job,
+                "PARTIALLY_SUCCEEDED",
+                gcs_output_directory="gs://e2e/out",
+                completion_stats={"successfulCount": 3, "failedCount": 1, "incompleteCount": 0},
+            ),
+        )
+        fake.put(untracked, cloud_batch_resource(untracked, "RUNNING"))
+        reconcile = start(
+            "ReconcileFunction",
+            overrides={
+                "GOOGLE_GEMINI_BASE_URL": fake.base_url,
+                "GOOGLE_VERTEX_BASE_URL": fake.base_url,
+                "OPSTATE_GOOGLE_CLOUD_SCOPES": "p1/us-central1",
+            },
+        )
+        result = reconcile.invoke(load_event("schedule.json"))
+        assert cloud.token_requests == [TOKEN_EXCHANGE], reconcile.log_tail()
+    assert result["errors"] == 0, reconcile.log_tail()
+    item = get_item(stack, job) or {}
+    assert item["state"]["S"] == "SUCCEEDED"
+    store = DynamoDBStore(stack.table, client=stack.client("dynamodb"))
+    try:
+        record = store.get(job)
+        found = store.get(untracked)
+    finally:
+        store.close()
+    assert record is not None and found is not None
+    assert record.details["partial"] is True
+    assert record.details["output_location"] == "gs://e2e/out"
+    assert record.details["completion_stats"] == {
+        "successful_count": 3,
+        "failed_count": 1,
+        "incomplete_count": 0,
+    }
+    assert found.state is State.RUNNING
+    assert "PRIVATE KEY" not in reconcile.log_text()
+    assert "testing" not in reconcile.log_text()  # the AWS secret key the request was signed with
 
 
 # --- schedule -> reconciler -> lost / overdue marks -> stream -> notifier -> bus ---------------

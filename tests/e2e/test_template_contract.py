@@ -75,7 +75,7 @@ def test_signed_webhooks_we_cannot_read_have_a_queue_a_metric_alarm_and_an_outpu
     }
 
 
-def test_reconciler_may_query_the_open_index_and_read_only_the_api_key(
+def test_reconciler_may_query_the_open_index_and_read_only_its_two_secrets(
     template: dict[str, Any],
 ) -> None:
     stmts = statements(template, "ReconcileFunction")
@@ -90,9 +90,10 @@ def test_reconciler_may_query_the_open_index_and_read_only_the_api_key(
         {"Fn::GetAtt": ["OperationsTable", "Arn"]},
         {"Fn::Sub": "${OperationsTable.Arn}/index/open-index"},
     ]
-    secret = next(s for s in stmts if "secretsmanager:GetSecretValue" in actions(s))
-    assert secret["Resource"] == {"Ref": "GeminiApiKeySecret"}
-    assert len(stmts) == 2
+    secrets = [s["Resource"] for s in stmts if "secretsmanager:GetSecretValue" in actions(s)]
+    # The Gemini API key and the Google Cloud credentials (federation needs no AWS grant).
+    assert secrets == [{"Ref": "GeminiApiKeySecret"}, {"Ref": "GoogleCredentialsSecret"}]
+    assert len(stmts) == 3
 
 
 def test_notifier_may_only_put_events_on_its_bus(template: dict[str, Any]) -> None:
@@ -149,10 +150,12 @@ def test_routes_webhook_public_operations_iam(template: dict[str, Any]) -> None:
     routes = {(e["Properties"]["Method"], e["Properties"]["Path"]): e for e in events.values()}
     assert set(routes) == {
         ("POST", "/gemini/webhook"),
+        ("POST", "/google-cloud/pubsub"),
         ("GET", "/operations/{name+}"),
         ("PUT", "/operations/{name+}"),
     }
     assert "Auth" not in routes[("POST", "/gemini/webhook")]["Properties"]
+    assert "Auth" not in routes[("POST", "/google-cloud/pubsub")]["Properties"]
     for key in (("GET", "/operations/{name+}"), ("PUT", "/operations/{name+}")):
         assert routes[key]["Properties"]["Auth"] == {"Authorizer": "AWS_IAM"}
     api = template["Resources"]["HttpApi"]["Properties"]
@@ -168,7 +171,7 @@ def test_every_variable_the_template_sets_is_read_by_the_code(template: dict[str
     known = set(re.findall(r'"((?:OPSTATE|GEMINI|POWERTOOLS)_[A-Z_]+)"', _package_source()))
     known |= {"POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE", "POWERTOOLS_LOG_LEVEL"}
     # Read by the libraries themselves (declared for `sam local`): boto3 and google-genai.
-    known |= {"AWS_ENDPOINT_URL", "GOOGLE_GEMINI_BASE_URL"}
+    known |= {"AWS_ENDPOINT_URL", "GOOGLE_GEMINI_BASE_URL", "GOOGLE_VERTEX_BASE_URL"}
     set_by_template = set(template["Globals"]["Function"]["Environment"]["Variables"])
     for fn in resources(template, "AWS::Serverless::Function").values():
         set_by_template |= set(fn["Properties"].get("Environment", {}).get("Variables", {}))
@@ -229,7 +232,7 @@ def test_state_resources_are_encrypted_and_kept(template: dict[str, Any]) -> Non
     for queue in resources(template, "AWS::SQS::Queue").values():
         assert queue["Properties"]["SqsManagedSseEnabled"] is True
     secrets = resources(template, "AWS::SecretsManager::Secret")
-    assert set(secrets) == {"WebhookSigningSecret", "GeminiApiKeySecret"}
+    assert set(secrets) == {"WebhookSigningSecret", "GeminiApiKeySecret", "GoogleCredentialsSecret"}
     for secret in secrets.values():
         # Created empty: no value ever passes through CloudFormation.
         assert not {"SecretString", "GenerateSecretString"} & set(secret["Properties"])

@@ -170,7 +170,9 @@ def test_webhook_entry_does_not_import_google_genai_or_sqlite() -> None:
         "module = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(module)\n"
         "assert callable(module.lambda_handler)\n"
-        "loaded = sorted(m for m in sys.modules if m.split('.')[:2] == ['google', 'genai'])\n"
+        "heavy = (['google', 'genai'], ['google', 'auth'], ['google', 'oauth2'])\n"
+        "loaded = sorted(m for m in sys.modules\n"
+        "                if m.split('.')[:2] in heavy or m.startswith('opstate.reconcile'))\n"
         "lazy = ('sqlite3', '_sqlite3', 'opstate.signatures.jwt_tokens',\n"
         "        'opstate.webhook_secrets.files', 'opstate.webhook_secrets.rotation')\n"
         "loaded += sorted(m for m in sys.modules if m in lazy)\n"
@@ -183,6 +185,30 @@ def test_webhook_entry_does_not_import_google_genai_or_sqlite() -> None:
         timeout=120,
         cwd=ROOT,
         env={"PATH": "/usr/bin:/bin", "AWS_DEFAULT_REGION": "us-east-1"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "none"
+    # With Pub/Sub push configured, the token's verifier is built (PyJWT still loads on first
+    # use), and still neither google-genai nor google-auth is imported.
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code.replace(
+                "lazy = ('sqlite3', '_sqlite3', 'opstate.signatures.jwt_tokens',",
+                "lazy = ('sqlite3', '_sqlite3', 'jwt',",
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "OPSTATE_PUBSUB_AUDIENCE": "https://example.invalid/google-cloud/pubsub",
+            "OPSTATE_PUBSUB_EMAIL": "push@p1.iam.gserviceaccount.com",
+        },
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "none"

@@ -33,6 +33,7 @@ from tests.support.template import create_table_from_template
 RECORD_KEYS = {
     "name",
     "kind",
+    "backend",
     "state",
     "updateTime",
     "version",

@@ -33,6 +33,7 @@ LOCAL_ONLY = {
     "OPSTATE_WEBHOOK_TOLERANCE_SECONDS",
     "GEMINI_API_KEY",
     "GOOGLE_GEMINI_BASE_URL",
+    "GOOGLE_VERTEX_BASE_URL",
 }
 README = EVENTS_DIR / "README.md"
 SCHEDULE = "schedule.json"
@@ -152,3 +153,16 @@ def test_the_local_only_declarations_change_nothing_in_aws(
     monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", "")
     gemini = genai.Client(api_key="unused")
     assert gemini._api_client._http_options.base_url == "https://generativelanguage.googleapis.com/"
+    monkeypatch.setenv("GOOGLE_VERTEX_BASE_URL", "")
+    vertex = genai.Client(vertexai=True, project="p1", location="us-central1", credentials=Unused())
+    assert vertex._api_client._http_options.base_url == (
+        "https://us-central1-aiplatform.googleapis.com/"
+    )
+
+
+class Unused:
+    """Credentials never asked for a token (building a client makes no request)."""
+
+    quota_project_id = None
+    token = "unused"
+    expired = False

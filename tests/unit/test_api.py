@@ -516,6 +516,7 @@ def test_get_finds_the_record_under_any_spelling(api: Api, spelling: str) -> Non
     assert set(record) == {
         "name",
         "kind",
+        "backend",
         "state",
         "updateTime",
         "version",

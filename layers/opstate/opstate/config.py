@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -25,6 +26,10 @@ from opstate.names import Kind
 
 DEFAULT_LOCAL_STORE = "sqlite:///.opstate/ops.db"
 DEFAULT_JWKS_URL = "https://generativelanguage.googleapis.com/.well-known/jwks.json"
+# Google's OIDC signing keys (Pub/Sub push tokens are Google-signed ID tokens).
+DEFAULT_PUBSUB_JWKS_URL = "https://www.googleapis.com/oauth2/v3/certs"
+# The issuers of Google-signed ID tokens.
+PUBSUB_ISSUERS = ("https://accounts.google.com", "accounts.google.com")
 # Defaults other modules need too (the stores' own keyword defaults, the CLI's options).
 DEFAULT_OPEN_INDEX_SHARDS = 4
 DEFAULT_RETENTION_DAYS = 90
@@ -112,6 +117,29 @@ def _jwt_issuers(env: Mapping[str, str], *, public_url: str | None) -> tuple[str
             "(the iss claim a dynamic-webhook token must carry)"
         )
     return issuers
+
+
+_SCOPE_SEGMENT = re.compile(r"[a-z0-9][a-z0-9._-]*", re.ASCII)
+
+
+def _cloud_scopes(env: Mapping[str, str]) -> tuple[tuple[str, str], ...] | None:
+    """``OPSTATE_GOOGLE_CLOUD_SCOPES``: ``PROJECT/LOCATION`` pairs, separated by spaces or
+    commas, in order, without repeats."""
+    key = "OPSTATE_GOOGLE_CLOUD_SCOPES"
+    raw = _str(env, key)
+    if raw is None:
+        return None
+    scopes: list[tuple[str, str]] = []
+    for item in raw.replace(",", " ").split():
+        project, _, location = item.partition("/")
+        if not _SCOPE_SEGMENT.fullmatch(project) or not _SCOPE_SEGMENT.fullmatch(location):
+            raise ConfigError(
+                f"{key} must be PROJECT/LOCATION pairs separated by spaces "
+                f"(e.g. 'my-project/us-central1'), got {item!r}"
+            )
+        if (project, location) not in scopes:
+            scopes.append((project, location))
+    return tuple(scopes)
 
 
 MIN_API_TOKEN_LENGTH = 32
@@ -233,6 +261,11 @@ class WebhookSettings(_Part):
     jwt_leeway_s: int = DEFAULT_JWT_LEEWAY_S
     jwt_subject: str | None = None
     jwt_email: str | None = None
+    # Pub/Sub push (POST /google-cloud/pubsub): the OIDC token's audience and the pushing
+    # service account's email; the route refuses every push unless both are set.
+    pubsub_audience: str | None = None
+    pubsub_email: str | None = None
+    pubsub_jwks_url: str = DEFAULT_PUBSUB_JWKS_URL
     # AWS_SAM_LOCAL=true (set by SAM CLI in sam local containers, never in a deployment): SAM
     # does not emulate the AWS_IAM authorizer, so the Lambda's IAM-context check is skipped.
     sam_local: bool = False
@@ -256,6 +289,9 @@ class WebhookSettings(_Part):
             jwt_leeway_s=_bounded_int(env, "OPSTATE_JWT_LEEWAY_SECONDS", maximum=300),
             jwt_subject=_str(env, "OPSTATE_JWT_SUBJECT"),
             jwt_email=_str(env, "OPSTATE_JWT_EMAIL"),
+            pubsub_audience=_str(env, "OPSTATE_PUBSUB_AUDIENCE"),
+            pubsub_email=_str(env, "OPSTATE_PUBSUB_EMAIL"),
+            pubsub_jwks_url=_str(env, "OPSTATE_PUBSUB_JWKS_URL"),
             sam_local=(env.get("AWS_SAM_LOCAL") or "").strip().lower() == "true" or None,
         )
 
@@ -280,6 +316,23 @@ class ReconcileSettings(_Part):
     reconcile_lost_after_s: float = 24 * 3600.0
     # "kind=hours,..." (parsed by parse_overdue)
     reconcile_overdue_hours: str = DEFAULT_OVERDUE_HOURS
+    # Google Cloud (docs/google-cloud.md): discovery scopes (PROJECT, LOCATION), the rate
+    # limit of Cloud requests (separate from the Gemini API's), and the credentials: a
+    # Secrets Manager secret holding a google-auth JSON (external_account or service_account)
+    # or, locally, google-auth's own GOOGLE_APPLICATION_CREDENTIALS file.
+    google_cloud_scopes: tuple[tuple[str, str], ...] = ()
+    google_cloud_max_rps: float = 10.0
+    google_credentials_secret_arn: str | None = None
+    google_application_credentials: str | None = None
+
+    @property
+    def google_cloud_configured(self) -> bool:
+        """Whether Google Cloud is set up at all (else the reconciler never calls it)."""
+        return bool(
+            self.google_cloud_scopes
+            or self.google_credentials_secret_arn
+            or self.google_application_credentials
+        )
 
     @classmethod
     def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
@@ -306,6 +359,10 @@ class ReconcileSettings(_Part):
                 3600.0, _float(env, "OPSTATE_RECONCILE_LOST_AFTER_HOURS")
             ),
             reconcile_overdue_hours=_overdue(env),
+            google_cloud_scopes=_cloud_scopes(env),
+            google_cloud_max_rps=_float(env, "OPSTATE_GOOGLE_CLOUD_MAX_RPS"),
+            google_credentials_secret_arn=_str(env, "OPSTATE_GOOGLE_CREDENTIALS_SECRET_ARN"),
+            google_application_credentials=_str(env, "GOOGLE_APPLICATION_CREDENTIALS"),
         )
 
 

@@ -1,7 +1,9 @@
 """One event shape for every source of truth, and one normaliser per source.
 
-Sources: Gemini webhook bodies, google-genai ``BatchJob`` objects, long-running ``Operation``
-objects (Veo video, file-search imports), interactions, and generic reports from the user's
+Sources: Gemini webhook bodies, google-genai ``BatchJob`` objects (Gemini API batches and
+Google Cloud batch prediction jobs, whose ``outputInfo`` and ``completionStats`` are kept),
+long-running ``Operation`` objects (Veo video on either backend, file-search imports),
+interactions, and generic reports from the user's
 own producer. Normalisers are duck-typed: they read attributes or mapping keys and never import
 google-genai, so they stay pure and cheap to import.
 
@@ -19,6 +21,8 @@ Two kinds of refusal:
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
@@ -27,8 +31,18 @@ from typing import Any
 from opstate.details import InvalidDetailsError
 from opstate.details import check as check_details
 from opstate.model import OpEvent
-from opstate.names import VIDEO_DETAIL, InvalidNameError, Kind, ParsedName, parse_name
+from opstate.names import (
+    GOOGLE_CLOUD,
+    VIDEO_DETAIL,
+    InvalidNameError,
+    Kind,
+    ParsedName,
+    backend_of,
+    kind_of,
+    parse_name,
+)
 from opstate.states import State, UnknownStateError, parse_state
+from opstate.strict_json import InvalidJSONError, loads
 from opstate.times import InvalidTimeError, parse_time
 
 
@@ -252,8 +266,63 @@ def from_batch_job(job: Any) -> OpEvent:
     display = _get(job, "display_name", "displayName")
     if display is not None:
         details["display_name"] = display
+    details.update(_cloud_output(job))
     update_ns = _time(_get(job, "update_time", "updateTime"))
     return OpEvent(name, state, update_ns, Source.POLL, details)
+
+
+# A Google Cloud batch job's ``completionStats`` fields -> the keys kept in details.
+COMPLETION_STATS_FIELDS: dict[str, tuple[str, ...]] = {
+    "successful_count": ("successful_count", "successfulCount"),
+    "failed_count": ("failed_count", "failedCount"),
+    "incomplete_count": ("incomplete_count", "incompleteCount"),
+    "successful_forecast_point_count": (
+        "successful_forecast_point_count",
+        "successfulForecastPointCount",
+    ),
+}
+OUTPUT_LOCATION = "output_location"
+COMPLETION_STATS = "completion_stats"
+
+
+def _count(value: Any) -> int | None:
+    """A count as the REST API sends it (int64 as a JSON string) or as the SDK parsed it."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    return None
+
+
+def _cloud_output(job: Any) -> dict[str, Any]:
+    """A Google Cloud batch job's results pointer and counts: ``outputInfo``'s
+    ``gcsOutputDirectory`` or ``bigqueryOutputTable`` as ``output_location``, and
+    ``completionStats`` as the ``completion_stats`` map (``successful_count``,
+    ``failed_count``, ``incomplete_count``...). Nothing for a Gemini API job."""
+    found: dict[str, Any] = {}
+    info = _get(job, "output_info", "outputInfo")
+    if info is not None:
+        location = _get(
+            info,
+            "gcs_output_directory",
+            "gcsOutputDirectory",
+            "bigquery_output_table",
+            "bigqueryOutputTable",
+        )
+        if isinstance(location, str) and location:
+            found[OUTPUT_LOCATION] = location
+    stats = _get(job, "completion_stats", "completionStats")
+    if stats is not None:
+        counts = {
+            key: count
+            for key, spellings in COMPLETION_STATS_FIELDS.items()
+            if (count := _count(_get(stats, *spellings))) is not None
+        }
+        if counts:
+            found[COMPLETION_STATS] = counts
+    return found
 
 
 def from_operation(op: Any) -> OpEvent:
@@ -293,10 +362,50 @@ def _video_uri(response: Any) -> str | None:
         nested = _get(response, "generateVideoResponse")
         videos = _get(nested, "generatedSamples") if nested is not None else None
     if not videos:
-        return None
+        # Google Cloud's REST shape: ``response.videos[]`` are the videos themselves.
+        cloud = _get(response, "videos")
+        uri = _get(cloud[0], "gcsUri", "gcs_uri") if cloud else None
+        return uri if isinstance(uri, str) else None
     video = _get(videos[0], "video")
     uri = _get(video, "uri") if video is not None else None
     return uri if isinstance(uri, str) else None
+
+
+def from_pubsub(envelope: object) -> OpEvent:
+    """A Pub/Sub push delivery for a Google Cloud Veo operation.
+
+    The envelope is Pub/Sub's documented push body ``{"message": {"data": <base64>,
+    "attributes", "messageId", "publishTime"}, "subscription"}``. What Veo publishes in
+    ``data`` is not documented (google-genai 3.6.1 only says ``pubsub_topic`` receives "the
+    video generation progress"), so only what can be checked is accepted: ``data`` decodes to
+    a ``google.longrunning.Operation`` JSON (``name``, ``done``, ``error``, ``response``, the
+    shape ``fetchPredictOperation`` answers) naming a Cloud Veo operation
+    (``projects/.../publishers/google/models/M/operations/ID``). Its time is the operation's
+    ``metadata.updateTime``, else the message's ``publishTime``. Anything else is an
+    ``InvalidEventError`` (the receiver quarantines it).
+    """
+    if not isinstance(envelope, Mapping):
+        raise InvalidEventError("invalid-body", "the Pub/Sub push body must be a JSON object")
+    message = envelope.get("message")
+    if not isinstance(message, Mapping):
+        raise InvalidEventError("missing-field", "the Pub/Sub push body has no 'message' object")
+    data = message.get("data")
+    if not isinstance(data, str) or not data:
+        raise InvalidEventError("missing-field", "the Pub/Sub message has no 'data' string")
+    try:
+        operation = loads(base64.b64decode(data, validate=True))
+    except (binascii.Error, ValueError, InvalidJSONError):
+        raise InvalidEventError(
+            "invalid-body", "the Pub/Sub message data is not base64-encoded JSON"
+        ) from None
+    if not isinstance(operation, Mapping):
+        raise InvalidEventError("invalid-body", "the Pub/Sub message data is not a JSON object")
+    parsed = _parsed(_get(operation, "name"), Kind.VIDEO)
+    if backend_of(parsed.key) != GOOGLE_CLOUD or kind_of(parsed.key) is not Kind.VIDEO:
+        raise InvalidEventError("invalid-name", f"{parsed.key} is not a Google Cloud Veo operation")
+    event = from_operation(operation)
+    update_ns = event.update_time_ns or _time(message.get("publishTime"))
+    return OpEvent(event.name, event.state, update_ns, Source.WEBHOOK, event.details)
 
 
 def from_interaction(interaction: Any) -> OpEvent:

@@ -13,6 +13,13 @@ that names only the id and a producer that tracked the full name meet on one rec
 reconciler can rebuild the full name to poll (``api_name``). Records written before this rule
 are keyed by the full name: ``legacy_names`` gives the key such a record has, so a lookup can
 fall back to it.
+
+Google Cloud (Vertex AI) resources are keyed by their full resource name, project, location (and
+a Veo operation's model) included: ``projects/P/locations/L/batchPredictionJobs/N`` (a batch) and
+``projects/P/locations/L/publishers/google/models/M/operations/ID`` (a video). A Cloud batch job
+named without its project and location (``batchPredictionJobs/N``, or the bare number the SDK
+also accepts) is refused: the same number can exist in every project. ``backend_of`` says which
+service a key belongs to.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 MAX_NAME_LENGTH = 512
 
@@ -32,6 +39,17 @@ _SEGMENT = re.compile(r"[A-Za-z0-9._~\-]+", re.ASCII)
 # The model segment of every canonical video key: the Google APIs wildcard for "any model".
 ANY_MODEL = "-"
 VIDEO_DETAIL = "model"
+
+# The service a key belongs to (``backend_of``).
+Backend = Literal["gemini-api", "google-cloud"]
+GEMINI_API: Backend = "gemini-api"
+GOOGLE_CLOUD: Backend = "google-cloud"
+# Segments of the Google Cloud resource names this system follows.
+CLOUD_BATCH_COLLECTION = "batchPredictionJobs"
+_CLOUD_BATCH = re.compile(r"projects/[^/]+/locations/[^/]+/batchPredictionJobs/[^/]+", re.ASCII)
+_CLOUD_VIDEO = re.compile(
+    r"projects/[^/]+/locations/[^/]+/publishers/[^/]+/models/[^/]+/operations/[^/]+", re.ASCII
+)
 
 
 class Kind(StrEnum):
@@ -93,6 +111,7 @@ def parse_name(raw: object, kind_hint: Kind | str | None = None) -> ParsedName:
         text = _bare_id_key(raw, text, hint)
     text, model = _video_key(raw, text, hint)
     _check_key(raw, text)
+    _check_cloud(raw, text)
     return ParsedName(text, model)
 
 
@@ -153,6 +172,31 @@ def _check_key(raw: str, text: str) -> None:
             raise InvalidNameError(raw, "empty, '.' or '..' path segment")
 
 
+def _check_cloud(raw: str, text: str) -> None:
+    """``InvalidNameError`` for a Cloud batch job named without its project and location."""
+    if CLOUD_BATCH_COLLECTION in text.split("/") and _CLOUD_BATCH.fullmatch(text) is None:
+        raise InvalidNameError(
+            raw,
+            "a Google Cloud batch job needs its full name "
+            "'projects/<project>/locations/<location>/batchPredictionJobs/<id>' "
+            "(its number alone is ambiguous across projects)",
+        )
+
+
+def backend_of(name: str) -> Backend:
+    """The service a canonical key belongs to: Google Cloud for ``projects/...`` resources,
+    the Gemini API for everything else."""
+    return GOOGLE_CLOUD if name.startswith("projects/") else GEMINI_API
+
+
+def cloud_scope(name: str) -> tuple[str, str] | None:
+    """(project, location) of a Google Cloud key; None for any other key."""
+    parts = name.split("/")
+    if len(parts) < 4 or parts[0] != "projects" or parts[2] != "locations":
+        return None
+    return parts[1], parts[3]
+
+
 def _is_video_model(parts: list[str]) -> bool:
     """``models/<veo model or ->/operations/<id>``."""
     return (
@@ -204,6 +248,10 @@ def _parse_kind(value: Kind | str | None) -> Kind | None:
 
 def kind_of(name: str) -> Kind:
     """The kind of operation a canonical name refers to."""
+    if _CLOUD_BATCH.fullmatch(name):
+        return Kind.BATCH
+    if _CLOUD_VIDEO.fullmatch(name):
+        return Kind.VIDEO
     segments = name.split("/")
     head = segments[0]
     if head == "batches":

@@ -63,6 +63,7 @@ METRICS: Final[Mapping[str, MetricSpec]] = {
         _spec("SignatureRejected", "webhook", "webhooks that failed verification"),
         _spec("WebhooksQuarantined", "webhook", "signed webhooks kept unread (quarantine)"),
         _spec("WebhooksDisabled", "reconcile", "Gemini webhooks not enabled"),
+        _spec("GoogleCloudAuthFailed", "reconcile", "runs whose Google Cloud credentials failed"),
         _spec("Discovered", "reconcile", "batch jobs read by discovery"),
         _spec("Polled", "reconcile", "open operations polled"),
         _spec("Applied", "reconcile", "decisions of a run that applied"),

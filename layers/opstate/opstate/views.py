@@ -5,17 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 from opstate.model import Decision, OpRecord
+from opstate.names import backend_of
 from opstate.times import format_time
 
 
 def record_to_json(record: OpRecord) -> dict[str, Any]:
-    """``{name, kind, state, updateTime, version, source, details, createdAt, appliedAt}``.
+    """``{name, kind, backend, state, updateTime, version, source, details, createdAt,
+    appliedAt}`` (``backend``: ``gemini-api`` or ``google-cloud``, see ``names.backend_of``).
 
     Times are canonical RFC3339 with 9 fractional digits; an unknown server time (0) is null.
     """
     return {
         "name": record.name,
         "kind": str(record.kind),
+        "backend": backend_of(record.name),
         "state": str(record.state),
         "updateTime": format_time(record.update_time_ns) if record.update_time_ns else None,
         "version": record.version,

@@ -14,13 +14,14 @@ from opstate.api.auth import OperationsAuth, require_iam_caller
 from opstate.api.errors import ApiError, json_response
 from opstate.api.ingesting import Ingester
 from opstate.api.operations import OPERATIONS_ROUTE, OperationsRoutes
+from opstate.api.pubsub import NotConfigured, PubSubReceiver
 from opstate.api.webhook import WebhookReceiver
 from opstate.config import Settings
 from opstate.model import Decision
 from opstate.observability import logger
 from opstate.quarantine import LogQuarantine, Quarantine
-from opstate.routes import WEBHOOK_PATH
-from opstate.signatures import Verifier
+from opstate.routes import PUBSUB_PATH, WEBHOOK_PATH
+from opstate.signatures import Verifier, pubsub_verifier_from_settings
 from opstate.store.port import Store
 
 if TYPE_CHECKING:
@@ -46,16 +47,28 @@ def create_app(
     on_decision: Callable[[Decision], None] | None = None,
     quarantine: Quarantine | None = None,
     operations_auth: OperationsAuth = require_iam_caller,
+    pubsub_verifier: Verifier | None = None,
 ) -> APIGatewayHttpResolver:
     """The API's resolver over ``store``; ``on_decision`` sees every decision taken;
     ``operations_auth`` admits or refuses each operations request (default: AWS IAM); signed
-    webhooks that cannot be read are kept in ``quarantine`` (default: logged whole)."""
+    webhooks that cannot be read are kept in ``quarantine`` (default: logged whole); Pub/Sub
+    pushes meet ``pubsub_verifier`` (default: the one the settings describe, else refused)."""
     app = _Resolver()
     ingest = Ingester(store, settings.ingest_max_attempts, clock_ns, on_decision)
+    kept = quarantine if quarantine is not None else LogQuarantine()
     receiver = WebhookReceiver(
         verifier=verifier,
         ingest=ingest,
-        quarantine=quarantine if quarantine is not None else LogQuarantine(),
+        quarantine=kept,
+        max_bytes=settings.max_body_bytes,
+        clock_ns=clock_ns,
+    )
+    if pubsub_verifier is None:
+        pubsub_verifier = pubsub_verifier_from_settings(settings) or NotConfigured()
+    pubsub = PubSubReceiver(
+        verifier=pubsub_verifier,
+        ingest=ingest,
+        quarantine=kept,
         max_bytes=settings.max_body_bytes,
         clock_ns=clock_ns,
     )
@@ -66,17 +79,24 @@ def create_app(
         max_bytes=settings.max_body_bytes,
         clock_ns=clock_ns,
     )
-    _add_routes(app, receiver, operations)
+    _add_routes(app, receiver, operations, pubsub)
     _add_error_answers(app)
     return app
 
 
 def _add_routes(
-    app: APIGatewayHttpResolver, receiver: WebhookReceiver, operations: OperationsRoutes
+    app: APIGatewayHttpResolver,
+    receiver: WebhookReceiver,
+    operations: OperationsRoutes,
+    pubsub: PubSubReceiver,
 ) -> None:
     @app.post(WEBHOOK_PATH)
     def webhook() -> Response[str]:
         return receiver.answer(app.current_event.raw_event)
+
+    @app.post(PUBSUB_PATH)
+    def pubsub_push() -> Response[str]:
+        return pubsub.answer(app.current_event.raw_event)
 
     @app.get(OPERATIONS_ROUTE)
     def get_operation() -> Response[str]:

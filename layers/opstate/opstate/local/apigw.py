@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from opstate.routes import OPERATIONS_PATH, OPERATIONS_PREFIX, WEBHOOK_PATH
+from opstate.routes import OPERATIONS_PATH, OPERATIONS_PREFIX, PUBSUB_PATH, WEBHOOK_PATH
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +41,8 @@ class LocalLambdaContext:
 
 def _route_key(method: str, path: str) -> tuple[str, dict[str, str] | None]:
     """The route API Gateway would match and the path parameters it would set."""
-    if method == "POST" and path == WEBHOOK_PATH:
-        return f"POST {WEBHOOK_PATH}", None
+    if method == "POST" and path in (WEBHOOK_PATH, PUBSUB_PATH):
+        return f"POST {path}", None
     if method in ("GET", "PUT") and path.startswith(OPERATIONS_PREFIX):
         rest = path[len(OPERATIONS_PREFIX) :]
         if rest:

@@ -4,8 +4,11 @@ One module per concern:
 
 - ``gateway``: the port a run needs from Gemini (webhook health, batch pages, fetch one
   operation as an ``OpEvent``) and its ``GatewayError``;
-- ``genai_gateway``: that port on google-genai (the only module importing ``google.genai``,
-  inside functions), the API key and ``make_client``;
+- ``genai_gateway``: that port on google-genai (inside functions), the API key and
+  ``make_client``;
+- ``cloud_gateway``: the ``CloudGateway`` port on google-genai's enterprise (Vertex AI) mode,
+  one client per project/location; ``cloud_credentials``: its google-auth credentials
+  (Secrets Manager or ``GOOGLE_APPLICATION_CREDENTIALS``; workload identity federation first);
 - ``pacing``: clock, token-bucket rate limit, shared backoff and breaker, time budget;
 - ``schedule``: when an operation is next due, and when it is lost or overdue (pure);
 - ``run``: one run, ``reconcile_once``, reporting through ``on_decision``; one operation's
@@ -16,7 +19,8 @@ One module per concern:
 - ``wiring``: ``run_from_settings``, ``refresh_with``.
 
 Owns: the reconciler, one module per concern as above. May import the domain, ``config``,
-``observability``, the store port and ``ingest``, and google-genai (``genai_gateway`` only);
+``observability``, the store port and ``ingest``, and google-genai / google-auth
+(``genai_gateway``, ``cloud_gateway``, ``cloud_credentials`` only, inside functions);
 never the API, the notifier, the local server or the CLI.
 
 Names are loaded on first use, so ``import opstate.reconcile`` stays cheap (no SDK, no boto3).
@@ -28,7 +32,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from opstate.reconcile.gateway import Gateway, GatewayError, WebhookInfo
+    from opstate.reconcile.cloud_gateway import GoogleCloudGateway
+    from opstate.reconcile.gateway import (
+        AuthError,
+        CloudGateway,
+        Gateway,
+        GatewayError,
+        WebhookInfo,
+    )
     from opstate.reconcile.genai_gateway import GenaiGateway, api_key, classify, make_client
     from opstate.reconcile.pacing import Backoff, Clock, SystemClock, TokenBucket
     from opstate.reconcile.run import Refreshed, reconcile_once, refresh_one
@@ -37,6 +48,9 @@ if TYPE_CHECKING:
     from opstate.reconcile.wiring import refresh_with, run_from_settings
 
 _WHERE = {
+    "AuthError": "gateway",
+    "CloudGateway": "gateway",
+    "GoogleCloudGateway": "cloud_gateway",
     "Gateway": "gateway",
     "GatewayError": "gateway",
     "WebhookInfo": "gateway",
@@ -61,11 +75,14 @@ _WHERE = {
 }
 
 __all__ = [
+    "AuthError",
     "Backoff",
     "Clock",
+    "CloudGateway",
     "Gateway",
     "GatewayError",
     "GenaiGateway",
+    "GoogleCloudGateway",
     "Mark",
     "MarkDecision",
     "Refreshed",

@@ -1,9 +1,10 @@
-"""The Gemini gateway port: the three things a reconcile run asks Gemini.
+"""The gateway ports: the three things a reconcile run asks Gemini (``Gateway``) and the two it
+asks Google Cloud (``CloudGateway``).
 
-The run depends on this port only; ``opstate.reconcile.genai_gateway`` implements it with
-google-genai, tests implement it in memory. Answers are already normalised ``OpEvent``s;
-failures are ``GatewayError``s carrying what the run needs to decide (status, transient,
-``Retry-After``).
+The run depends on these ports only; ``opstate.reconcile.genai_gateway`` and
+``opstate.reconcile.cloud_gateway`` implement them with google-genai, tests in memory. Answers
+are already normalised ``OpEvent``s; failures are ``GatewayError``s carrying what the run needs
+to decide (status, transient, ``Retry-After``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ class GatewayError(Exception):
         return self.status == 404
 
 
+class AuthError(GatewayError):
+    """The backend's credentials could not be loaded or were refused: no request to it can
+    succeed until they are fixed, so the run stops asking it (one error, one metric)."""
+
+
 @dataclass(frozen=True, slots=True)
 class WebhookInfo:
     """One webhook of the project as Gemini lists it (``state`` None: not reported)."""
@@ -78,4 +84,27 @@ class Gateway(Protocol):
         Raises ``GatewayError`` (404 included) or an ``EventError`` for an answer the
         normalisers refuse (``UnsupportedEventError`` for an unknown state).
         """
+        ...
+
+
+# A Google Cloud scope: (project, location).
+Scope = tuple[str, str]
+
+
+class CloudGateway(Protocol):
+    """What the reconciler needs from Google Cloud (Vertex AI batch prediction jobs and Veo)."""
+
+    @property
+    def scopes(self) -> Sequence[Scope]:
+        """The scopes discovery lists, in order (``OPSTATE_GOOGLE_CLOUD_SCOPES``)."""
+        ...
+
+    def batch_pages(self, scope: Scope, page_size: int) -> Iterator[Sequence[Listed]]:
+        """Pages of the scope's batch prediction jobs, as the API lists them; the next page is
+        fetched only when asked for. Raises ``GatewayError`` (``AuthError`` included)."""
+        ...
+
+    def fetch(self, record: OpRecord) -> OpEvent:
+        """As ``Gateway.fetch``, for a ``projects/...`` record; ``AuthError`` when the
+        credentials are missing or refused."""
         ...

@@ -17,19 +17,29 @@ run goes as far as its budget allows and the next run continues with what is sti
 A 404 never changes the record: it counts towards ``lost``. A transient failure (408, 429,
 5xx, timeout) leaves the entry due, feeds the shared backoff (``Retry-After`` honoured) and
 the breaker. Everything that happens is reported to ``on_decision``.
+
+Two backends, one run: Gemini API records go to ``gateway``, Google Cloud records
+(``projects/...``, ``names.backend_of``) to ``cloud``. Each backend has its own lane: its rate
+limit (``reconcile_max_rps`` / ``google_cloud_max_rps``), backoff and breaker. Discovery lists
+the Gemini API's batches, then each Cloud scope's jobs, ``reconcile_max_pages`` pages each.
+When a lane's credentials are missing or refused (``AuthError``) the lane stops: one error
+line and one ``GoogleCloudAuthFailed`` metric per run, its entries stay due, the other lane
+goes on. A Cloud record with no Cloud configuration is such a refusal too (no request made).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 from opstate.config import Settings, parse_overdue
 from opstate.events import EventError, UnsupportedEventError
 from opstate.ingest import Ingested, ingest_counted
 from opstate.model import Decision, OpEvent, OpRecord
+from opstate.names import GOOGLE_CLOUD, Backend, backend_of
 from opstate.observability import (
     count,
     log_decision,
@@ -38,7 +48,7 @@ from opstate.observability import (
     record_retry_later,
     record_unsupported,
 )
-from opstate.reconcile.gateway import Gateway, GatewayError
+from opstate.reconcile.gateway import AuthError, CloudGateway, Gateway, GatewayError, Listed
 from opstate.reconcile.pacing import (
     DEFAULT_BACKOFF,
     SYSTEM_CLOCK,
@@ -76,6 +86,53 @@ def schedule_from_settings(settings: Settings) -> Schedule:
     )
 
 
+class _NoCloud:
+    """The Cloud side of a deployment with no Google Cloud configuration: never a request."""
+
+    scopes: tuple[tuple[str, str], ...] = ()
+
+    def batch_pages(self, scope: tuple[str, str], page_size: int) -> Iterator[list[Listed]]:
+        return iter(())
+
+    def fetch(self, record: OpRecord) -> OpEvent:
+        raise AuthError(
+            "Google Cloud is not configured (set OPSTATE_GOOGLE_CREDENTIALS_SECRET_ARN or "
+            "GOOGLE_APPLICATION_CREDENTIALS; docs/google-cloud.md)"
+        )
+
+
+class _Lane:
+    """One backend of a run: what fetches its records, its rate limit, backoff and breaker,
+    and whether its credentials were refused (then it makes no more requests this run)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        fetch: Callable[[OpRecord], OpEvent],
+        rate: float,
+        backoff: Backoff,
+        clock: Clock,
+    ) -> None:
+        self.backend = backend
+        self.fetch = fetch
+        self.bucket = TokenBucket(rate, clock)
+        self.throttle = Throttle(backoff, clock)
+        self._refused = False
+        self._lock = threading.Lock()
+
+    @property
+    def refused(self) -> bool:
+        with self._lock:
+            return self._refused
+
+    def refuse(self) -> bool:
+        """Mark the lane refused; True the first time (the caller reports it once)."""
+        with self._lock:
+            first = not self._refused
+            self._refused = True
+            return first
+
+
 class _Run:
     def __init__(
         self,
@@ -88,9 +145,11 @@ class _Run:
         backoff: Backoff,
         on_decision: DecisionHook | None,
         max_polls: int,
+        cloud: CloudGateway | None = None,
     ) -> None:
         self.store = store
         self.gateway = gateway
+        self.cloud: CloudGateway = cloud if cloud is not None else _NoCloud()
         self.settings = settings
         self.schedule = schedule
         self.budget = budget
@@ -98,8 +157,10 @@ class _Run:
         self.on_decision = on_decision
         self.max_polls = max_polls
         self.tally = Tally()
-        self.throttle = Throttle(backoff, clock)
-        self.bucket = TokenBucket(settings.reconcile_max_rps, clock)
+        self.gemini = _Lane("gemini-api", gateway.fetch, settings.reconcile_max_rps, backoff, clock)
+        self.google_cloud = _Lane(
+            GOOGLE_CLOUD, self.cloud.fetch, settings.google_cloud_max_rps, backoff, clock
+        )
         self.writer = PollWriter(store, self.tally, self.report)
         self.stop_reason: str | None = None
         self._lock = threading.Lock()
@@ -126,12 +187,39 @@ class _Run:
             error_sentence(message, {**context, "error": said or context.get("error")})
         )
 
-    def pace(self) -> bool:
-        """Wait for the rate limit and any backoff pause; False: do not start (stopped)."""
-        wait = self.bucket.reserve()
-        pause = max(wait, self.throttle.wait_s())
-        if self.throttle.tripped:
-            self.stop("api-unhealthy")
+    def lane(self, record: OpRecord) -> _Lane:
+        return self.google_cloud if backend_of(record.name) == GOOGLE_CLOUD else self.gemini
+
+    def refused(self, lane: _Lane, exc: AuthError, phase: str) -> None:
+        """A lane's credentials are missing or refused: reported once per run."""
+        self.tally.error(
+            error_sentence(
+                f"{lane.backend} credentials refused", {"status": exc.status, "error": exc.message}
+            )
+        )
+        if lane.refuse():
+            log_fields(
+                logger.error,
+                f"{lane.backend} credentials refused; its operations are left for the next run",
+                {
+                    "backend": lane.backend,
+                    "phase": phase,
+                    "status": exc.status,
+                    "error": exc.message,
+                },
+            )
+            if lane.backend == GOOGLE_CLOUD:
+                count("GoogleCloudAuthFailed")
+
+    def pace(self, lane: _Lane) -> bool:
+        """Wait for the lane's rate limit and any backoff pause; False: do not start."""
+        wait = lane.bucket.reserve()
+        pause = max(wait, lane.throttle.wait_s())
+        if lane.throttle.tripped:
+            if lane is self.gemini:
+                self.stop("api-unhealthy")
+            else:
+                self.refuse_unhealthy(lane)
             return False
         if not self.budget.left(pause):
             self.stop("budget")
@@ -139,6 +227,14 @@ class _Run:
         if pause > 0:
             self.clock.sleep(pause)
         return True
+
+    def refuse_unhealthy(self, lane: _Lane) -> None:
+        if lane.refuse():
+            log_fields(
+                logger.error,
+                "backend unhealthy (breaker tripped); its operations are left for the next run",
+                {"backend": lane.backend},
+            )
 
     # --- ingest -------------------------------------------------------------------------------
 
@@ -200,29 +296,59 @@ class _Run:
     # --- 2. discovery -------------------------------------------------------------------------
 
     def discover(self, pool: ThreadPoolExecutor) -> dict[str, OpRecord | None]:
-        """Ingest up to ``reconcile_max_pages`` pages of batch jobs; name -> record after."""
+        """Ingest up to ``reconcile_max_pages`` pages of batch jobs from the Gemini API, then
+        as many from each Google Cloud scope; name -> record after."""
         seen: dict[str, OpRecord | None] = {}
-        max_pages = self.settings.reconcile_max_pages
-        if max_pages <= 0:
+        if self.settings.reconcile_max_pages <= 0:
             return seen
+        self.discover_pages(pool, partial(self.gateway.batch_pages, DISCOVERY_PAGE_SIZE), seen)
+        for scope in self.cloud.scopes:
+            if self.stop_reason is not None or self.google_cloud.refused:
+                break
+            try:
+                self.discover_pages(
+                    pool,
+                    partial(self.cloud.batch_pages, scope, DISCOVERY_PAGE_SIZE),
+                    seen,
+                    scope="/".join(scope),
+                )
+            except AuthError as exc:
+                self.refused(self.google_cloud, exc, "discover")
+        return seen
+
+    def discover_pages(
+        self,
+        pool: ThreadPoolExecutor,
+        pages: Callable[[], Iterator[Sequence[Listed]]],
+        seen: dict[str, OpRecord | None],
+        scope: str | None = None,
+    ) -> None:
+        """One listing's pages into ``seen`` (``AuthError`` escapes, other failures count)."""
         if not self.budget.left():
             self.stop("budget")
-            return seen
-        pages = 0
+            return
+        read = 0
         try:
-            for page in self.gateway.batch_pages(DISCOVERY_PAGE_SIZE):
-                pages += 1
+            for page in pages():
+                read += 1
                 for name, record in pool.map(self.ingest_job, page):
                     if name is not None:
                         seen[name] = record
-                if pages >= max_pages:
+                if read >= self.settings.reconcile_max_pages:
                     break
                 if not self.budget.left():
                     self.stop("budget")
                     break
+        except AuthError:
+            raise
         except GatewayError as exc:
-            self.error("batch discovery failed", exc.sentence, status=exc.status, error=exc.message)
-        return seen
+            context = {"status": exc.status, "error": exc.message}
+            self.error(
+                "batch discovery failed",
+                exc.sentence,
+                **context,
+                **({"scope": scope} if scope else {}),
+            )
 
     def ingest_job(
         self, listed: tuple[str, OpEvent | EventError]
@@ -259,12 +385,18 @@ class _Run:
     def poll_worker(self, queue: _DueQueue) -> None:
         """One worker: take, pace and poll entries until the queue or the run says stop."""
         while (entry := queue.take()) is not None:
-            if not self.pace():
+            lane = self.lane(entry.record)
+            if lane.refused:
                 self.tally.add(remaining_due=1)
-                break
+                continue
+            if not self.pace(lane):
+                self.tally.add(remaining_due=1)
+                if self.stop_reason is not None:
+                    break
+                continue
             self.tally.add(polled=1)
             try:
-                self.poll_one(entry)
+                self.poll_one(entry, lane)
             except Exception as exc:  # one bad operation never stops the others
                 self.error(
                     "poll failed",
@@ -280,8 +412,8 @@ class _Run:
         )
         self.writer.write(record, entry.poll, poll, marks)
 
-    def poll_one(self, entry: Due) -> None:
-        polled = self.poll_record(entry.record)
+    def poll_one(self, entry: Due, lane: _Lane) -> None:
+        polled = self.poll_record(entry.record, lane)
         if polled.current is None:
             return  # left for the next run, or terminal now: nothing to schedule
         poll, marks = self.schedule.after_poll(
@@ -289,15 +421,18 @@ class _Run:
         )
         self.writer.write(polled.current, entry.poll, poll, marks)
 
-    def poll_record(self, record: OpRecord) -> Polled:
-        """One request for ``record``'s operation and its answer through ingest (a run's poll
-        and ``refresh_one``); scheduling is the caller's."""
+    def poll_record(self, record: OpRecord, lane: _Lane) -> Polled:
+        """One request for ``record``'s operation through its backend's lane and its answer
+        through ingest (a run's poll and ``refresh_one``); scheduling is the caller's."""
         try:
-            event = self.fetch(record)
+            event = self.fetch(record, lane)
+        except AuthError as exc:
+            self.refused(lane, exc, "poll")
+            return Polled(None, True, None)  # the entry stays due
         except GatewayError as exc:
             if not exc.not_found:
                 return Polled(None, True, None)  # counted by fetch; the entry stays due
-            self.throttle.success()
+            lane.throttle.success()
             self.tally.add(not_found=1)
             log_fields(logger.warning, "operation not found; record kept", {"name": record.name})
             return Polled(record, False, None)
@@ -317,35 +452,43 @@ class _Run:
             current = None  # it left the open index: nothing to schedule
         return Polled(current, True, decision)
 
-    def fetch(self, record: OpRecord) -> OpEvent | None:
-        """The answer as an event; None when refused or unsupported (counted). A 404 is
-        raised as is; any other ``GatewayError`` is counted, fed to the backoff and raised."""
+    def fetch(self, record: OpRecord, lane: _Lane) -> OpEvent | None:
+        """The answer as an event; None when refused or unsupported (counted). A 404 and an
+        ``AuthError`` are raised as they are; any other ``GatewayError`` is counted, fed to
+        the lane's backoff and raised."""
         try:
-            event = self.gateway.fetch(record)
-        except UnsupportedEventError as exc:
-            self.throttle.success()
-            self.unsupported(exc, record.name, "poll")
-            return None
-        except EventError as exc:
-            self.throttle.success()
-            self.error("answer refused", name=record.name, code=exc.code, error=exc.message)
-            return None
+            event = lane.fetch(record)
+        except AuthError:
+            raise
         except GatewayError as exc:
             if not exc.not_found:
-                self.throttle.failure(transient=exc.transient, retry_after_s=exc.retry_after_s)
-                log_fields(
-                    logger.warning if exc.transient else logger.error,
-                    "poll failed; left for the next run",
-                    {"name": record.name, "status": exc.status, "error": exc.message},
-                )
-                self.tally.error(
-                    error_sentence("poll failed", {"name": record.name, "status": exc.status})
-                    + f": {exc.sentence}",
-                    throttled=int(exc.status == 429),
-                )
+                self.failed(lane, record, exc)
             raise
-        self.throttle.success()
+        except EventError as exc:
+            lane.throttle.success()
+            self.refused_answer(record, exc)
+            return None
+        lane.throttle.success()
         return event
+
+    def failed(self, lane: _Lane, record: OpRecord, exc: GatewayError) -> None:
+        lane.throttle.failure(transient=exc.transient, retry_after_s=exc.retry_after_s)
+        log_fields(
+            logger.warning if exc.transient else logger.error,
+            "poll failed; left for the next run",
+            {"name": record.name, "status": exc.status, "error": exc.message},
+        )
+        self.tally.error(
+            error_sentence("poll failed", {"name": record.name, "status": exc.status})
+            + f": {exc.sentence}",
+            throttled=int(exc.status == 429),
+        )
+
+    def refused_answer(self, record: OpRecord, exc: EventError) -> None:
+        if isinstance(exc, UnsupportedEventError):
+            self.unsupported(exc, record.name, "poll")
+        else:
+            self.error("answer refused", name=record.name, code=exc.code, error=exc.message)
 
     def emit(self) -> RunResult:
         return self.tally.emit(self.stop_reason, self.clock.now_ns())
@@ -432,8 +575,12 @@ def reconcile_once(
     schedule: Schedule | None = None,
     backoff: Backoff = DEFAULT_BACKOFF,
     on_decision: DecisionHook | None = None,
+    cloud: CloudGateway | None = None,
 ) -> RunResult:
     """One reconcile run (see the module docstring).
+
+    - ``cloud``: the Google Cloud gateway; None (no Cloud configuration): Cloud records are
+      never requested (reported as refused, once per run) and no Cloud scope is listed.
 
     - ``remaining_ms``: milliseconds left (``context.get_remaining_time_in_millis``); None
       means no budget. No request starts once less than ``reconcile_safety_margin_s`` (plus
@@ -458,6 +605,7 @@ def reconcile_once(
         backoff,
         on_decision,
         settings.reconcile_open_limit,
+        cloud,
     )
     with ThreadPoolExecutor(
         max_workers=max(1, settings.reconcile_workers), thread_name_prefix="reconcile"
@@ -519,6 +667,7 @@ def refresh_one(
     settings: Settings,
     clock: Clock = SYSTEM_CLOCK,
     on_decision: DecisionHook | None = None,
+    cloud: CloudGateway | None = None,
 ) -> Refreshed:
     """Poll ``record``'s operation once now, whether it is due or not (``opstate refresh``, the
     page's button): the run's own poll (``gateway.fetch``, then ``ingest`` unless the answer
@@ -538,9 +687,10 @@ def refresh_one(
         DEFAULT_BACKOFF,
         on_decision,
         1,
+        cloud,
     )
     try:
-        polled = run.poll_record(record)
+        polled = run.poll_record(record, run.lane(record))
     except Exception as exc:  # the store or the answer's ingest failed unexpectedly
         run.error("refresh failed", name=record.name, error=f"{type(exc).__name__}: {exc}")
         polled = Polled(None, True, None)

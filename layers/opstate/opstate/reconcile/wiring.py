@@ -1,14 +1,55 @@
-"""Wiring: settings -> store + gateway -> one run (the Lambda entry and the CLI call this)."""
+"""Wiring: settings -> store + gateways -> one run (the Lambda entry and the CLI call this).
+
+The Google Cloud gateway is made only when Google Cloud is configured
+(``Settings.google_cloud_configured``); it loads its credentials on its first request. A
+deployment with Google Cloud scopes and no usable Gemini API key follows Google Cloud only
+(one error line per run); without scopes a missing key fails the run, as it always did.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 
-from opstate.config import Settings
-from opstate.model import OpRecord
+from opstate.config import ConfigError, Settings
+from opstate.model import OpEvent, OpRecord
+from opstate.observability import logger
+from opstate.reconcile.cloud_gateway import GoogleCloudGateway
+from opstate.reconcile.gateway import AuthError, Listed, WebhookInfo
 from opstate.reconcile.genai_gateway import GenaiGateway, make_client
 from opstate.reconcile.run import DecisionHook, Refreshed, RunResult, reconcile_once, refresh_one
 from opstate.store.port import PollingStore
+
+
+class NoGeminiApi:
+    """The Gemini API side of a Google-Cloud-only deployment: no request, ever."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def webhooks(self) -> Sequence[WebhookInfo]:
+        return ()
+
+    def batch_pages(self, page_size: int) -> Iterator[Sequence[Listed]]:
+        return iter(())
+
+    def fetch(self, record: OpRecord) -> OpEvent:
+        raise AuthError(self.why)
+
+    def close(self) -> None:
+        return None
+
+
+def gemini_gateway(settings: Settings) -> GenaiGateway | NoGeminiApi:
+    """The Gemini API gateway; ``NoGeminiApi`` when there is no key but Cloud scopes are set."""
+    try:
+        return GenaiGateway(make_client(settings))
+    except ConfigError as exc:
+        if not settings.google_cloud_scopes:
+            raise
+        logger.error(
+            "no Gemini API key; this run follows Google Cloud only", extra={"error": str(exc)}
+        )
+        return NoGeminiApi(str(exc))
 
 
 def run_from_settings(
@@ -23,7 +64,8 @@ def run_from_settings(
     try:
         if not isinstance(store, PollingStore):  # pragma: no cover - every store of ours is
             raise TypeError(f"{type(store).__name__} cannot schedule polls")
-        gateway = GenaiGateway(make_client(settings))
+        gateway = gemini_gateway(settings)
+        cloud = GoogleCloudGateway(settings) if settings.google_cloud_configured else None
         try:
             return reconcile_once(
                 store,
@@ -31,9 +73,12 @@ def run_from_settings(
                 settings=settings,
                 remaining_ms=remaining_ms,
                 on_decision=on_decision,
+                cloud=cloud,
             )
         finally:
             gateway.close()
+            if cloud is not None:
+                cloud.close()
     finally:
         store.close()
 
@@ -44,10 +89,15 @@ def refresh_with(
     record: OpRecord,
     on_decision: DecisionHook | None = None,
 ) -> Refreshed:
-    """``refresh_one`` on an open store with a google-genai client made for this one poll
+    """``refresh_one`` on an open store with the gateways made for this one poll
     (``opstate refresh`` and the operations page's button)."""
-    gateway = GenaiGateway(make_client(settings))
+    gateway = gemini_gateway(settings)
+    cloud = GoogleCloudGateway(settings) if settings.google_cloud_configured else None
     try:
-        return refresh_one(store, gateway, record, settings=settings, on_decision=on_decision)
+        return refresh_one(
+            store, gateway, record, settings=settings, on_decision=on_decision, cloud=cloud
+        )
     finally:
         gateway.close()
+        if cloud is not None:
+            cloud.close()

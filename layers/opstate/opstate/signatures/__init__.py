@@ -60,7 +60,11 @@ from opstate.signatures.standard import (
     log_ignored_entries,
     secrets_manager_provider,
 )
-from opstate.signatures.wiring import WebhookVerifier, verifier_from_settings
+from opstate.signatures.wiring import (
+    WebhookVerifier,
+    pubsub_verifier_from_settings,
+    verifier_from_settings,
+)
 
 if TYPE_CHECKING:
     from opstate.signatures.jwt_tokens import MAX_JWT_LENGTH, JwksCache, JwtVerifier
@@ -97,6 +101,7 @@ __all__ = [
     "Verifier",
     "WebhookVerifier",
     "log_ignored_entries",
+    "pubsub_verifier_from_settings",
     "secrets_manager_provider",
     "verifier_from_settings",
 ]

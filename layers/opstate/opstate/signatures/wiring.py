@@ -83,3 +83,23 @@ def verifier_from_settings(
             email=settings.jwt_email,
         )
     return WebhookVerifier(standard, jwt_verifier)
+
+
+def pubsub_verifier_from_settings(settings: Settings) -> JwtVerifier | None:
+    """The verifier of Pub/Sub push tokens (``POST /google-cloud/pubsub``): the dynamic-webhook
+    JWT rules with Google's issuer, ``pubsub_audience`` and the pinned ``pubsub_email`` (a
+    verified email claim); None (every push refused) unless both are set."""
+    if not settings.pubsub_audience or not settings.pubsub_email:
+        return None
+    from opstate.config import PUBSUB_ISSUERS
+    from opstate.signatures.jwt_tokens import JwksCache, JwtVerifier
+
+    return JwtVerifier(
+        JwksCache(settings.pubsub_jwks_url),
+        audience=settings.pubsub_audience,
+        issuers=PUBSUB_ISSUERS,
+        header="authorization",
+        max_lifetime_s=settings.jwt_max_lifetime_s,
+        leeway_s=settings.jwt_leeway_s,
+        email=settings.pubsub_email,
+    )
