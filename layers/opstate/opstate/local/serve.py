@@ -42,8 +42,9 @@ from opstate.local.secret_file import (
     resolve_secrets,
 )
 from opstate.model import Decision
-from opstate.quarantine import local_quarantine
+from opstate.quarantine import Bounds, local_quarantine
 from opstate.routes import OPERATIONS_PREFIX, WEBHOOK_PATH
+from opstate.terminal import printable_lines
 from opstate.times import format_time
 
 if TYPE_CHECKING:
@@ -90,7 +91,8 @@ class Printer:
             if self._broken:
                 return
             try:
-                self._out.write(line + "\n")
+                # Every line printed goes through the one escape (opstate.terminal).
+                self._out.write(printable_lines(line) + "\n")
                 self._out.flush()
             except (OSError, ValueError):
                 # stdout went away (a closed pipe): keep serving and, above all, keep shutdown
@@ -269,7 +271,10 @@ def _local_app(
             settings=settings,
             on_decision=on_decision,
             # Signed webhooks that cannot be read are kept here (opstate replay --quarantine).
-            quarantine=local_quarantine(settings.store_url),
+            quarantine=local_quarantine(
+                settings.store_url,
+                Bounds(settings.quarantine_max_entries, settings.quarantine_max_bytes),
+            ),
             operations_auth=require_bearer_token(token.token),
         )
     )

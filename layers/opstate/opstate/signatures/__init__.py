@@ -60,7 +60,11 @@ from opstate.signatures.standard import (
     log_ignored_entries,
     secrets_manager_provider,
 )
-from opstate.signatures.wiring import WebhookVerifier, verifier_from_settings
+from opstate.signatures.wiring import (
+    WebhookVerifier,
+    jwt_verifier_from_settings,
+    verifier_from_settings,
+)
 
 if TYPE_CHECKING:
     from opstate.signatures.jwt_tokens import MAX_JWT_LENGTH, JwksCache, JwtVerifier
@@ -96,6 +100,7 @@ __all__ = [
     "StaticSecretsVerifier",
     "Verifier",
     "WebhookVerifier",
+    "jwt_verifier_from_settings",
     "log_ignored_entries",
     "secrets_manager_provider",
     "verifier_from_settings",
