@@ -157,6 +157,8 @@ class ServeOptions:
     reconcile_every_s: float = DEFAULT_RECONCILE_EVERY_S
     secret_file: Path = DEFAULT_SECRET_FILE
     verbose: bool = False
+    # Host names answered besides loopback and OPSTATE_PUBLIC_URL's (opstate.local.hosts).
+    allow_hosts: tuple[str, ...] = ()
 
 
 class ServeError(Exception):
@@ -198,9 +200,11 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
     decisions = DecisionLog()
     # Built now: configuration errors surface before "listening".
     apps = _local_app(store, verifier, settings, token, decisions, say)
-    httpd = _http_server(options, apps, store, decisions, token, say)
+    httpd = _http_server(options, settings, apps, store, decisions, token, say)
     base_url = f"http://{httpd.host}:{httpd.port}"
     _print_start(say, store_url, source, token, base_url)
+    if settings.public_url:  # as in the Lambda: JWTs for this audience are verified too
+        say(f"dynamic webhooks (JWT): on, audience {settings.public_url}")
 
     loop: ReconcileLoop | None = None
     if settings.gemini_api_key or settings.gemini_api_key_secret_arn:
@@ -225,16 +229,26 @@ def _credentials(settings: Settings, secret_file: Path) -> tuple[SecretSource, A
 
 
 def _verifier(source: SecretSource, settings: Settings) -> Verifier:
-    """A secret file is re-read as it changes (rotation); environment secrets are fixed."""
-    from opstate.signatures import SecretsProviderVerifier, StaticSecretsVerifier
+    """As the Lambda verifies: Standard Webhooks, and with ``OPSTATE_PUBLIC_URL`` set the JWT
+    of dynamic webhooks too (``signatures.WebhookVerifier``, the same audience, issuers and
+    JWKS). A secret file is re-read as it changes (rotation); environment secrets are fixed."""
+    from opstate.signatures import (
+        SecretsProviderVerifier,
+        StaticSecretsVerifier,
+        WebhookVerifier,
+        jwt_verifier_from_settings,
+    )
 
+    standard: Verifier
     if source.origin == "file" and source.path is not None:
-        return SecretsProviderVerifier(
+        standard = SecretsProviderVerifier(
             SecretFileReader(source.path),
             tolerance_s=settings.webhook_tolerance_s,
             where=f"the webhook secret file {source.path}",
         )
-    return StaticSecretsVerifier(source.secrets, tolerance_s=settings.webhook_tolerance_s)
+    else:
+        standard = StaticSecretsVerifier(source.secrets, tolerance_s=settings.webhook_tolerance_s)
+    return WebhookVerifier(standard, jwt_verifier_from_settings(settings))
 
 
 def _purge_expired(store: Store, say: Callable[[str], None]) -> None:
@@ -282,6 +296,7 @@ def _local_app(
 
 def _http_server(
     options: ServeOptions,
+    settings: Settings,
     apps: LocalApp,
     store: Store,
     decisions: DecisionLog,
@@ -291,6 +306,8 @@ def _http_server(
     """The HTTP server (not started yet) with the page in front of the API; on failure the
     store is closed and a ``ServeError`` says why."""
     # waitress is imported here: the CLI builds its parser from this module's defaults.
+    from opstate.local.hosts import AllowedHosts, HostCheck
+
     try:
         from opstate.local.http_server import ApiGatewayApp, LocalHTTPServer
     except ImportError as exc:
@@ -310,8 +327,10 @@ def _http_server(
         decisions=decisions,
         authorized=lambda headers: bearer_token_ok(headers.get("authorization"), token.token),
     )
+    # Only requests addressed to this server by a name it answers (DNS rebinding).
+    allowed = AllowedHosts(options.host, settings.public_url, options.allow_hosts)
     try:
-        return LocalHTTPServer(options.host, options.port, page)
+        return LocalHTTPServer(options.host, options.port, HostCheck(page, allowed))
     except OSError as exc:
         store.close()
         raise ServeError(
