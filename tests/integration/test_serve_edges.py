@@ -11,13 +11,16 @@ import json
 import socket
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
+from opstate.api.webhook import proof_headers
 from opstate.local.hosts import AllowedHosts, host_name
+from opstate.quarantine import Delivery, SQLiteQuarantine
 from opstate.terminal import printable, printable_lines
 from tests.support.serve_process import cli_env, http, run_cli, start_serve
 from tests.support.webhooks import TEST_SECRET, signed_headers
@@ -196,17 +199,16 @@ def jwks() -> Any:
 def test_serve_verifies_dynamic_webhook_jwts_like_the_lambda(tmp_path: Path, jwks: Any) -> None:
     signer = Signer("serve-key")
     jwks.keys = [signer.jwk()]
-    server = start_serve(
-        ["--store", "memory://"],
-        cwd=tmp_path,
-        env={
-            "OPSTATE_WEBHOOK_SECRETS": TEST_SECRET,
-            "OPSTATE_PUBLIC_URL": AUDIENCE,
-            "OPSTATE_JWT_ISSUER": ISSUER,
-            "OPSTATE_JWKS_URL": jwks.url,
-        },
-    )
+    db = tmp_path / "ops.db"
+    env = {
+        "OPSTATE_WEBHOOK_SECRETS": TEST_SECRET,
+        "OPSTATE_PUBLIC_URL": AUDIENCE,
+        "OPSTATE_JWT_ISSUER": ISSUER,
+        "OPSTATE_JWKS_URL": jwks.url,
+    }
+    server = start_serve(["--store", f"sqlite:///{db}"], cwd=tmp_path, env=env)
     try:
+        assert f"dynamic webhooks (JWT): on, audience {AUDIENCE}" in server.output()
         hook = f"{server.url}/gemini/webhook"
         public_host = urlsplit(AUDIENCE).hostname
         assert public_host is not None
@@ -224,6 +226,66 @@ def test_serve_verifies_dynamic_webhook_jwts_like_the_lambda(tmp_path: Path, jwk
         # Standard Webhooks deliveries still verify beside it, as in the Lambda.
         signed = signed_headers(HOOK, msg_id=None, timestamp=None)
         assert http("POST", hook, HOOK, {**headers, **signed}, token=None)[0] == 200
+        # An unreadable JWT delivery is kept with its token (its proof), nothing else.
+        odd = b'{"type":"batch.failed","data":{"id":"a b"}}'
+        status, _, answer = http(
+            "POST", hook, odd, {**headers, "Authorization": f"Bearer {token}"}, token=None
+        )
+        assert (status, answer["reason"]) == (200, "quarantined")
         assert server.terminate() == 0
     finally:
         server.kill()
+
+    quarantine = SQLiteQuarantine(db)
+    (kept,) = quarantine.entries()
+    assert kept.headers == {"authorization": f"Bearer {token}"}
+    # Replayed later (its token long expired): verified again without the expiry, against the
+    # same audience and JWKS; a token for another audience is refused.
+    past = datetime.now(tz=UTC) - timedelta(days=3)
+    late = signer.token(iat=past, exp=past + timedelta(minutes=5))
+    other = signer.token(
+        aud="https://elsewhere.test/hook", iat=past, exp=past + timedelta(minutes=5)
+    )
+    body = b'{"type":"batch.failed","timestamp":"2026-05-10T09:00:00Z","data":{"id":"batches/j2"}}'
+    for i, bearer in enumerate((late, other)):
+        quarantine.put(
+            Delivery.new(
+                body,
+                webhook_id=f"jwt-{i}",
+                reason="invalid-name",
+                message="m",
+                received_ns=i + 1,
+                proof={"authorization": f"Bearer {bearer}"},
+            )
+        )
+    result = run_cli(
+        ["replay", "--quarantine", "--store", f"sqlite:///{db}", "--json"], cwd=tmp_path, env=env
+    )
+    report = json.loads(result.stdout)
+    assert (report["applied"], report["refused"], report["unreadable"]) == (1, 1, 1), report
+    got = run_cli(["get", "batches/j2", "--json", "--store", f"sqlite:///{db}"], cwd=tmp_path)
+    assert json.loads(got.stdout)["state"] == "FAILED"
+
+
+def test_the_proof_kept_is_the_verified_one() -> None:
+    class Jwt:
+        header = "authorization"
+
+    class Both:
+        jwt = Jwt()
+
+    hmac_headers = {
+        "webhook-id": "msg_1",
+        "webhook-timestamp": "1",
+        "webhook-signature": "v1,x",
+        "authorization": "Bearer not-the-proof",
+        "cookie": "c",
+    }
+    assert proof_headers(Both(), hmac_headers) == {  # type: ignore[arg-type]
+        "webhook-id": "msg_1",
+        "webhook-timestamp": "1",
+        "webhook-signature": "v1,x",
+    }
+    assert proof_headers(Both(), {"authorization": "Bearer t", "cookie": "c"}) == {  # type: ignore[arg-type]
+        "authorization": "Bearer t"
+    }

@@ -155,13 +155,14 @@ class WebhookReceiver:
 
 
 def proof_headers(verifier: Verifier, headers: Mapping[str, str]) -> dict[str, str]:
-    """The headers that proved a delivery authentic (Standard Webhooks', or the JWT header of
-    a dynamic webhook), kept with it in the quarantine so a replay can verify it again."""
+    """The headers that proved a delivery authentic, kept with it in the quarantine so a replay
+    can verify it again: Standard Webhooks' three when it carried a signature (the JWT header,
+    which may hold any bearer credential, is then not kept), else the JWT header of a dynamic
+    webhook (and its ``webhook-id``), as ``signatures.WebhookVerifier`` chose."""
     names = {HEADER_ID, HEADER_TIMESTAMP, HEADER_SIGNATURE}
-    jwt = getattr(verifier, "jwt", None)
-    header = getattr(jwt, "header", None)
-    if isinstance(header, str):
-        names.add(header)
+    header = getattr(getattr(verifier, "jwt", None), "header", None)
+    if HEADER_SIGNATURE not in headers and isinstance(header, str):
+        names = {HEADER_ID, header}
     return {name: headers[name] for name in names if name in headers}
 
 
