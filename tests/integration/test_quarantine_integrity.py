@@ -365,3 +365,29 @@ def test_quarantine_list_shows_what_is_kept_never_the_body_unless_asked(tmp_path
     with_body = json.loads(run_cli([*args, "--json", "--body"], cwd=tmp_path).stdout)
     assert base64.b64decode(with_body["deliveries"][0]["body"]) == secret_body
     assert "do-not-print" in run_cli([*args, "--body"], cwd=tmp_path).stdout
+
+
+def test_documented_quarantine_shapes_are_what_the_commands_print(tmp_path: Path) -> None:
+    from tests.integration.test_cli_operator import documented_shapes, keys, same_shape
+    from tests.support.serve_process import run_cli
+
+    shapes = documented_shapes()
+    db = tmp_path / "ops.db"
+    q = SQLiteQuarantine(db)
+    q.put(genuine(b'{"type":"batch.succeeded","data":{"id":"a b"}}', 0))
+    q.put(Delivery.new(b"{", webhook_id="msg_v0", reason="r", message="m", received_ns=1))
+    store = ["--store", f"sqlite:///{db}"]
+    listed = run_cli(["quarantine", "list", *store, "--json"], cwd=tmp_path)
+    assert same_shape(keys(shapes["quarantine-list"]), keys(json.loads(listed.stdout)))
+    replayed = run_cli(
+        ["replay", "--quarantine", *store, "--json"],
+        cwd=tmp_path,
+        env={"OPSTATE_WEBHOOK_SECRETS": TEST_SECRET},
+    )
+    assert replayed.returncode == 1
+    doc = json.loads(replayed.stdout)
+    assert same_shape(keys(shapes["replay-quarantine"]), keys(doc)), doc
+    assert (doc["refused"], doc["unreadable"]) == (1, 1)
+    nothing = run_cli(["replay", "--quarantine", *store], cwd=tmp_path)
+    assert nothing.returncode == 1 and "no webhook secret to verify" in nothing.stderr
+    assert SQLiteQuarantine(db).count() == 2
