@@ -156,3 +156,16 @@ def test_serve_creates_its_folder_and_files_private(tmp_path: Path) -> None:
         assert server.terminate() == 0
     finally:
         server.kill()
+
+
+def test_opstate_webhooks_refuses_an_unsafe_secret_file_too(tmp_path: Path) -> None:
+    from opstate.cli.common import CliError
+    from opstate.cli.webhook_secrets import FileSecretTarget
+
+    path = private(tmp_path / "webhook-secret", generate_secret() + "\n", 0o664)
+    target = FileSecretTarget(path)
+    with pytest.raises(CliError, match="chmod 600"):
+        target.read()
+    with pytest.raises(CliError, match="chmod 600"):
+        target.update(lambda keys: [generate_secret(), *keys])
+    assert mode_of(path) == 0o664  # nothing written

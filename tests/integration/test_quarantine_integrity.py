@@ -391,3 +391,25 @@ def test_documented_quarantine_shapes_are_what_the_commands_print(tmp_path: Path
     nothing = run_cli(["replay", "--quarantine", *store], cwd=tmp_path)
     assert nothing.returncode == 1 and "no webhook secret to verify" in nothing.stderr
     assert SQLiteQuarantine(db).count() == 2
+
+
+def test_the_log_quarantine_never_logs_the_proof() -> None:
+    import io
+    import logging
+
+    from opstate.observability import SERVICE, logger
+    from opstate.quarantine import LogQuarantine
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logger.registered_formatter)
+    std = logging.getLogger(SERVICE)
+    std.addHandler(handler)
+    kept = genuine(b"{ kept in the log")
+    try:
+        LogQuarantine().put(kept)
+    finally:
+        std.removeHandler(handler)
+    out = stream.getvalue()
+    assert "eyBrZXB0IGluIHRoZSBsb2c=" in out  # the body, base64: recoverable
+    assert kept.headers["webhook-signature"].split(",", 1)[1] not in out

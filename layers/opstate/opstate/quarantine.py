@@ -41,6 +41,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import dataclasses
 import json
 import threading
 import time
@@ -284,9 +285,11 @@ class LogQuarantine:
     def put(self, delivery: Delivery) -> str:
         from opstate.observability import logger
 
+        # Without its proof: signatures and tokens are never logged (opstate.observability).
+        # A delivery recovered from the log is replayed by hand (opstate replay FILE).
         logger.error(
             "webhook quarantined to the log (no quarantine queue configured)",
-            extra={"quarantined_delivery": delivery.to_json()},
+            extra={"quarantined_delivery": dataclasses.replace(delivery, proof=()).to_json()},
         )
         return delivery.id
 
