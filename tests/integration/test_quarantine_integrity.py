@@ -248,6 +248,16 @@ def test_a_resent_delivery_is_one_entry_and_a_full_quarantine_answers_503(
     assert _post(app, unreadable, "msg_same")[0] == 200
 
 
+def test_two_long_webhook_ids_sharing_a_prefix_are_two_entries(tmp_path: Path) -> None:
+    q = SQLiteQuarantine(tmp_path / "q.db")
+    app = _app(q)
+    prefix = "msg_" + "p" * 196  # the logs clip ids to 128 characters; the quarantine must not
+    first = _post(app, b"{", prefix + "-one")[1]["quarantineId"]
+    second = _post(app, b"{", prefix + "-two")[1]["quarantineId"]
+    assert first != second and q.count() == 2
+    assert {d.webhook_id for d in q.entries()} == {prefix + "-one", prefix + "-two"}
+
+
 # -- walking past what stays kept -----------------------------------------------------------
 
 

@@ -30,6 +30,7 @@ from opstate.signatures import (
     HEADER_ID,
     HEADER_SIGNATURE,
     HEADER_TIMESTAMP,
+    MAX_ID_LENGTH,
     SignatureError,
     Verifier,
 )
@@ -111,9 +112,12 @@ class WebhookReceiver:
         verified again on replay), answered 200 (never a 4xx: Gemini would retry it for a day,
         then disable the endpoint), counted; 503 if it cannot be kept (the quarantine is full
         or down: Gemini retries)."""
+        # Kept (and deduplicated) under the whole webhook-id the signature covered, not the
+        # clipped one the logs carry: two long ids sharing a prefix are two deliveries.
+        full_id = proof.get(HEADER_ID)
         delivery = Delivery.new(
             raw,
-            webhook_id=webhook_id,
+            webhook_id=full_id if full_id and len(full_id) <= MAX_ID_LENGTH else None,
             reason=code,
             message=message,
             received_ns=self.clock_ns(),
