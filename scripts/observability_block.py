@@ -116,6 +116,7 @@ PANELS: list[Panel] = [
         "Kept unread, store-refused, details normalised",
         [
             custom("WebhooksQuarantined", label="quarantined"),
+            custom("QuarantineFull", label="quarantine full (503)"),
             custom("StoreRejected", label="store refused"),
             custom("DetailsNormalised", label="details normalised"),
         ],

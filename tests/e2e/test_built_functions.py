@@ -238,6 +238,11 @@ def test_signed_webhook_is_stored_then_announced_once_on_the_bus(
     assert [json.loads(m["Body"])["body"] for m in kept] == [
         base64.b64encode(malformed_event["body"].encode()).decode()
     ]
+    # ... with the signature headers that proved it, for the replay to verify again (issue 24).
+    sent = {k.lower(): v for k, v in malformed_event["headers"].items()}
+    assert json.loads(kept[0]["Body"])["headers"] == {
+        name: sent[name] for name in ("webhook-id", "webhook-timestamp", "webhook-signature")
+    }
     # A stale poll result reported through PUT cannot move the record back.
     stale = webhook.invoke(load_event("report-stale.json"))
     assert stale["statusCode"] == 200

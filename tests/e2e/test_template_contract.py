@@ -75,6 +75,36 @@ def test_signed_webhooks_we_cannot_read_have_a_queue_a_metric_alarm_and_an_outpu
     }
 
 
+def test_only_the_webhook_functions_role_may_send_to_the_quarantine(
+    template: dict[str, Any],
+) -> None:
+    """Issue 24: a hand-written message in the quarantine must not be a way in. The queue's
+    resource policy denies sqs:SendMessage to every principal but the webhook function's role
+    (SAM names the role it generates ``<function>Role``: the function must not bring its own)."""
+    resources = template["Resources"]
+    assert "Role" not in resources["WebhookFunction"]["Properties"]
+    policies = [
+        r["Properties"]
+        for r in resources.values()
+        if r["Type"] == "AWS::SQS::QueuePolicy"
+        and {"Ref": "WebhookQuarantineQueue"} in r["Properties"]["Queues"]
+    ]
+    assert len(policies) == 1
+    role = {"Fn::GetAtt": ["WebhookFunctionRole", "Arn"]}
+    queue = {"Fn::GetAtt": ["WebhookQuarantineQueue", "Arn"]}
+    stmts = policies[0]["PolicyDocument"]["Statement"]
+    denies = [s for s in stmts if s["Effect"] == "Deny"]
+    assert len(denies) == 1
+    (deny,) = denies
+    assert deny["Principal"] == "*" and deny["Resource"] == queue
+    assert actions(deny) in ({"sqs:SendMessage"}, {"sqs:*"})
+    assert deny["Condition"] == {"ArnNotEquals": {"aws:PrincipalArn": role}}
+    allows = [s for s in stmts if s["Effect"] == "Allow"]
+    assert all(
+        s["Principal"] == {"AWS": role} and actions(s) == {"sqs:SendMessage"} for s in allows
+    )
+
+
 def test_reconciler_may_query_the_open_index_and_read_only_its_two_secrets(
     template: dict[str, Any],
 ) -> None:

@@ -257,6 +257,7 @@ def test_serve_reads_a_commented_secret_file_by_the_one_rule(tmp_path: Path) -> 
     path = tmp_path / ".opstate" / "webhook-secret"
     path.parent.mkdir()
     path.write_text(f"# current secret\n{real}\n# rotated 2026-05-10, old one below\nab\n")
+    path.chmod(0o600)  # a secret file follows opstate.private_files' rule
     server = start_serve(["--store", "memory://"], cwd=tmp_path)
     try:
         out = server.output()

@@ -56,28 +56,49 @@ def test_unreadable_signed_webhooks_are_kept_and_replayed(tmp_path: Path, db: Pa
     finally:
         assert server.terminate() == 0
 
-    # A delivery an older release kept, readable by today's normaliser.
+    # A signed delivery kept while the normaliser could not read it, readable today; and one
+    # an older release kept without its signature headers: it cannot be verified, so it is
+    # refused (reported, left kept), never applied.
     quarantine = SQLiteQuarantine(db)
     old = b'{"type":"batch.failed","timestamp":"2026-05-10T09:00:00Z","data":{"id":"b7"}}'
     quarantine.put(
-        Delivery.new(old, webhook_id="msg_old", reason="invalid-name", message="m", received_ns=1)
+        Delivery.new(
+            old,
+            webhook_id="msg_old",
+            reason="invalid-name",
+            message="m",
+            received_ns=1,
+            proof=signed(old),
+        )
     )
-    assert quarantine.count() == 2
+    legacy = b'{"type":"batch.cancelled","timestamp":"2026-05-10T09:00:00Z","data":{"id":"b8"}}'
+    quarantine.put(
+        Delivery.new(legacy, webhook_id="msg_v0", reason="invalid-name", message="m", received_ns=2)
+    )
+    assert quarantine.count() == 3
 
     args = ["replay", "--quarantine", "--store", store_url, "--json"]
-    dry = run_cli([*args, "--dry-run"], cwd=tmp_path)
+    env = {"OPSTATE_WEBHOOK_SECRETS": SECRET}
+    dry = run_cli([*args, "--dry-run"], cwd=tmp_path, env=env)
     report = json.loads(dry.stdout)
-    assert (report["taken"], report["applied"], report["unreadable"]) == (2, 1, 1)
-    assert quarantine.count() == 2
+    assert (report["taken"], report["applied"], report["unreadable"], report["refused"]) == (
+        3,
+        1,
+        1,
+        1,
+    )
+    assert quarantine.count() == 3
 
-    done = run_cli(args, cwd=tmp_path)
-    assert done.returncode == 1  # one delivery is still unreadable: it stays kept
+    done = run_cli(args, cwd=tmp_path, env=env)
+    assert done.returncode == 1  # one delivery is still unreadable, one refused: both stay
     report = json.loads(done.stdout)
-    assert (report["applied"], report["unreadable"]) == (1, 1)
-    assert report["problems"][0]["error"] == "invalid-name"
-    assert quarantine.count() == 1
+    assert (report["applied"], report["unreadable"], report["refused"]) == (1, 1, 1)
+    assert {p["error"] for p in report["problems"]} == {"invalid-name", "unverified"}
+    assert quarantine.count() == 2
     got = run_cli(["get", "batches/b7", "--json", "--store", store_url], cwd=tmp_path)
     assert json.loads(got.stdout)["state"] == "FAILED"
+    missing = run_cli(["get", "batches/b8", "--json", "--store", store_url], cwd=tmp_path)
+    assert missing.returncode != 0
 
     usage = run_cli(["replay", "--store", store_url], cwd=tmp_path)
     assert usage.returncode == 2 and "--quarantine" in usage.stderr

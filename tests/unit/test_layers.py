@@ -39,7 +39,16 @@ DOMAIN = (
 )
 # (layer name, module prefixes): "opstate.store" places opstate.store and opstate.store.*.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("domain and settings", (*DOMAIN, "opstate.config", "opstate.settings")),
+    (
+        "domain and settings",
+        (
+            *DOMAIN,
+            "opstate.config",
+            "opstate.settings",
+            "opstate.private_files",
+            "opstate.terminal",
+        ),
+    ),
     (
         "store, signatures, secrets, observability, ingest",
         (

@@ -218,6 +218,7 @@ def test_token_file_is_generated_once_beside_the_secret_file(tmp_path: Path) -> 
 def test_an_empty_token_file_is_an_error(tmp_path: Path) -> None:
     path = tmp_path / "api-token"
     path.write_text("\n")
+    path.chmod(0o600)  # a secret file follows opstate.private_files' rule
     with pytest.raises(ValueError, match="does not hold one token"):
         resolve_api_token(None, path)
 

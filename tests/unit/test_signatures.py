@@ -445,6 +445,29 @@ def test_jwt_valid_and_keys_are_cached(jwks: JwksServer, signers: tuple[Signer, 
     assert cache.fetches == 1
 
 
+def test_jwt_replaying_skips_only_the_expiry(
+    jwks: JwksServer, signers: tuple[Signer, Signer]
+) -> None:
+    """Issue 24: a quarantined JWT delivery is verified again on replay, late by design: its
+    token's exp/iat are not held against the clock; signature, aud, iss and lifetime are."""
+    one, two = signers
+    jwks.keys = [one.jwk()]
+    past = datetime.now(tz=UTC) - timedelta(days=2)
+    expired = one.token(iat=past, exp=past + timedelta(minutes=5))
+    live, _ = jwt_verifier(jwks.url)
+    with pytest.raises(SignatureError):
+        live.verify(BODY, {"authorization": expired})
+    late, _ = jwt_verifier(jwks.url, check_expiry=False)
+    late.verify(BODY, {"authorization": expired})
+    for forged in (
+        two.token(iat=past, exp=past + timedelta(minutes=5)),  # a key not in the JWKS
+        one.token(aud="https://elsewhere.test/hook", iat=past, exp=past + timedelta(minutes=5)),
+        one.token(iat=past, exp=past + timedelta(days=1)),  # longer than the lifetime bound
+    ):
+        with pytest.raises(SignatureError):
+            late.verify(BODY, {"authorization": forged})
+
+
 def test_jwt_unknown_kid_refreshes_once_and_finds_a_new_key(
     jwks: JwksServer, signers: tuple[Signer, Signer]
 ) -> None:
@@ -719,6 +742,7 @@ def test_a_commented_secret_file_verifies_with_its_keys_only(tmp_path: Any) -> N
 
     path = tmp_path / "webhook-secret"
     path.write_text(f"# current secret\n{TEST_SECRET}\n# rotated 2026-05-10, old one below\n")
+    path.chmod(0o600)  # a secret file follows opstate.private_files' rule
     verifier = SecretsProviderVerifier(SecretFileReader(path), clock_s=frozen())
     verifier.verify(BODY, VALID)  # punctuation in a comment no longer means 503
     for word in ("current", "secret", "rotated", "old"):

@@ -4,6 +4,7 @@ before any signature work): whatever its body, it is applied, dropped or quarant
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -64,10 +65,11 @@ bodies = (
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=bodies, b64=st.booleans())
 def test_a_signed_delivery_is_never_refused(body: bytes, b64: bool) -> None:
+    msg_id = f"msg_fuzz_{uuid.uuid4().hex}"  # the quarantine keeps one entry per webhook-id
     headers = {
-        "webhook-id": "msg_fuzz",
+        "webhook-id": msg_id,
         "webhook-timestamp": str(EVENT_TIMESTAMP),
-        "webhook-signature": sign(TEST_SECRET, "msg_fuzz", EVENT_TIMESTAMP, body),
+        "webhook-signature": sign(TEST_SECRET, msg_id, EVENT_TIMESTAMP, body),
     }
     event: dict[str, Any] = http_event(
         "POST", "/gemini/webhook", body=body, headers=headers, base64_encoded=b64

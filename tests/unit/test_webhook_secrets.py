@@ -187,6 +187,7 @@ def test_merge_new_puts_the_new_key_first_and_bounds_the_list() -> None:
 def test_update_secret_file_rewrites_a_commented_file_with_keys_only(tmp_path: Path) -> None:
     path = tmp_path / "webhook-secret"
     path.write_text(f"# current secret\n{K1}\n# rotated 2026-05-10, old one below\n{K2}\n")
+    path.chmod(0o600)  # a secret file follows opstate.private_files' rule
     written = update_secret_file(path, rotation_change(K3))
     assert written == [K3, K1, K2]
     assert path.read_text() == f"{K3}\n{K1}\n{K2}\n"  # no comment word became a secret

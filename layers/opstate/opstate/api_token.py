@@ -18,6 +18,8 @@ import secrets as secrets_module
 from dataclasses import dataclass
 from pathlib import Path
 
+from opstate.config import MIN_API_TOKEN_LENGTH
+from opstate.private_files import read_private_file
 from opstate.webhook_secrets import create_private_file
 
 API_TOKEN_ENV = "OPSTATE_API_TOKEN"
@@ -51,11 +53,24 @@ def token_file_beside(secret_file: Path) -> Path:
     return secret_file.with_name(API_TOKEN_FILE_NAME)
 
 
+TOKEN_FILE_WHAT = "the API token file"
+
+
 def read_token_file(path: Path) -> str:
-    """The token stored in ``path`` (``OSError`` if unreadable, ``ValueError`` if empty)."""
-    token = path.read_text(encoding="utf-8").strip()
-    if not token or any(c.isspace() for c in token):
-        raise ValueError(f"the API token file {path} does not hold one token")
+    """The token stored in ``path``: ``OSError`` if unreadable; ``ValueError`` (one sentence
+    naming the file and the fix) if others could read, change or swap it
+    (``opstate.private_files``) or if it does not hold one token of at least the length
+    ``OPSTATE_API_TOKEN`` must have."""
+    try:
+        token = read_private_file(path, TOKEN_FILE_WHAT).decode("utf-8").strip()
+    except UnicodeDecodeError:
+        token = ""
+    if not token or any(c.isspace() for c in token) or len(token) < MIN_API_TOKEN_LENGTH:
+        raise ValueError(
+            f"{TOKEN_FILE_WHAT} {path} does not hold one token of at least "
+            f"{MIN_API_TOKEN_LENGTH} characters without spaces (as OPSTATE_API_TOKEN must); "
+            "delete it to have a new one generated"
+        )
     return token
 
 

@@ -38,6 +38,9 @@ DEFAULT_INGEST_MAX_ATTEMPTS = 8
 DEFAULT_WEBHOOK_TOLERANCE_S = 300
 DEFAULT_JWT_MAX_LIFETIME_S = 3600
 DEFAULT_JWT_LEEWAY_S = 30
+# The local quarantine's bounds (opstate serve; in AWS the SQS queue's own limits apply).
+DEFAULT_QUARANTINE_MAX_ENTRIES = 1000
+DEFAULT_QUARANTINE_MAX_BYTES = 64 * 1024 * 1024
 
 
 class ConfigError(ValueError):
@@ -385,10 +388,18 @@ class LocalSettings(_Part):
     api_token: str | None = field(default=None, repr=False)
     # Seconds between reconciler passes (with a Gemini API key); ``--reconcile-every`` overrides.
     reconcile_every_s: float = DEFAULT_RECONCILE_EVERY_S
+    # The local quarantine keeps at most this many deliveries and bytes of bodies; when full,
+    # a signed delivery it would keep is answered 503 (Gemini retries).
+    quarantine_max_entries: int = DEFAULT_QUARANTINE_MAX_ENTRIES
+    quarantine_max_bytes: int = DEFAULT_QUARANTINE_MAX_BYTES
 
     @classmethod
     def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
-        return _given(api_token=_api_token(env))
+        return _given(
+            api_token=_api_token(env),
+            quarantine_max_entries=_int(env, "OPSTATE_QUARANTINE_MAX_ENTRIES", minimum=1),
+            quarantine_max_bytes=_int(env, "OPSTATE_QUARANTINE_MAX_BYTES", minimum=1),
+        )
 
 
 PARTS: tuple[type[_Part], ...] = (

@@ -62,6 +62,7 @@ METRICS: Final[Mapping[str, MetricSpec]] = {
         _spec("StoreUnavailable", "webhook reconcile", "store or secrets unreachable (503)"),
         _spec("SignatureRejected", "webhook", "webhooks that failed verification"),
         _spec("WebhooksQuarantined", "webhook", "signed webhooks kept unread (quarantine)"),
+        _spec("QuarantineFull", "webhook", "signed webhooks answered 503: quarantine full"),
         _spec("WebhooksDisabled", "reconcile", "Gemini webhooks not enabled"),
         _spec("GoogleCloudAuthFailed", "reconcile", "runs whose Google Cloud credentials failed"),
         _spec("Discovered", "reconcile", "batch jobs read by discovery"),

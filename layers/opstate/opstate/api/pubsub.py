@@ -43,6 +43,12 @@ def _message_id(body: object) -> str | None:
     return clip(value) if isinstance(value, str) else None
 
 
+# A push's proof is Google's OIDC token, a bearer credential: it is not kept with the delivery,
+# so `opstate replay --quarantine` reports a kept push as unverified (it stays listed; replay it
+# by hand with `opstate replay FILE` once read). docs/google-cloud.md says so.
+_NO_PROOF: Mapping[str, str] = {}
+
+
 class PubSubReceiver(WebhookReceiver):
     """Answers Pub/Sub push deliveries (see the module docstring)."""
 
@@ -60,12 +66,12 @@ class PubSubReceiver(WebhookReceiver):
         try:
             body = parse_json(raw)
         except ApiError as exc:
-            return self.keep(raw, exc.code, exc.message, None, None), "quarantined"
+            return self.keep(raw, exc.code, exc.message, None, None, _NO_PROOF), "quarantined"
         message_id = _message_id(body)
         try:
             op_event = from_pubsub(body)
         except InvalidEventError as exc:
-            return self.keep(raw, exc.code, exc.message, None, message_id), "quarantined"
+            return self.keep(raw, exc.code, exc.message, None, message_id, _NO_PROOF), "quarantined"
         except UnsupportedEventError as exc:  # pragma: no cover - from_operation has none
             record_unsupported(exc.reason, exc.message, source="pubsub", webhook_id=message_id)
             return json_response(200, {"applied": False, "reason": exc.reason}), "dropped"

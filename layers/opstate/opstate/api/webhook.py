@@ -25,8 +25,15 @@ from opstate.observability import (
     record_unsupported,
     record_webhook_outcome,
 )
-from opstate.quarantine import Delivery, Quarantine
-from opstate.signatures import SignatureError, Verifier
+from opstate.quarantine import Delivery, Quarantine, QuarantineFullError
+from opstate.signatures import (
+    HEADER_ID,
+    HEADER_SIGNATURE,
+    HEADER_TIMESTAMP,
+    MAX_ID_LENGTH,
+    SignatureError,
+    Verifier,
+)
 from opstate.store.port import RetryableError
 from opstate.views import decision_to_json
 
@@ -77,14 +84,15 @@ class WebhookReceiver:
             raise ApiError(401, "invalid-signature", "invalid signature") from None
         except RetryableError as exc:
             raise unavailable(exc, webhook_id=webhook_id) from None
+        proof = proof_headers(self.verifier, headers)
         try:
             body = parse_json(raw)
         except ApiError as exc:
-            return self.keep(raw, exc.code, exc.message, None, webhook_id), "quarantined"
+            return self.keep(raw, exc.code, exc.message, None, webhook_id, proof), "quarantined"
         try:
             op_event = from_webhook(body)
         except InvalidEventError as exc:
-            return self.keep(raw, exc.code, exc.message, body, webhook_id), "quarantined"
+            return self.keep(raw, exc.code, exc.message, body, webhook_id, proof), "quarantined"
         except UnsupportedEventError as exc:
             return _unsupported(exc, body, webhook_id), "dropped"
         decision = self.ingest(op_event, webhook_id=webhook_id)
@@ -92,15 +100,35 @@ class WebhookReceiver:
         return json_response(200, decision_to_json(decision)), outcome
 
     def keep(
-        self, raw: bytes, code: str, message: str, body: object, webhook_id: str | None
+        self,
+        raw: bytes,
+        code: str,
+        message: str,
+        body: object,
+        webhook_id: str | None,
+        proof: Mapping[str, str],
     ) -> Response[str]:
-        """A signed delivery we cannot read: kept, answered 200 (never a 4xx: Gemini would
-        retry it for a day, then disable the endpoint), counted; 503 if it cannot be kept."""
+        """A signed delivery we cannot read: kept with the headers that proved it (``proof``,
+        verified again on replay), answered 200 (never a 4xx: Gemini would retry it for a day,
+        then disable the endpoint), counted; 503 if it cannot be kept (the quarantine is full
+        or down: Gemini retries)."""
+        # Kept (and deduplicated) under the whole webhook-id the signature covered, not the
+        # clipped one the logs carry: two long ids sharing a prefix are two deliveries.
+        full_id = proof.get(HEADER_ID)
         delivery = Delivery.new(
-            raw, webhook_id=webhook_id, reason=code, message=message, received_ns=self.clock_ns()
+            raw,
+            webhook_id=full_id if full_id and len(full_id) <= MAX_ID_LENGTH else None,
+            reason=code,
+            message=message,
+            received_ns=self.clock_ns(),
+            proof=proof,
         )
         try:
-            self.quarantine.put(delivery)
+            kept_id = self.quarantine.put(delivery)
+        except QuarantineFullError as exc:
+            count("QuarantineFull")
+            logger.error("webhook not kept: the quarantine is full", extra={"detail": str(exc)})
+            raise unavailable(exc, webhook_id=webhook_id) from None
         except RetryableError as exc:
             raise unavailable(exc, webhook_id=webhook_id) from None
         name = best_effort_name(body)
@@ -112,7 +140,7 @@ class WebhookReceiver:
                 "detail": message[:300],
                 "operation": name,
                 "webhook_id": webhook_id,
-                "quarantine_id": delivery.id,
+                "quarantine_id": kept_id,
             },
         )
         count("WebhooksQuarantined")
@@ -125,9 +153,21 @@ class WebhookReceiver:
                 "state": None,
                 "version": 0,
                 "error": code,
-                "quarantineId": delivery.id,
+                "quarantineId": kept_id,
             },
         )
+
+
+def proof_headers(verifier: Verifier, headers: Mapping[str, str]) -> dict[str, str]:
+    """The headers that proved a delivery authentic, kept with it in the quarantine so a replay
+    can verify it again: Standard Webhooks' three when it carried a signature (the JWT header,
+    which may hold any bearer credential, is then not kept), else the JWT header of a dynamic
+    webhook (and its ``webhook-id``), as ``signatures.WebhookVerifier`` chose."""
+    names = {HEADER_ID, HEADER_TIMESTAMP, HEADER_SIGNATURE}
+    header = getattr(getattr(verifier, "jwt", None), "header", None)
+    if HEADER_SIGNATURE not in headers and isinstance(header, str):
+        names = {HEADER_ID, header}
+    return {name: headers[name] for name in names if name in headers}
 
 
 def _unsupported(exc: UnsupportedEventError, body: object, webhook_id: str | None) -> Response[str]:

@@ -19,6 +19,7 @@ from opstate.model import Decision, OpEvent
 from opstate.names import InvalidNameError, canonical_name
 from opstate.store.port import RetryableError
 from opstate.strict_json import dumps
+from opstate.terminal import printable_lines
 from opstate.times import InvalidTimeError, parse_time
 
 if TYPE_CHECKING:
@@ -50,11 +51,13 @@ class UsageError(CliError):
 
 
 def out(text: str = "") -> None:
-    _stdout().write(text + "\n")
+    """A line (or the program's lines) of text on stdout, control characters escaped."""
+    _stdout().write(printable_lines(text) + "\n")
 
 
 def err(text: str) -> None:
-    sys.stderr.write(text + "\n")
+    """A line of text on stderr, control characters escaped (``opstate.terminal``)."""
+    sys.stderr.write(printable_lines(text) + "\n")
     sys.stderr.flush()
 
 

@@ -4,8 +4,10 @@ see ``opstate.replay``).
 
 The input is streamed: one line is read, parsed (``strict_json``, the API's rule), turned into
 an event and ingested before the next is read, so memory does not grow with the file and a pipe
-is ingested as it arrives. The progress bar of a regular file counts its lines in a first pass
-(only when a bar is drawn).
+is ingested as it arrives. A line is capped like an API body (``OPSTATE_MAX_BODY_BYTES``): a
+longer one is read past without being kept, reported as a bad line (``line-too-long``), and
+the replay goes on. The progress bar of a regular file counts its lines in a first pass (only
+when a bar is drawn; bounded the same way).
 
 Every line ends in exactly one of: applied or dropped (counted by reason); bad (permanent: the
 line itself is wrong or the store refuses what it holds; reported with its number and skipped);
@@ -29,6 +31,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, BinaryIO
 
 from opstate.cli.common import (
@@ -44,12 +47,16 @@ from opstate.cli.common import (
 )
 from opstate.config import Settings
 from opstate.events import InvalidEventError, UnsupportedEventError, from_report, from_webhook
+from opstate.local.secret_file import DEFAULT_SECRET_FILE
 from opstate.model import OpEvent
 from opstate.store.port import RetryableError
 from opstate.strict_json import InvalidJSONError, loads
+from opstate.terminal import printable
 
 if TYPE_CHECKING:
     from opstate.config import Settings
+    from opstate.quarantine import Quarantine
+    from opstate.signatures import Verifier
     from opstate.store.port import Store
 
 EXIT_INTERRUPTED = 130
@@ -98,6 +105,14 @@ def add_parser(
     p.add_argument(
         "--dry-run", action="store_true", help="only say which deliveries can be read now"
     )
+    p.add_argument(
+        "--secret-file",
+        default=str(DEFAULT_SECRET_FILE),
+        metavar="PATH",
+        help="the local webhook secret file that verifies kept deliveries again when neither "
+        f"OPSTATE_WEBHOOK_SECRET_ARN nor OPSTATE_WEBHOOK_SECRETS is set (default "
+        f"{DEFAULT_SECRET_FILE})",
+    )
     p.set_defaults(func=cmd_replay)
 
 
@@ -142,7 +157,7 @@ class Progress:
 
     def message(self, text: str) -> None:
         self.clear()
-        self.stream.write(text + "\n")
+        self.stream.write(printable(text) + "\n")
         self.stream.flush()
         if self.enabled:
             self._draw()
@@ -211,32 +226,50 @@ def _open_input(path: str) -> tuple[BinaryIO, str]:
     return stream, path
 
 
-def _count_lines(stream: BinaryIO, from_line: int) -> int | None:
+_DRAIN_CHUNK = 64 * 1024
+
+
+def read_line(stream: BinaryIO, limit: int) -> bytes | None:
+    """The next line (b"" at the end); None for a line longer than ``limit`` bytes (without
+    its line break), which is read past in chunks, never held whole."""
+    raw = stream.readline(limit + 1)
+    if len(raw) <= limit or raw.endswith(b"\n"):
+        return raw
+    while True:
+        chunk = stream.readline(_DRAIN_CHUNK)
+        if not chunk or chunk.endswith(b"\n"):
+            return None
+
+
+def _count_lines(stream: BinaryIO, from_line: int, limit: int) -> int | None:
     """Non-blank lines from ``from_line`` on of a regular file (then rewound), else None."""
     try:
         if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
             return None
         start = stream.tell()
-        total = sum(
-            1 for lineno, raw in enumerate(stream, start=1) if lineno >= from_line and raw.strip()
-        )
+        total, lineno = 0, 0
+        while (raw := read_line(stream, limit)) != b"":
+            lineno += 1
+            if lineno >= from_line and (raw is None or raw.strip()):
+                total += 1
         stream.seek(start)
     except (OSError, ValueError):
         return None
     return total
 
 
-def _lines(stream: BinaryIO, label: str) -> Iterator[tuple[int, bytes]]:
-    """(line number, bytes) one at a time; a read error is a ``CliError``."""
+def _lines(stream: BinaryIO, label: str, limit: int) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, bytes, or None for a line over ``limit``) one at a time; a read error is
+    a ``CliError``."""
     lineno = 0
     while True:
         try:
-            raw = stream.readline()
+            raw = read_line(stream, limit)
         except OSError as exc:
             raise CliError(
                 f"cannot read {label} after line {lineno}: {exc.strerror or exc}"
             ) from None
-        if not raw:
+        if raw == b"":
             return
         lineno += 1
         yield lineno, raw
@@ -263,13 +296,20 @@ def store_refusal(exc: BaseException) -> str | None:
 
 def _one_line(
     lineno: int,
-    raw: bytes,
+    raw: bytes | None,
     store: Store,
     config: Settings,
     summary: ReplaySummary,
     bad: Callable[[int, str, str], None],
 ) -> str | None:
     """Handle one non-blank line; returns why the replay must stop here, else None."""
+    if raw is None:
+        bad(
+            lineno,
+            "line-too-long",
+            f"the line is longer than {config.max_body_bytes} bytes (OPSTATE_MAX_BODY_BYTES)",
+        )
+        return None
     try:
         obj = loads(raw)
     except InvalidJSONError as exc:
@@ -322,7 +362,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace, config: Settings, stream: BinaryIO, label: str) -> int:
     interactive = sys.stderr.isatty() and not args.no_progress
-    total = _count_lines(stream, args.from_line) if interactive else None
+    limit = config.max_body_bytes
+    total = _count_lines(stream, args.from_line, limit) if interactive else None
     progress = Progress(total, sys.stderr, interactive)
     summary = ReplaySummary(file=label)
     failure: CliError | None = None
@@ -342,8 +383,8 @@ def _replay(args: argparse.Namespace, config: Settings, stream: BinaryIO, label:
     with open_store(config) as store:
         last = 0  # the last line fully handled
         try:
-            for lineno, raw in _lines(stream, label):
-                if lineno < args.from_line or not raw.strip():
+            for lineno, raw in _lines(stream, label, limit):
+                if lineno < args.from_line or (raw is not None and not raw.strip()):
                     last = lineno
                     continue
                 outcome = _one_line(lineno, raw, store, config, summary, bad)
@@ -368,25 +409,56 @@ def _replay(args: argparse.Namespace, config: Settings, stream: BinaryIO, label:
     return EXIT_FAILURE if summary.bad else EXIT_OK
 
 
+def quarantine_for(args: argparse.Namespace, config: Settings) -> tuple[Quarantine, str]:
+    """The quarantine ``--queue-url`` / ``OPSTATE_QUARANTINE_QUEUE_URL`` names, else the local
+    one beside the SQLite store; and a label for it."""
+    from opstate.quarantine import SqsQuarantine, local_quarantine
+
+    queue_url = getattr(args, "queue_url", None) or config.quarantine_queue_url
+    if queue_url:
+        return SqsQuarantine(queue_url), queue_url
+    local = local_quarantine(config.store_url)
+    return local, str(local.path)
+
+
+def replay_verifier(config: Settings, secret_file: Path) -> Verifier:
+    """What verifies kept deliveries again: the configured webhook secrets (Secrets Manager,
+    ``OPSTATE_WEBHOOK_SECRETS``, else the local secret file ``opstate serve`` uses) and the JWT
+    verifier when ``OPSTATE_PUBLIC_URL`` is set; no timestamp tolerance, no token expiry."""
+    from opstate.signatures import verifier_from_settings
+    from opstate.webhook_secrets import read_secret_file
+
+    if not config.webhook_secret_arn and not config.webhook_secrets:
+        try:
+            keys = read_secret_file(secret_file).keys
+        except FileNotFoundError:
+            keys = ()
+        except (OSError, ValueError) as exc:
+            raise CliError(f"cannot read the webhook secret to verify with: {exc}") from None
+        if not keys and not config.public_url:
+            raise CliError(
+                "no webhook secret to verify the quarantined deliveries with: set "
+                "OPSTATE_WEBHOOK_SECRET_ARN or OPSTATE_WEBHOOK_SECRETS, or give --secret-file "
+                f"(default {DEFAULT_SECRET_FILE})"
+            )
+        config = dataclasses.replace(config, webhook_secrets=keys)
+    return verifier_from_settings(config, replaying=True)
+
+
 def cmd_replay_quarantine(args: argparse.Namespace, config: Settings) -> int:
-    """Re-ingest kept deliveries (``opstate.replay``); exit 1 if some are still unreadable or
-    could not be ingested (they stay kept)."""
-    from opstate.quarantine import Quarantine, SqsQuarantine, local_quarantine
+    """Re-ingest kept deliveries that verify again (``opstate.replay``); exit 1 if some are
+    still unreadable, refused or could not be ingested (they stay kept)."""
     from opstate.replay import replay
 
     if args.limit < 1:
         raise UsageError("--limit must be at least 1")
-    queue_url = args.queue_url or config.quarantine_queue_url
-    quarantine: Quarantine
-    if queue_url:
-        quarantine, label = SqsQuarantine(queue_url), queue_url
-    else:
-        local = local_quarantine(config.store_url)
-        quarantine, label = local, str(local.path)
+    verifier = replay_verifier(config, Path(args.secret_file))
+    quarantine, label = quarantine_for(args, config)
     with open_store(config) as store:
         result = replay(
             quarantine,
             store,
+            verifier=verifier,
             limit=args.limit,
             max_attempts=config.ingest_max_attempts,
             dry_run=args.dry_run,
@@ -398,8 +470,9 @@ def cmd_replay_quarantine(args: argparse.Namespace, config: Settings) -> int:
         out(
             f"{verb} {result.taken} quarantined deliveries from {label}: {result.applied} "
             f"{'readable' if args.dry_run else 'applied'}, {result.dropped} dropped, "
-            f"{result.unreadable} still unreadable, {result.errors} failed"
+            f"{result.unreadable} still unreadable, {result.refused} refused (not verified), "
+            f"{result.errors} failed"
         )
         for delivery_id, code, message in result.problems:
-            out(f"  {delivery_id} {code}: {message[:200]}")
-    return EXIT_FAILURE if result.unreadable or result.errors else EXIT_OK
+            out(f"  {delivery_id} {code}: {printable(message[:200])}")
+    return EXIT_FAILURE if result.unreadable or result.refused or result.errors else EXIT_OK

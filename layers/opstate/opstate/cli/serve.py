@@ -41,6 +41,14 @@ def add_parser(sub: Any, *, store: argparse.ArgumentParser) -> None:
         help=f"webhook secret file when OPSTATE_WEBHOOK_SECRETS is unset "
         f"(default: {DEFAULT_SECRET_FILE})",
     )
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests for this Host name (a tunnel that forwards its own name); "
+        "loopback names and the host of OPSTATE_PUBLIC_URL are always answered, others get 421",
+    )
     p.add_argument("--verbose", action="store_true", help="log requests and decisions")
     p.set_defaults(func=cmd_serve)
 
@@ -62,6 +70,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         secret_file=Path(args.secret_file),
         verbose=args.verbose,
         store_chosen_by=store_origin(config.store_url),
+        allow_hosts=tuple(args.allow_host),
     )
     try:
         return serve(options, config)

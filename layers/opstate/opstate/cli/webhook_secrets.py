@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from opstate.cli.common import CliError, err
+from opstate.private_files import UnsafeFileError
 from opstate.webhook_secrets import (
     ParsedSecrets,
     SecretStoreError,
@@ -63,6 +64,8 @@ class FileSecretTarget:
             parsed = read_secret_file(self.path)
         except FileNotFoundError:
             return []
+        except UnsafeFileError as exc:  # others could read, change or swap it
+            raise CliError(str(exc)) from None
         except OSError as exc:
             raise CliError(f"cannot read {self.path}: {exc.strerror or exc}") from None
         return _warn(parsed, self.description)
@@ -70,6 +73,8 @@ class FileSecretTarget:
     def update(self, change: Change) -> list[str]:
         try:
             return update_secret_file(self.path, change)
+        except UnsafeFileError as exc:
+            raise CliError(str(exc)) from None
         except OSError as exc:
             raise CliError(f"cannot write {self.path}: {exc.strerror or exc}") from None
 

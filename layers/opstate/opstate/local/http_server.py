@@ -29,6 +29,7 @@ from waitress.task import ErrorTask, ThreadedTaskDispatcher
 from waitress.utilities import BadRequest
 
 from opstate.local.apigw import LocalLambdaContext, build_event, response_parts
+from opstate.terminal import printable
 
 # API Gateway refuses payloads over 10 MB before the function runs; so does this server.
 MAX_REQUEST_BYTES = 10 * 1024 * 1024
@@ -126,8 +127,10 @@ class ApiGatewayApp:
         if self._verbose:
             protocol = environ.get("SERVER_PROTOCOL", "HTTP/1.1")
             self._say(
-                f'{environ.get("REMOTE_ADDR", "-")} "{method} {target} {protocol}" '
-                f"{status} {len(payload)}"
+                printable(
+                    f'{environ.get("REMOTE_ADDR", "-")} "{method} {target} {protocol}" '
+                    f"{status} {len(payload)}"
+                )
             )
         out = [(k, v) for k, v in headers if k.lower() not in _SERVER_HEADERS]
         out.append(("Content-Length", str(len(payload))))
@@ -156,7 +159,7 @@ class ApiGatewayApp:
         try:
             result = self._resolve(event, context)
         except Exception as exc:  # the app answers its own errors; this is a bug
-            self._say(f"error: {method} {target}: {type(exc).__name__}: {exc}")
+            self._say(printable(f"error: {method} {target}: {type(exc).__name__}: {exc}"))
             return 500, json_type, error_body("internal-error", "internal error")
         return response_parts(result)
 

@@ -58,7 +58,7 @@ def resolve_secrets(settings: Settings, secret_file: Path) -> SecretSource:
         path: Path | None = None
         generated = False
     else:
-        path = secret_file.resolve()
+        path = secret_file.absolute()  # never resolve(): a symlink must be seen, not followed
         generated = create_secret_file(path)
         parsed = read_secret_file(path)
         where = f"the webhook secret file {path}"
@@ -71,4 +71,4 @@ def resolve_secrets(settings: Settings, secret_file: Path) -> SecretSource:
 def api_token_for(settings: Settings, secret_file: Path) -> ApiToken:
     """The operations routes' token: ``OPSTATE_API_TOKEN``, else the file beside the secret
     file (generated on first use, mode 0600)."""
-    return resolve_api_token(settings.api_token, token_file_beside(secret_file.resolve()))
+    return resolve_api_token(settings.api_token, token_file_beside(secret_file.absolute()))

@@ -44,8 +44,9 @@ from opstate.local.secret_file import (
     resolve_secrets,
 )
 from opstate.model import Decision
-from opstate.quarantine import local_quarantine
+from opstate.quarantine import Bounds, local_quarantine
 from opstate.routes import OPERATIONS_PREFIX, WEBHOOK_PATH
+from opstate.terminal import printable_lines
 from opstate.times import format_time
 
 if TYPE_CHECKING:
@@ -93,7 +94,8 @@ class Printer:
             if self._broken:
                 return
             try:
-                self._out.write(line + "\n")
+                # Every line printed goes through the one escape (opstate.terminal).
+                self._out.write(printable_lines(line) + "\n")
                 self._out.flush()
             except (OSError, ValueError):
                 # stdout went away (a closed pipe): keep serving and, above all, keep shutdown
@@ -160,6 +162,8 @@ class ServeOptions:
     verbose: bool = False
     # What chose the store (``OPSTATE_STORE``, ``--store``, ``the default``), for its line.
     store_chosen_by: str | None = None
+    # Host names answered besides loopback and OPSTATE_PUBLIC_URL's (opstate.local.hosts).
+    allow_hosts: tuple[str, ...] = ()
 
 
 class ServeError(Exception):
@@ -202,9 +206,11 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
     decisions = DecisionLog()
     # Built now: configuration errors surface before "listening".
     apps = _local_app(store, verifier, settings, token, decisions, say)
-    httpd = _http_server(options, apps, store, decisions, token, say, settings)
+    httpd = _http_server(options, settings, apps, store, decisions, token, say)
     base_url = f"http://{httpd.host}:{httpd.port}"
     _print_start(say, options, store_url, source, token, base_url)
+    if settings.public_url:  # as in the Lambda: JWTs for this audience are verified too
+        say(f"dynamic webhooks (JWT): on, audience {settings.public_url}")
 
     loop: ReconcileLoop | None = None
     if settings.gemini_api_key or settings.gemini_api_key_secret_arn:
@@ -229,16 +235,26 @@ def _credentials(settings: Settings, secret_file: Path) -> tuple[SecretSource, A
 
 
 def _verifier(source: SecretSource, settings: Settings) -> Verifier:
-    """A secret file is re-read as it changes (rotation); environment secrets are fixed."""
-    from opstate.signatures import SecretsProviderVerifier, StaticSecretsVerifier
+    """As the Lambda verifies: Standard Webhooks, and with ``OPSTATE_PUBLIC_URL`` set the JWT
+    of dynamic webhooks too (``signatures.WebhookVerifier``, the same audience, issuers and
+    JWKS). A secret file is re-read as it changes (rotation); environment secrets are fixed."""
+    from opstate.signatures import (
+        SecretsProviderVerifier,
+        StaticSecretsVerifier,
+        WebhookVerifier,
+        jwt_verifier_from_settings,
+    )
 
+    standard: Verifier
     if source.origin == "file" and source.path is not None:
-        return SecretsProviderVerifier(
+        standard = SecretsProviderVerifier(
             SecretFileReader(source.path),
             tolerance_s=settings.webhook_tolerance_s,
             where=f"the webhook secret file {source.path}",
         )
-    return StaticSecretsVerifier(source.secrets, tolerance_s=settings.webhook_tolerance_s)
+    else:
+        standard = StaticSecretsVerifier(source.secrets, tolerance_s=settings.webhook_tolerance_s)
+    return WebhookVerifier(standard, jwt_verifier_from_settings(settings))
 
 
 def _check_store(store: Store) -> None:
@@ -288,7 +304,10 @@ def _local_app(
             settings=settings,
             on_decision=on_decision,
             # Signed webhooks that cannot be read are kept here (opstate replay --quarantine).
-            quarantine=local_quarantine(settings.store_url),
+            quarantine=local_quarantine(
+                settings.store_url,
+                Bounds(settings.quarantine_max_entries, settings.quarantine_max_bytes),
+            ),
             operations_auth=require_bearer_token(token.token),
         )
     )
@@ -296,16 +315,18 @@ def _local_app(
 
 def _http_server(
     options: ServeOptions,
+    settings: Settings,
     apps: LocalApp,
     store: Store,
     decisions: DecisionLog,
     token: ApiToken,
     say: Callable[[str], None],
-    settings: Settings,
 ) -> LocalHTTPServer:
     """The HTTP server (not started yet) with the page in front of the API; on failure the
     store is closed and a ``ServeError`` says why."""
     # waitress is imported here: the CLI builds its parser from this module's defaults.
+    from opstate.local.hosts import AllowedHosts, HostCheck
+
     try:
         from opstate.local.http_server import ApiGatewayApp, LocalHTTPServer
     except ImportError as exc:
@@ -327,8 +348,10 @@ def _http_server(
         token_help=_token_help(token),
         refresh=_refresher(store, settings, decisions, say),
     )
+    # Only requests addressed to this server by a name it answers (DNS rebinding).
+    allowed = AllowedHosts(options.host, settings.public_url, options.allow_hosts)
     try:
-        return LocalHTTPServer(options.host, options.port, page)
+        return LocalHTTPServer(options.host, options.port, HostCheck(page, allowed))
     except OSError as exc:
         store.close()
         raise ServeError(

@@ -62,6 +62,7 @@ from opstate.signatures.standard import (
 )
 from opstate.signatures.wiring import (
     WebhookVerifier,
+    jwt_verifier_from_settings,
     pubsub_verifier_from_settings,
     verifier_from_settings,
 )
@@ -100,6 +101,7 @@ __all__ = [
     "StaticSecretsVerifier",
     "Verifier",
     "WebhookVerifier",
+    "jwt_verifier_from_settings",
     "log_ignored_entries",
     "pubsub_verifier_from_settings",
     "secrets_manager_provider",

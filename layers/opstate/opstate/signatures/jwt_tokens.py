@@ -82,6 +82,9 @@ class JwtVerifier:
     option for: ``exp - iat`` is at most ``max_lifetime_s`` (a token minted to live until 2100
     is refused), and, when ``email`` is pinned, the ``email`` claim equals it with
     ``email_verified`` true. The request body is NOT covered by the token.
+
+    ``check_expiry=False`` (``opstate replay`` of a quarantined delivery, late by design) skips
+    only the ``exp`` / ``iat`` checks against the clock; everything else is checked.
     """
 
     def __init__(
@@ -95,6 +98,7 @@ class JwtVerifier:
         leeway_s: int = DEFAULT_JWT_LEEWAY_S,
         subject: str | None = None,
         email: str | None = None,
+        check_expiry: bool = True,
     ) -> None:
         if not issuers or not all(issuers):
             raise ValueError("JWT verification needs at least one expected issuer (iss)")
@@ -106,6 +110,7 @@ class JwtVerifier:
         self._leeway_s = leeway_s
         self._subject = subject
         self._email = email
+        self._check_expiry = check_expiry
 
     def verify(self, raw_body: bytes, headers: Mapping[str, str]) -> None:
         token = self._token(headers)
@@ -165,8 +170,8 @@ class JwtVerifier:
                 options={
                     "require": required,
                     "verify_signature": True,
-                    "verify_exp": True,
-                    "verify_iat": True,
+                    "verify_exp": self._check_expiry,
+                    "verify_iat": self._check_expiry,
                     "verify_iss": True,
                     "verify_aud": True,
                     "verify_sub": True,

@@ -73,7 +73,8 @@ class StaticSecretsVerifier:
     """Standard Webhooks verification against a fixed set of secrets (any may match).
 
     ``clock_s`` returns the current Unix time in seconds; tests pass a frozen clock to verify
-    the fixed sample events. ``tolerance_s`` bounds ``|now - webhook-timestamp|``. Every secret
+    the fixed sample events. ``tolerance_s`` bounds ``|now - webhook-timestamp|`` (None: no
+    bound, for ``opstate replay``: a quarantined delivery is late by design). Every secret
     must be a key (``InvalidSecretError`` otherwise); with none, ``verify`` raises
     ``SecretsUnavailableError`` (503: nothing can be verified, nothing is accepted).
     """
@@ -81,7 +82,7 @@ class StaticSecretsVerifier:
     def __init__(
         self,
         secrets: Iterable[str],
-        tolerance_s: int = DEFAULT_WEBHOOK_TOLERANCE_S,
+        tolerance_s: int | None = DEFAULT_WEBHOOK_TOLERANCE_S,
         *,
         clock_s: Callable[[], float] = time.time,
     ) -> None:
@@ -118,7 +119,7 @@ class StaticSecretsVerifier:
         if _TIMESTAMP.fullmatch(timestamp) is None:
             raise SignatureError()
         sent_at = int(timestamp)
-        if abs(self._clock_s() - sent_at) > self._tolerance_s:
+        if self._tolerance_s is not None and abs(self._clock_s() - sent_at) > self._tolerance_s:
             raise SignatureError()
         candidates = _candidate_signatures(signature)
         if not candidates:
@@ -148,7 +149,7 @@ class SecretsProviderVerifier:
     def __init__(
         self,
         provider: Callable[[], str | bytes | Sequence[object]],
-        tolerance_s: int = DEFAULT_WEBHOOK_TOLERANCE_S,
+        tolerance_s: int | None = DEFAULT_WEBHOOK_TOLERANCE_S,
         *,
         clock_s: Callable[[], float] = time.time,
         where: str = "webhook secret",

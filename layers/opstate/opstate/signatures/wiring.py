@@ -43,9 +43,10 @@ class WebhookVerifier:
 
 
 def verifier_from_settings(
-    settings: Settings, *, clock_s: Callable[[], float] = time.time
+    settings: Settings, *, clock_s: Callable[[], float] = time.time, replaying: bool = False
 ) -> WebhookVerifier:
-    """The verifier the configuration asks for.
+    """The verifier the configuration asks for (``replaying``: for ``opstate replay`` of
+    quarantined deliveries, without the timestamp tolerance and the JWT's expiry).
 
     Secrets Manager (``webhook_secret_arn``) wins over local ``webhook_secrets``; with neither
     (or with no usable key among them), every Standard Webhooks request answers 503. JWTs are
@@ -55,14 +56,24 @@ def verifier_from_settings(
     if settings.webhook_secret_arn:
         standard = SecretsProviderVerifier(
             secrets_manager_provider(settings.webhook_secret_arn, settings.secrets_cache_s),
-            settings.webhook_tolerance_s,
+            None if replaying else settings.webhook_tolerance_s,
             clock_s=clock_s,
             where="OPSTATE_WEBHOOK_SECRET_ARN",
         )
     else:
         parsed = parse_stored(settings.webhook_secrets)
         log_ignored_entries(parsed, "OPSTATE_WEBHOOK_SECRETS")
-        standard = StaticSecretsVerifier(parsed.keys, settings.webhook_tolerance_s, clock_s=clock_s)
+        standard = StaticSecretsVerifier(
+            parsed.keys, None if replaying else settings.webhook_tolerance_s, clock_s=clock_s
+        )
+    return WebhookVerifier(standard, jwt_verifier_from_settings(settings, replaying=replaying))
+
+
+def jwt_verifier_from_settings(
+    settings: Settings, *, replaying: bool = False
+) -> JwtVerifier | None:
+    """The JWT verifier of dynamic webhooks when ``public_url`` is set (else None); shared by
+    the Lambda, ``opstate serve`` and ``opstate replay``."""
     jwt_verifier = None
     if settings.public_url:
         if not settings.jwt_issuers:
@@ -81,8 +92,9 @@ def verifier_from_settings(
             leeway_s=settings.jwt_leeway_s,
             subject=settings.jwt_subject,
             email=settings.jwt_email,
+            check_expiry=not replaying,
         )
-    return WebhookVerifier(standard, jwt_verifier)
+    return jwt_verifier
 
 
 def pubsub_verifier_from_settings(settings: Settings) -> JwtVerifier | None:

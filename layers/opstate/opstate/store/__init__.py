@@ -99,8 +99,10 @@ def _sqlite_store(url: str, rest: str, settings: StoreSettings | None) -> Store:
     if raw_path == ":memory:":
         raise ValueError(f"invalid store URL {url!r}: use memory:// for an in-memory store")
     path = Path(raw_path).expanduser()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from opstate.private_files import make_private_dir
     from opstate.store.sqlite import SQLiteStore
+
+    make_private_dir(path.parent)  # .opstate/ is 0700 (opstate.private_files)
 
     if settings is None:
         return SQLiteStore(path)

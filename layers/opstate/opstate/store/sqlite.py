@@ -35,6 +35,7 @@ from typing import Any, NoReturn
 
 from opstate.config import DEFAULT_RETENTION_DAYS
 from opstate.model import OpRecord
+from opstate.private_files import create_private_empty_file
 from opstate.states import parse_state
 from opstate.store.port import (
     WRITTEN,
@@ -125,6 +126,7 @@ class SQLiteStore:
         self._lock = threading.Lock()
         self._connections: list[sqlite3.Connection] = []
         self._generation = 0
+        create_private_empty_file(self.path)  # 0600 from the first byte (private_files)
         conn = self._conn()
         try:
             self._with_lock_retry(lambda: conn.executescript(_SCHEMA))

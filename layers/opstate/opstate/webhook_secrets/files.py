@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from opstate.private_files import UnsafeFileError, make_private_dir, read_private_file
 from opstate.webhook_secrets.rule import (
     ParsedSecrets,
     generate_secret,
@@ -28,7 +29,7 @@ def file_lock(path: Path) -> Iterator[None]:
     other updaters are done. The secret file itself is replaced atomically, never locked."""
     import fcntl
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dir(path.parent)
     fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -40,13 +41,17 @@ def file_lock(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
+SECRET_FILE_WHAT = "the webhook secret file"
+
+
 def read_secret_file(path: Path) -> ParsedSecrets:
-    """The keys of a local secret file (``OSError`` when it cannot be read)."""
-    return parse_stored(path.read_bytes())
+    """The keys of a local secret file: ``OSError`` when it cannot be read, ``UnsafeFileError``
+    (a ``ValueError``) when others could read, change or swap it (``opstate.private_files``)."""
+    return parse_stored(read_private_file(path, SECRET_FILE_WHAT))
 
 
 def _write_private(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dir(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -73,7 +78,7 @@ def create_private_file(path: Path, content: str) -> bool:
     The content is written to a temporary file first and linked into place, so no reader ever
     sees a half-written file and two processes starting at once keep the first one's content.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dir(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -122,7 +127,10 @@ class SecretFileReader:
 
     ``opstate webhooks register / rotate`` replace the file while ``opstate serve`` runs; the
     next request sees the new content. If the file vanishes or cannot be read, the last content
-    read stays in use. Feed it to ``signatures.SecretsProviderVerifier``.
+    read stays in use, and so it does when the file stops following the rule of
+    ``opstate.private_files`` (a swap to a symlink, a chmod that lets others write it): the
+    file's new content is not trusted, and a warning says so. Feed it to
+    ``signatures.SecretsProviderVerifier``.
     """
 
     def __init__(self, path: Path) -> None:
@@ -140,8 +148,16 @@ class SecretFileReader:
                 stat = self.path.stat()
                 stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
                 if stamp != self._stamp:
-                    self._content = self.path.read_bytes()
                     self._stamp = stamp
+                    self._content = read_private_file(self.path, SECRET_FILE_WHAT)
+            except UnsafeFileError as exc:
+                _warn_unsafe(exc)
             except OSError:
                 pass
             return self._content
+
+
+def _warn_unsafe(exc: UnsafeFileError) -> None:
+    from opstate.observability import logger
+
+    logger.warning("webhook secret file not re-read: %s", exc)

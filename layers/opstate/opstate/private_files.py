@@ -1,0 +1,104 @@
+"""The one rule for local files that hold secrets or state: nobody else may read, write or swap
+them.
+
+A secret file (the API token file, the webhook secret file) is read only when it is a regular
+file opened without following a symlink (``O_NOFOLLOW``), owned by the current user, and
+neither readable nor writable by group or others; otherwise ``UnsafeFileError`` says, in one
+sentence, which file and how to fix it (``opstate serve`` refuses to start with it). What the
+content must hold (a token at least as long as ``OPSTATE_API_TOKEN`` must be, a ``whsec_`` key)
+is the caller's rule, checked on what this module read.
+
+Files and folders this system creates locally are private from the start: folders 0700
+(``.opstate/``), files 0600 (the secret files, the SQLite store and its quarantine); SQLite
+gives its ``-wal`` and ``-shm`` files the database file's mode.
+
+Imports nothing of opstate: every layer may use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from pathlib import Path
+
+PRIVATE_FILE_MODE = 0o600
+PRIVATE_DIR_MODE = 0o700
+# Bigger than any secret file this system writes; a larger file is not read whole.
+MAX_SECRET_FILE_BYTES = 64 * 1024
+
+
+class UnsafeFileError(ValueError):
+    """A secret file others could read, write or swap; the message names it and the fix."""
+
+
+def _check(path: Path, st: os.stat_result, what: str) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeFileError(f"{what} {path} is not a regular file; replace it with one")
+    if st.st_uid != os.geteuid():
+        raise UnsafeFileError(
+            f"{what} {path} is owned by uid {st.st_uid}, not by you (uid {os.geteuid()}); "
+            "delete it and let it be written again, or chown it to yourself"
+        )
+    if st.st_mode & 0o077:
+        raise UnsafeFileError(
+            f"{what} {path} has mode {stat.S_IMODE(st.st_mode):04o}, which lets other users "
+            f"read or change it; fix it with: chmod 600 {path}"
+        )
+
+
+def read_private_file(path: Path, what: str) -> bytes:
+    """The bytes of the secret file ``path`` if it follows the module's rule.
+
+    ``what`` names the file in the message ("the API token file"). ``FileNotFoundError`` when
+    it does not exist, ``UnsafeFileError`` when it breaks the rule (a symlink included), other
+    ``OSError`` when it cannot be read.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if _is_symlink_refusal(path, exc):
+            raise UnsafeFileError(
+                f"{what} {path} is a symbolic link, which someone could point at a file "
+                f"they control; replace it with the file itself (e.g. cp --remove-destination "
+                f'"$(readlink -f {path})" {path})'
+            ) from None
+        raise
+    with os.fdopen(fd, "rb") as fh:
+        _check(path, os.fstat(fh.fileno()), what)
+        data = fh.read(MAX_SECRET_FILE_BYTES + 1)
+    if len(data) > MAX_SECRET_FILE_BYTES:
+        raise UnsafeFileError(
+            f"{what} {path} is larger than {MAX_SECRET_FILE_BYTES} bytes; it is not a secret "
+            "file this system wrote"
+        )
+    return data
+
+
+def _is_symlink_refusal(path: Path, exc: OSError) -> bool:
+    """Whether ``os.open(..., O_NOFOLLOW)`` failed because ``path`` is a symlink (ELOOP)."""
+    import errno
+
+    return exc.errno == errno.ELOOP or (exc.errno == errno.EMLINK and path.is_symlink())
+
+
+def make_private_dir(path: Path) -> None:
+    """Create ``path`` (and missing parents) with mode 0700; an existing folder is left as
+    it is (it may be the user's own)."""
+    if path.is_dir():
+        return
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=PRIVATE_DIR_MODE, parents=True)
+
+
+def create_private_empty_file(path: Path) -> None:
+    """Make sure ``path`` exists, creating it empty with mode 0600 (never following a symlink,
+    never truncating), so a database created in it next is private from the first byte."""
+    make_private_dir(path.parent)
+    try:
+        fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE_MODE
+        )
+    except OSError:
+        return  # a symlink or unwritable: the database open that follows says why
+    os.close(fd)
