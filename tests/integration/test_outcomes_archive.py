@@ -20,8 +20,8 @@ from opstate.ingest import ingest
 from opstate.model import OpEvent
 from opstate.outcomes.file_sink import FileSink
 from opstate.outcomes.genai_source import GenaiSource, make_client
+from opstate.outcomes.results import results_json
 from opstate.outcomes.run import archive_once
-from opstate.outcomes.wiring import results_json
 from opstate.states import State
 from opstate.store import MemoryStore
 from opstate.store.port import ArchiveState
@@ -121,13 +121,44 @@ def test_done_when_on_the_folder(cli: Any, fake_gemini: FakeGemini, tmp_path: Pa
     assert code == 0, err
     assert (tmp_path / "copy" / "output.jsonl").read_bytes() == data
     assert (tmp_path / "copy" / "summary.json").exists()
-    # The record itself never moved: same version, state.
+    # The record itself never moved: same version, state; its view says where the results are.
     record = json.loads(cli("get", "batches/b1", "--json")[1])
     assert record["state"] == "SUCCEEDED" and record["version"] == 2
+    assert record["results"]["status"] == "archived"
+    assert record["results"]["location"] == (stored.parent / "summary.json").as_uri()
+    assert record["results"]["expiresAt"] == view["expiresAt"]
     # A second pass has nothing to do.
     downloads = fake_gemini.hits("files/out-b1")
     assert json.loads(cli("archive", "--once")[1])["archived"] == 0
     assert fake_gemini.hits("files/out-b1") == downloads
+
+
+def test_a_running_batch_shows_its_progress(
+    cli: Any, fake_gemini: FakeGemini, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPSTATE_RECONCILE_MAX_PAGES", "0")  # polled, not discovered
+    fake_gemini.put_batch("batches/run", "RUNNING", update_time=now_text(-30))
+    body = fake_gemini.resource("batches/run") or {}
+    body["metadata"]["batchStats"] = {
+        "requestCount": "100",
+        "successfulRequestCount": "40",
+        "failedRequestCount": "2",
+        "pendingRequestCount": "58",
+    }
+    fake_gemini.put("batches/run", body)
+    assert cli("report", "batches/run", "RUNNING", "--time", now_text(-30))[0] == 0
+    assert cli("reconcile", "--once")[0] == 0  # same state and time: the event is dropped...
+    record = json.loads(cli("get", "batches/run", "--json")[1])
+    assert record["state"] == "RUNNING" and "results" not in record
+    assert record["version"] == 1 and "batch_stats" not in record["details"]
+    assert record["progress"] == {
+        "requestCount": 100,
+        "successfulRequestCount": 40,
+        "failedRequestCount": 2,
+        "pendingRequestCount": 58,
+    }  # ...its progress is kept
+    code, _, err = cli("results", "batches/run", "--json")
+    assert code != 0 and "no archive status" in err
 
 
 def test_done_when_on_s3(

@@ -163,3 +163,19 @@ def test_a_sqlite_file_of_the_previous_release_gets_the_archive_columns(tmp_path
         assert due(store, NOW_NS + S) == ["batches/old"]
     finally:
         store.close()
+
+
+def test_progress_is_kept_beside_an_open_record(harness: Harness) -> None:
+    from opstate.store import PollState
+
+    store = archiving(harness)
+    track(harness, "batches/p", State.RUNNING, T0)
+    assert store.get_progress("batches/p") is None
+    stats = {"requestCount": 10, "pendingRequestCount": 7}
+    assert store.set_poll("batches/p", 1, PollState(due_ns=NOW_NS, progress=stats))  # type: ignore[attr-defined]
+    assert store.get_progress("batches/p") == stats
+    # A poll state without progress keeps the stored one; the record never moved.
+    assert store.set_poll("batches/p", 1, PollState(due_ns=NOW_NS + S))  # type: ignore[attr-defined]
+    assert store.get_progress("batches/p") == stats
+    record = store.get("batches/p")
+    assert record is not None and record.version == 1

@@ -78,7 +78,8 @@ def _download(config: Any, view: dict[str, Any], dest: Path, summary_location: s
 
 def cmd_results(args: argparse.Namespace) -> int:
     config = settings_for(args)
-    from opstate.outcomes.wiring import archiving, results_json
+    from opstate.outcomes.results import results_json
+    from opstate.outcomes.wiring import archiving
 
     name = name_arg(args.name)
     with open_store(config) as store:

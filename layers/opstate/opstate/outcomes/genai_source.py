@@ -37,7 +37,7 @@ from opstate.outcomes.source import (
     SourceError,
     Writer,
 )
-from opstate.reconcile.genai_gateway import api_key, classify
+from opstate.reconcile.genai_gateway import api_key, batch_stats, classify
 from opstate.times import parse_time
 
 if TYPE_CHECKING:
@@ -50,16 +50,6 @@ def file_name_of(uri: str) -> str | None:
     """``files/<id>`` of a Gemini file URI or name (``.../v1beta/files/abc:download?...``)."""
     match = _FILE_ID.search(uri)
     return f"files/{match.group(1)}" if match else None
-
-
-def _int(value: object) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    return None
 
 
 def _error(exc: BaseException) -> SourceError:
@@ -85,16 +75,6 @@ class _Into(io.RawIOBase):
         chunk = data if isinstance(data, bytes) else bytes(data)
         self.writer.write(chunk)
         return len(chunk)
-
-
-def batch_stats(body: Mapping[str, Any]) -> dict[str, int] | None:
-    """``metadata.batchStats`` of a REST batch resource as integers (None: not there)."""
-    metadata = body.get("metadata")
-    stats = metadata.get("batchStats") if isinstance(metadata, Mapping) else None
-    if not isinstance(stats, Mapping):
-        return None
-    out = {str(k): v for k, v in ((k, _int(v)) for k, v in stats.items()) if v is not None}
-    return out or None
 
 
 class GenaiSource:

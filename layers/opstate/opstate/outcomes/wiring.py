@@ -1,18 +1,19 @@
-"""Wiring: settings -> store + Gemini source + sink -> one archive pass; the sink of a URL;
-``results_json`` (the ``opstate results --json`` document of a name)."""
+"""Wiring: settings -> store + Gemini source + sink -> one archive pass; the sink of a URL.
+(``results_json``, the ``opstate results --json`` document of a name, is in ``results``.)"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from opstate.config import ConfigError, ResultsSettings, Settings
-from opstate.outcomes.plan import results_view
+from opstate.outcomes.results import results_json
 from opstate.outcomes.run import ArchiveResult, archive_once
 from opstate.outcomes.sink import Sink
 from opstate.store.port import ArchivingStore, Store
+
+__all__ = ["archive_from_settings", "results_json", "results_url_for", "sink_from_url"]
 
 URL_FORMS = "s3://BUCKET/PREFIX or file:///ABS/PATH"
 LOCAL_RESULTS_DIR = "results"
@@ -82,13 +83,3 @@ def archive_from_settings(
     finally:
         if opened:
             used.close()
-
-
-def results_json(store: Store, name: str) -> dict[str, Any] | None:
-    """The ``opstate results --json`` document of ``name``: ``{name, status, expiresAt,
-    archivedAt, objects, rows, errors, usage, requests}``, or None when no archive status is
-    known yet (not tracked, still running, or terminal and not yet looked at)."""
-    state = archiving(store).get_archive(name)
-    if state is None:
-        return None
-    return results_view(name, state.as_dict())

@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 from opstate.config import Settings, parse_overdue
 from opstate.events import EventError, UnsupportedEventError
@@ -57,7 +58,14 @@ from opstate.reconcile.tally import (
     Tally,
 )
 from opstate.reducer import apply_event
-from opstate.store.port import Due, PollingStore, RetryableError, StoreUnavailableError
+from opstate.store.port import (
+    Due,
+    PollingStore,
+    PollState,
+    RetryableError,
+    StoreUnavailableError,
+)
+from opstate.views import PROGRESS_DETAIL
 
 # Batch jobs asked per discovery page (the API caps it; fewer may come back).
 DISCOVERY_PAGE_SIZE = 100
@@ -322,10 +330,19 @@ class _Run:
         poll, marks = self.schedule.after_poll(
             current, entry.poll, found=found, now_ns=self.clock.now_ns()
         )
-        self.writer.write(current, entry.poll, poll, marks)
+        self.writer.write(current, entry.poll, _with_progress(poll, event), marks)
 
     def emit(self) -> RunResult:
         return self.tally.emit(self.stop_reason, self.clock.now_ns())
+
+
+def _with_progress(poll: PollState, event: OpEvent | None) -> PollState:
+    """A batch's progress (``batch_stats``) kept beside the record, whatever the reducer said
+    of the event (an equal update time drops the event, not its progress)."""
+    progress = event.details.get(PROGRESS_DETAIL) if event is not None else None
+    if isinstance(progress, Mapping):
+        return replace(poll, progress=dict(progress))
+    return poll
 
 
 class _DueQueue:

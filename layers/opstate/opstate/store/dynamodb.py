@@ -215,6 +215,10 @@ class DynamoDBStore:
                 sets.append(f"#p{index} = :p{index}")
             else:
                 removes.append(f"#p{index}")
+        if poll.progress is not None:
+            names["#progress"] = "progress"
+            values[":progress"] = to_attr(dict(poll.progress))
+            sets.append("#progress = :progress")
         expression = ""
         if sets:
             expression = "SET " + ", ".join(sets)
@@ -315,6 +319,20 @@ class DynamoDBStore:
         except BotoCoreError as exc:
             fault(exc, "UpdateItem")
         return True
+
+    def get_progress(self, name: str) -> dict[str, int] | None:
+        try:
+            response = self.client.get_item(
+                TableName=self.table_name,
+                Key={"name": {"S": name}},
+                ConsistentRead=True,
+                ProjectionExpression="progress",
+            )
+        except (ClientError, BotoCoreError) as exc:
+            fault(exc, "GetItem")
+        raw = response.get("Item", {}).get("progress")
+        value = plain(from_attr(raw)) if raw else None
+        return value if isinstance(value, dict) else None
 
     def iter_archive_due(self, now_ns: int) -> Iterator[ArchiveEntry]:
         """Unsettled terminal records, soonest due first: a filtered, consistent Scan (the

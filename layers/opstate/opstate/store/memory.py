@@ -78,8 +78,16 @@ class MemoryStore:
             existing = self._records.get(name)
             if existing is None or existing.version != version or existing.terminal:
                 return False
+            previous = self._polls.get(name)
+            if poll.progress is None and previous is not None and previous.progress is not None:
+                poll = replace(poll, progress=previous.progress)
             self._polls[name] = poll
             return True
+
+    def get_progress(self, name: str) -> dict[str, int] | None:
+        with self._lock:
+            poll = self._polls.get(name)
+        return dict(poll.progress) if poll is not None and poll.progress is not None else None
 
     def iter_marked(self) -> Iterator[Due]:
         with self._lock:

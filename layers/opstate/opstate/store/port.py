@@ -78,6 +78,9 @@ class PollState:
     missing_since_ns: int = 0
     lost_ns: int = 0
     overdue_ns: int = 0
+    # A running batch's batchStats as the last poll brought it (None: this write carries none;
+    # a stored one is kept). Read back with ``ArchivingStore.get_progress``.
+    progress: Mapping[str, int] | None = field(default=None, compare=False)
 
     @property
     def lost(self) -> bool:
@@ -278,6 +281,11 @@ class ArchivingStore(Store, Protocol):
         terminal, is the incarnation ``state.created_ns`` and its archive state's ``rev`` is
         still ``expected_rev`` (0: none yet). False when a condition failed. Never changes the
         record (version, state, details, keys) or its poll state."""
+        ...
+
+    def get_progress(self, name: str) -> dict[str, int] | None:
+        """The batchStats the reconciler last stored beside ``name`` (``PollState.progress``),
+        or None."""
         ...
 
     def iter_archive_due(self, now_ns: int) -> Iterator[ArchiveEntry]:

@@ -86,6 +86,7 @@ _ARCHIVE_COLUMNS = (
     ("archive_status", "TEXT"),
     ("archive_rev", "INTEGER NOT NULL DEFAULT 0"),
     ("archive_due_ns", "INTEGER NOT NULL DEFAULT 0"),
+    ("progress", "TEXT"),  # PollState.progress (JSON), a running batch's batchStats
 )
 
 _COLUMNS = (
@@ -289,17 +290,19 @@ class SQLiteStore:
 
     def set_poll(self, name: str, version: int, poll: PollState) -> bool:
         open_ns = None if poll.lost else _ns_text(max(0, poll.due_ns))
+        progress = None if poll.progress is None else json.dumps(dict(poll.progress))
         try:
             cursor = self._conn().execute(
                 "UPDATE operations SET open_ns = ?, poll_misses = ?, poll_missing_since_ns = ?, "
-                "lost_ns = ?, overdue_ns = ? WHERE name = ? AND version = ? "
-                "AND expires_at IS NULL",
+                "lost_ns = ?, overdue_ns = ?, progress = COALESCE(?, progress) "
+                "WHERE name = ? AND version = ? AND expires_at IS NULL",
                 (
                     open_ns,
                     poll.misses,
                     poll.missing_since_ns,
                     poll.lost_ns,
                     poll.overdue_ns,
+                    progress,
                     name,
                     version,
                 ),
@@ -377,6 +380,20 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             self._raise(exc)
         return bool(cursor.rowcount)
+
+    def get_progress(self, name: str) -> dict[str, int] | None:
+        try:
+            row = (
+                self._conn()
+                .execute("SELECT progress FROM operations WHERE name = ?", (name,))
+                .fetchone()
+            )
+        except sqlite3.Error as exc:
+            self._raise(exc)
+        if not row or not row[0]:
+            return None
+        value = json.loads(row[0])
+        return value if isinstance(value, dict) else None
 
     def iter_archive_due(self, now_ns: int) -> Iterator[ArchiveEntry]:
         """Unsettled terminal records by (due, name), fetched in pages (keyset paging)."""
