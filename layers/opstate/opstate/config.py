@@ -334,6 +334,8 @@ class ResultsSettings(_Part):
     results_retry_s: float = 60.0
     # How long a claim on one archive holds off other archivers (seconds).
     results_lease_s: float = 900.0
+    # The archiver function the reconciler invokes when it finds a due archive (AWS only).
+    archiver_function: str | None = None
 
     @classmethod
     def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
@@ -352,6 +354,7 @@ class ResultsSettings(_Part):
             results_part_mib=_bounded_int(env, "OPSTATE_RESULTS_PART_MIB", 1024),
             results_retry_s=_float(env, "OPSTATE_RESULTS_RETRY_SECONDS", 1.0, 3600.0),
             results_lease_s=_float(env, "OPSTATE_RESULTS_LEASE_SECONDS", 1.0),
+            archiver_function=_str(env, "OPSTATE_ARCHIVER_FUNCTION"),
         )
 
 

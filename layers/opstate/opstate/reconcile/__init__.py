@@ -12,10 +12,11 @@ One module per concern:
 - ``poll_writer``: writing what a poll decided (the next ``PollState``, each lost / overdue
   mark in its own write);
 - ``tally``: what a run reports: ``RunResult``, ``MarkDecision``, its counters and metrics;
-- ``wiring``: ``run_from_settings``.
+- ``wiring``: ``run_from_settings`` (then the archive re-drive, ``opstate.outcomes.redrive``).
 
 Owns: the reconciler, one module per concern as above. May import the domain, ``config``,
-``observability``, the store port and ``ingest``, and google-genai (``genai_gateway`` only);
+``observability``, the store port, ``ingest``, ``opstate.outcomes.redrive`` (``wiring`` only)
+and google-genai (``genai_gateway`` only);
 never the API, the notifier, the local server or the CLI.
 
 Names are loaded on first use, so ``import opstate.reconcile`` stays cheap (no SDK, no boto3).

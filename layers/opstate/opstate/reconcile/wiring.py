@@ -1,10 +1,12 @@
-"""Wiring: settings -> store + gateway -> one run (the Lambda entry and the CLI call this)."""
+"""Wiring: settings -> store + gateway -> one run (the Lambda entry and the CLI call this), then
+the archive re-drive (``opstate.outcomes.redrive``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from opstate.config import Settings
+from opstate.outcomes.redrive import redrive
 from opstate.reconcile.genai_gateway import GenaiGateway, make_client
 from opstate.reconcile.run import DecisionHook, RunResult, reconcile_once
 from opstate.store.port import PollingStore
@@ -24,7 +26,7 @@ def run_from_settings(
             raise TypeError(f"{type(store).__name__} cannot schedule polls")
         gateway = GenaiGateway(make_client(settings))
         try:
-            return reconcile_once(
+            result = reconcile_once(
                 store,
                 gateway,
                 settings=settings,
@@ -33,5 +35,9 @@ def run_from_settings(
             )
         finally:
             gateway.close()
+        # Pending archives whose trigger was lost: handed to the archiver, within the budget.
+        left = (lambda: remaining_ms() / 1000.0) if remaining_ms is not None else None
+        redrive(store, settings, remaining_s=left)
+        return result
     finally:
         store.close()
