@@ -35,7 +35,9 @@ USAGE_FIELDS = (
     "totalTokenCount",
 )
 UNKNOWN_CODE = "unknown"
-_NEWLINE = 0x0A
+# One decoder, bound once: json.loads would re-check its arguments and sniff the encoding of
+# bytes on every line.
+_decode = json.JSONDecoder().decode
 
 
 def _count(value: object) -> int:
@@ -129,15 +131,11 @@ class BatchLedger:
 
     def line(self, raw: bytes) -> None:
         """Account for one line (without its newline)."""
-        if not raw.strip():
-            return
+        if not raw or raw.isspace():  # ASCII whitespace only, as JSON's
+            return  # a blank line is no row
         self.rows.total += 1
-        try:
-            row = json.loads(raw)
-        except ValueError:  # not JSON, or not UTF-8
-            self.rows.unreadable += 1
-            return
-        if not isinstance(row, dict):
+        row = _row(raw)
+        if row is None:
             self.rows.unreadable += 1
             return
         response = row.get("response")
@@ -157,6 +155,15 @@ class BatchLedger:
             self.errors[code] = self.errors.get(code, 0) + 1
             return
         self.rows.unreadable += 1
+
+
+def _row(raw: bytes) -> dict[str, Any] | None:
+    """The JSON object a line holds, or None (not UTF-8, not JSON, not an object)."""
+    try:
+        row = _decode(raw.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError is one
+        return None
+    return row if isinstance(row, dict) else None
 
 
 @dataclass

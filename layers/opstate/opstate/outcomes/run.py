@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import queue
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -91,17 +93,42 @@ class ArchiveResult:
         }
 
 
+# Chunks (1 MiB each from the SDK) queued between the download and the ledger's thread.
+LEDGER_QUEUE_CHUNKS = 8
+
+
 class _Tee:
-    """Writes every chunk to the ledger and the sink's writer (one pass over the bytes)."""
+    """Writes every chunk to the sink's writer and hands it to the ledger, which runs in its
+    own thread (parsing JSON holds the interpreter; receiving, hashing and writing do not), so
+    the copy and the count overlap. The queue is bounded: memory stays bounded."""
 
     def __init__(self, ledger: BatchLedger | VideoLedger, out: Any) -> None:
         self.ledger = ledger
         self.out = out
+        self.queue: queue.Queue[bytes | None] = queue.Queue(maxsize=LEDGER_QUEUE_CHUNKS)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._count, name="ledger", daemon=True)
+        self.thread.start()
+
+    def _count(self) -> None:
+        while (chunk := self.queue.get()) is not None:
+            if self.error is None:
+                try:
+                    self.ledger.feed(chunk)
+                except BaseException as exc:  # reported by close()
+                    self.error = exc
 
     def write(self, data: bytes) -> int:
-        self.ledger.feed(data)
         self.out.write(data)
+        self.queue.put(bytes(data))
         return len(data)
+
+    def close(self) -> None:
+        """Wait until the ledger has counted every chunk (raises what it raised)."""
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
 
 
 class _Failed(Exception):
@@ -326,10 +353,13 @@ class Archiver:
         )
         with self.sink.open(f"{prefix_of(record)}/{item.key}", name=record.name) as out:
             tee = _Tee(ledger, out)
-            if item.file is not None:
-                self.source.download(item.file, tee)
-            elif item.data is not None:
-                tee.write(item.data)
+            try:
+                if item.file is not None:
+                    self.source.download(item.file, tee)
+                elif item.data is not None:
+                    tee.write(item.data)
+            finally:
+                tee.close()
             if isinstance(ledger, BatchLedger):
                 ledger.finish()
             stored = out.commit(ledger.sha256)
