@@ -61,6 +61,7 @@ class Stack:
     webhook_secret_arn: str
     gemini_key_secret_arn: str
     clients: dict[str, Any] = field(repr=False)
+    results_bucket: str = ""
 
     def client(self, service: str) -> Any:
         return self.clients[service]
@@ -74,6 +75,10 @@ class Stack:
             "WebhookQuarantineQueue": self.quarantine_queue_url,  # an SQS queue's Ref is its URL
             "WebhookSigningSecret": self.webhook_secret_arn,
             "GeminiApiKeySecret": self.gemini_key_secret_arn,
+            "ResultsBucket": self.results_bucket,
+            # The reconciler's re-drive target (moto has no such function: the invoke fails
+            # and is logged, which the re-drive tolerates by design).
+            "ArchiverFunction": f"{STACK_NAME}-archiver",
             "AWS::StackName": STACK_NAME,
             "AWS::Region": REGION,
             "AWS::AccountId": ACCOUNT_ID,
@@ -87,8 +92,10 @@ def stack(moto_server: MotoServer) -> Stack:
     suffix = uuid.uuid4().hex[:8]
     clients: dict[str, Any] = {
         name: boto3.client(name, region_name=REGION, endpoint_url=moto_server.endpoint)
-        for name in ("dynamodb", "dynamodbstreams", "events", "sqs", "secretsmanager")
+        for name in ("dynamodb", "dynamodbstreams", "events", "sqs", "secretsmanager", "s3")
     }
+    results_bucket = f"e2e-results-{suffix}"
+    clients["s3"].create_bucket(Bucket=results_bucket)
     table = f"e2e-ops-{suffix}"
     create_table_from_template(clients["dynamodb"], table)
     bus = f"e2e-bus-{suffix}"
@@ -127,6 +134,7 @@ def stack(moto_server: MotoServer) -> Stack:
         webhook_secret_arn=webhook_secret,
         gemini_key_secret_arn=gemini_secret,
         clients=clients,
+        results_bucket=results_bucket,
     )
 
 
