@@ -356,3 +356,69 @@ def test_deadlines_previous_release_records_and_cloud_jobs(
     assert result.expired == 1
     late = store.get_archive("batches/late")
     assert late is not None and late.status == "expired" and late.attempts == 1
+
+
+def test_videos_filtered_videos_and_interactions_are_archived(
+    fake_gemini: FakeGemini, source: GenaiSource, tmp_path: Path
+) -> None:
+    clock = Clock()
+    store = MemoryStore()
+    sink = FileSink(tmp_path / "r")
+    expires = now_text(86400)
+    clips = [bytes([i]) * (1000 + i) for i in range(2)]
+    for i, clip in enumerate(clips):
+        fake_gemini.put_file(f"clip{i}", body=clip, mime_type="video/mp4", expiration_time=expires)
+    full = "models/veo-3.1-generate-preview/operations/two"
+    fake_gemini.put_video(full, done=True, video_uri=f"{fake_gemini.base_url}/v1beta/files/clip0")
+    body = fake_gemini.resource(full) or {}
+    samples = body["response"]["generateVideoResponse"]["generatedSamples"]
+    samples.append({"video": {"uri": f"{fake_gemini.base_url}/v1beta/files/clip1:download"}})
+    body["response"]["generateVideoResponse"]["raiMediaFilteredCount"] = 1
+    body["response"]["generateVideoResponse"]["raiMediaFilteredReasons"] = ["unsafe"]
+    fake_gemini.put(full, body)
+    # Every video filtered: a success with no output must say so.
+    empty = "models/veo-3.1-generate-preview/operations/none"
+    fake_gemini.put(
+        empty,
+        {
+            "name": empty,
+            "done": True,
+            "response": {
+                "generateVideoResponse": {
+                    "raiMediaFilteredCount": 2,
+                    "raiMediaFilteredReasons": ["celebrity", "unsafe"],
+                }
+            },
+        },
+    )
+    fake_gemini.put_interaction("interactions/i9", "completed")
+    for name in ("models/-/operations/two", "models/-/operations/none"):
+        ingest(
+            store,
+            OpEvent(
+                name, State.SUCCEEDED, clock.now, "poll", {"model": "veo-3.1-generate-preview"}
+            ),
+            clock_ns=clock,
+        )
+    terminal(store, "interactions/i9", clock.now)
+    result = archive_once(store, source, sink, settings=SETTINGS, clock_ns=clock)
+    assert (result.archived, result.failed) == (3, 0), result
+    two = store.get_archive("models/-/operations/two")
+    assert two is not None
+    objects = two.summary["objects"]
+    assert [o["location"].rsplit("/", 1)[-1] for o in objects] == ["video-0.mp4", "video-1.mp4"]
+    assert [o["sha256"] for o in objects] == [hashlib.sha256(c).hexdigest() for c in clips]
+    assert two.summary["videos"] == {"count": 2, "filteredCount": 1, "filteredReasons": ["unsafe"]}
+    assert two.summary["rows"] is None and results_json(store, "models/-/operations/two")
+    none = store.get_archive("models/-/operations/none")
+    assert none is not None and none.status == "archived" and none.summary["objects"] == []
+    assert none.summary["videos"] == {
+        "count": 0,
+        "filteredCount": 2,
+        "filteredReasons": ["celebrity", "unsafe"],
+    }
+    interaction = store.get_archive("interactions/i9")
+    assert interaction is not None
+    (obj,) = interaction.summary["objects"]
+    document = json.loads(Path(obj["location"].removeprefix("file://")).read_text())
+    assert document["status"] == "completed"
