@@ -422,3 +422,31 @@ def test_videos_filtered_videos_and_interactions_are_archived(
     (obj,) = interaction.summary["objects"]
     document = json.loads(Path(obj["location"].removeprefix("file://")).read_text())
     assert document["status"] == "completed"
+
+
+def test_a_bus_trigger_archives_the_operation_it_names_only(
+    fake_gemini: FakeGemini, source: GenaiSource, tmp_path: Path
+) -> None:
+    from opstate.outcomes.wiring import names_of
+
+    clock = Clock()
+    store = MemoryStore()
+    for name in ("batches/named", "batches/other"):
+        data, _ = batch_output(3, {})
+        file = fake_gemini.put_file(name.split("/")[1], body=data, expiration_time=now_text(9999))
+        fake_gemini.put_batch(name, "SUCCEEDED", responses_file=file)
+        terminal(store, name, clock.now)
+    trigger = {
+        "source": "gemini-opstate",
+        "detail-type": "Operation State Changed",
+        "detail": {"name": "batches/named", "state": "SUCCEEDED"},
+    }
+    names = names_of(trigger)
+    assert names == ["batches/named"]
+    assert names_of({"source": "gemini-opstate.reconcile"}) is None
+    sink = FileSink(tmp_path / "r")
+    result = archive_once(store, source, sink, settings=SETTINGS, clock_ns=clock, names=names)
+    assert result.archived == 1
+    assert store.get_archive("batches/other") is None  # left for its own trigger or a pass
+    again = archive_once(store, source, sink, settings=SETTINGS, clock_ns=clock, names=names)
+    assert again.archived == 0  # settled: nothing to do

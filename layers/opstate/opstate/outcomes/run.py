@@ -30,7 +30,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -157,8 +157,14 @@ class Archiver:
 
     # -- the pass ----------------------------------------------------------------------------
 
-    def run(self, remaining_s: Callable[[], float] | None = None, safety_s: float = 0.0) -> None:
-        entries = self.store.iter_archive_due(self.clock_ns())
+    def run(
+        self,
+        remaining_s: Callable[[], float] | None = None,
+        safety_s: float = 0.0,
+        entries: Iterator[ArchiveEntry] | None = None,
+    ) -> None:
+        if entries is None:
+            entries = self.store.iter_archive_due(self.clock_ns())
         for entry in entries:
             if remaining_s is not None and remaining_s() < safety_s:
                 self.result.remaining = 1 + sum(1 for _ in entries)
@@ -398,6 +404,20 @@ def _summary(
     return summary
 
 
+def due_entries(store: ArchivingStore, names: list[str], now_ns: int) -> list[ArchiveEntry]:
+    """The entries of ``names`` whose archive is due now (terminal, no settled status), read
+    one by one (``GetItem``s: the bus trigger names its operation, no listing needed)."""
+    found = []
+    for name in dict.fromkeys(names):
+        record = store.get(name)
+        if record is None or not record.terminal:
+            continue
+        state = store.get_archive(name)
+        if state is None or (state.open and state.due_ns <= now_ns):
+            found.append(ArchiveEntry(record, state))
+    return found
+
+
 def archive_once(
     store: ArchivingStore,
     source: Source,
@@ -407,10 +427,15 @@ def archive_once(
     clock_ns: Callable[[], int] = time.time_ns,
     remaining_s: Callable[[], float] | None = None,
     safety_s: float = 0.0,
+    names: list[str] | None = None,
 ) -> ArchiveResult:
-    """One pass (see the module docstring); returns what it did."""
+    """One pass (see the module docstring); returns what it did. With ``names``, only those
+    operations (when due) instead of every due archive."""
     archiver = Archiver(store, source, sink, settings, clock_ns)
-    archiver.run(remaining_s, safety_s)
+    if names is None:
+        archiver.run(remaining_s, safety_s)
+    else:
+        archiver.run(remaining_s, safety_s, iter(due_entries(store, names, clock_ns())))
     result = archiver.result
     if result.bytes:
         count("ResultsBytes", result.bytes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from opstate.config import ConfigError, ResultsSettings, Settings
@@ -13,7 +14,13 @@ from opstate.outcomes.run import ArchiveResult, archive_once
 from opstate.outcomes.sink import Sink
 from opstate.store.port import ArchivingStore, Store
 
-__all__ = ["archive_from_settings", "results_json", "results_url_for", "sink_from_url"]
+__all__ = [
+    "archive_from_settings",
+    "names_of",
+    "results_json",
+    "results_url_for",
+    "sink_from_url",
+]
 
 URL_FORMS = "s3://BUCKET/PREFIX or file:///ABS/PATH"
 LOCAL_RESULTS_DIR = "results"
@@ -53,14 +60,26 @@ def archiving(store: Store) -> ArchivingStore:
     return store
 
 
+def names_of(event: Any) -> list[str] | None:
+    """The operation a bus trigger names (``detail.name`` of an ``Operation State Changed``),
+    as a list; None for any other event (the reconciler's re-drive, a manual invoke): then the
+    pass takes every due archive."""
+    if not isinstance(event, dict) or event.get("detail-type") != "Operation State Changed":
+        return None
+    detail = event.get("detail")
+    name = detail.get("name") if isinstance(detail, dict) else None
+    return [name] if isinstance(name, str) and name else None
+
+
 def archive_from_settings(
     settings: Settings,
     remaining_s: Callable[[], float] | None = None,
     *,
     store: Store | None = None,
+    names: list[str] | None = None,
 ) -> ArchiveResult:
     """Open the configured store (unless given), a google-genai client and the sink; one
-    pass; close what was opened here."""
+    pass (over ``names`` only, when given); close what was opened here."""
     from opstate.outcomes.genai_source import GenaiSource, make_client
     from opstate.store import store_from_url
 
@@ -77,6 +96,7 @@ def archive_from_settings(
                 settings=settings,
                 remaining_s=remaining_s,
                 safety_s=settings.reconcile_safety_margin_s,
+                names=names,
             )
         finally:
             source.close()
