@@ -52,14 +52,12 @@ def _status_kib(field: str) -> int:
 
 def _httpx() -> Any:
     """httpx, or httpx2 (the drop-in fork google-genai 3.6 runs on when httpx is absent)."""
+    import importlib
+
     try:
-        import httpx
-
-        return httpx
+        return importlib.import_module("httpx")
     except ImportError:
-        import httpx2
-
-        return httpx2
+        return importlib.import_module("httpx2")
 
 
 def _plain(url: str, dest: Path) -> dict[str, Any]:
