@@ -1,7 +1,7 @@
 """``make bench``: every figure measured in one run next to its reference; writes results.json.
 
 Usage: ``python benchmarks/run.py [--quick] [--out PATH] [--skip SECTION ...]``.
-Sections: ingest, calls, contention, cold, cold-container, seed, reconcile (see
+Sections: ingest, calls, contention, cold, cold-container, seed, reconcile, archive (see
 benchmarks/README.md for every key).
 Never part of ``make test``: nothing here asserts a time.
 """
@@ -39,6 +39,7 @@ for _key, _value in {
     os.environ[_key] = _value
 os.environ.pop("AWS_PROFILE", None)
 
+import bench_archive  # noqa: E402
 import bench_calls  # noqa: E402
 import bench_cold  # noqa: E402
 import bench_ingest  # noqa: E402
@@ -368,7 +369,31 @@ def table(results: dict[str, Any]) -> list[str]:
     _container_rows(results.get("cold_start_container", {}), row)
     _seed_rows(results.get("seed_baseline", {}), row)
     _scale_rows(results.get("reconcile_scale", {}), row)
+    _archive_rows(results.get("archive", {}), row)
     return _aligned(rows) + _notes(results, ing)
+
+
+def _archive_rows(got: dict[str, Any], row: Row) -> None:
+    if "ratio" not in got:
+        return
+    label = f"archive {got['mib']:g} MiB batch output ({got['row_bytes']} B rows)"
+    ok = "ok" if got["ratio"] >= bench_archive.RATIO_TARGET else "MISSED"
+    row(
+        f"{label}: MiB/s vs plain httpx copy",
+        got["archive_mib_s"],
+        got["plain_mib_s"],
+        got["ratio"],
+        f">= {bench_archive.RATIO_TARGET} {ok}",
+    )
+    ok = "ok" if got["archive_rss_added_mib"] <= bench_archive.RSS_TARGET_MIB else "MISSED"
+    row(
+        f"{label}: peak RSS added (MiB)",
+        got["archive_rss_added_mib"],
+        got["plain_rss_added_mib"],
+        "",
+        f"<= {bench_archive.RSS_TARGET_MIB} {ok}",
+    )
+    row("archive: ledger alone (MiB/s, CPU only)", got["ledger_only_mib_s"], "", "", "")
 
 
 def section_reconcile(size: dict[str, int]) -> dict[str, Any]:
@@ -388,7 +413,16 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         action="append",
         default=[],
-        choices=["ingest", "calls", "contention", "cold", "cold-container", "seed", "reconcile"],
+        choices=[
+            "ingest",
+            "calls",
+            "contention",
+            "cold",
+            "cold-container",
+            "seed",
+            "reconcile",
+            "archive",
+        ],
     )
     args = parser.parse_args(argv)
     size = SIZES[args.quick]
@@ -437,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     run("reconcile", "reconcile_scale", lambda: section_reconcile(size))
+    run("archive", "archive", lambda: bench_archive.measure(64 if args.quick else 1024))
     results["meta"]["seconds"] = round(time.perf_counter() - started, 1)
 
     args.out.write_text(json.dumps(results, indent=2, sort_keys=False) + "\n", encoding="utf-8")

@@ -166,6 +166,16 @@ PANELS: list[Panel] = [
         [custom("EventsPublished", label="published"), custom("PublishFailures", label="failed")],
     ),
     Panel(
+        "Archiver: results archived, failed, lost, at risk",
+        [
+            custom("ResultsArchived", label="archived"),
+            custom("ResultsFailed", label="failed copies"),
+            custom("ResultsLost", label="lost"),
+            custom("ResultsAtRisk", label="at risk"),
+            custom("ResultsBytes", label="bytes", right_axis=True),
+        ],
+    ),
+    Panel(
         "Dead-letter queue depths",
         [
             aws(

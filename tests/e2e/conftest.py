@@ -62,6 +62,7 @@ class Stack:
     gemini_key_secret_arn: str
     google_credentials_secret_arn: str
     clients: dict[str, Any] = field(repr=False)
+    results_bucket: str = ""
 
     def client(self, service: str) -> Any:
         return self.clients[service]
@@ -76,6 +77,10 @@ class Stack:
             "WebhookSigningSecret": self.webhook_secret_arn,
             "GeminiApiKeySecret": self.gemini_key_secret_arn,
             "GoogleCredentialsSecret": self.google_credentials_secret_arn,
+            "ResultsBucket": self.results_bucket,
+            # The reconciler's re-drive target (moto has no such function: the invoke fails
+            # and is logged, which the re-drive tolerates by design).
+            "ArchiverFunction": f"{STACK_NAME}-archiver",
             "AWS::StackName": STACK_NAME,
             "AWS::Region": REGION,
             "AWS::AccountId": ACCOUNT_ID,
@@ -89,8 +94,10 @@ def stack(moto_server: MotoServer) -> Stack:
     suffix = uuid.uuid4().hex[:8]
     clients: dict[str, Any] = {
         name: boto3.client(name, region_name=REGION, endpoint_url=moto_server.endpoint)
-        for name in ("dynamodb", "dynamodbstreams", "events", "sqs", "secretsmanager")
+        for name in ("dynamodb", "dynamodbstreams", "events", "sqs", "secretsmanager", "s3")
     }
+    results_bucket = f"e2e-results-{suffix}"
+    clients["s3"].create_bucket(Bucket=results_bucket)
     table = f"e2e-ops-{suffix}"
     create_table_from_template(clients["dynamodb"], table)
     bus = f"e2e-bus-{suffix}"
@@ -134,6 +141,7 @@ def stack(moto_server: MotoServer) -> Stack:
         gemini_key_secret_arn=gemini_secret,
         google_credentials_secret_arn=google_secret,
         clients=clients,
+        results_bucket=results_bucket,
     )
 
 

@@ -520,3 +520,81 @@ def test_built_reconciler_announces_lost_and_overdue_operations_on_the_bus(
     assert [m[:2] for m in marks] == [("Operation Lost", gone), ("Operation Overdue", slow)]
     assert marks[0][2].startswith(f"{gone}#lost#")
     assert marks[1][2] == f"{slow}#overdue"
+
+
+# --- terminal change on the bus -> archiver -> S3 -> stream -> notifier -> bus ---------------
+
+
+def test_built_archiver_copies_a_batch_output_to_s3_and_it_is_announced(
+    start: StartFunction, stack: Stack
+) -> None:
+    import hashlib
+    import time
+
+    from opstate.times import format_time
+
+    name = "batches/e2e-archived"
+    now_ns = time.time_ns()
+    store = DynamoDBStore(stack.table, client=stack.client("dynamodb"))
+    try:
+        assert ingest(
+            store, OpEvent(name, State.SUCCEEDED, now_ns, "test", {}), clock_ns=lambda: now_ns
+        ).applied
+    finally:
+        store.close()
+    events, sqs = stack.client("events"), stack.client("sqs")
+    queue_arn = sqs.get_queue_attributes(QueueUrl=stack.queue_url, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    events.put_rule(
+        Name="e2e-results",
+        EventBusName=stack.bus,
+        EventPattern=json.dumps(
+            {"source": ["gemini-opstate"], "detail-type": ["Operation Results Archived"]}
+        ),
+    )
+    events.put_targets(
+        Rule="e2e-results", EventBusName=stack.bus, Targets=[{"Id": "r", "Arn": queue_arn}]
+    )
+    data = (
+        b"".join(
+            json.dumps(
+                {"key": f"k{i}", "response": {"usageMetadata": {"totalTokenCount": 3}}}
+            ).encode()
+            + b"\n"
+            for i in range(500)
+        )
+        + b'{"key": "bad", "status": {"code": 8, "message": "quota"}}\n'
+    )
+    with FakeGemini() as fake:
+        fake.api_key = GEMINI_TEST_KEY  # the built function read the key from Secrets Manager
+        file = fake.put_file(
+            "e2e-out", body=data, expiration_time=format_time(now_ns + 3600 * 10**9)
+        )
+        fake.put_batch(name, "BATCH_STATE_SUCCEEDED", responses_file=file)
+        archiver = start("ArchiverFunction", overrides={"GOOGLE_GEMINI_BASE_URL": fake.base_url})
+        trigger = {
+            "source": "gemini-opstate",
+            "detail-type": DETAIL_TYPE,
+            "detail": {"name": name, "state": "SUCCEEDED"},
+        }
+        result = archiver.invoke(trigger)
+    assert (result["archived"], result["failed"], result["errors"]) == (1, 0, 0), (
+        archiver.log_tail()
+    )
+    s3 = stack.client("s3")
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=stack.results_bucket)["Contents"]]
+    output = next(k for k in keys if k.endswith("/output.jsonl"))
+    assert output.startswith(f"results/{name}/") and any(k.endswith("/summary.json") for k in keys)
+    head = s3.head_object(Bucket=stack.results_bucket, Key=output)
+    assert head["Metadata"]["sha256"] == hashlib.sha256(data).hexdigest()
+    assert head["Metadata"]["opstate-name"] == name
+    assert_metrics_as_catalogued(emf_metrics(archiver.log_text()))
+
+    notify = start("NotifyFunction")
+    assert notify.invoke({"Records": stream_records(stack)}) == {"batchItemFailures": []}
+    (event,) = [e for e in receive_all(stack) if e["detail-type"] != DETAIL_TYPE]
+    detail = event["detail"]
+    assert detail["name"] == name and detail["status"] == "archived"
+    assert detail["rows"] == {"total": 501, "succeeded": 500, "failed": 1, "unreadable": 0}
+    assert detail["errors"] == {"8": 1} and detail["usage"]["totalTokenCount"] == 1500

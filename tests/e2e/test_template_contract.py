@@ -123,7 +123,94 @@ def test_reconciler_may_query_the_open_index_and_read_only_its_two_secrets(
     secrets = [s["Resource"] for s in stmts if "secretsmanager:GetSecretValue" in actions(s)]
     # The Gemini API key and the Google Cloud credentials (federation needs no AWS grant).
     assert secrets == [{"Ref": "GeminiApiKeySecret"}, {"Ref": "GoogleCredentialsSecret"}]
-    assert len(stmts) == 3
+    # The archive re-drive (issue 21): find a due archive (a Scan of the table, no index) and
+    # invoke the archiver; nothing else.
+    scan = next(s for s in stmts if "dynamodb:Scan" in actions(s))
+    assert actions(scan) == {"dynamodb:Scan"}
+    assert scan["Resource"] == {"Fn::GetAtt": ["OperationsTable", "Arn"]}
+    invoke = next(s for s in stmts if "lambda:InvokeFunction" in actions(s))
+    assert invoke["Resource"] == {"Fn::GetAtt": ["ArchiverFunction", "Arn"]}
+    assert len(stmts) == 5
+
+
+def test_archiver_has_its_own_least_privilege_role(template: dict[str, Any]) -> None:
+    fn = template["Resources"]["ArchiverFunction"]["Properties"]
+    assert len(fn["Policies"]) == 1
+    stmts = statements(template, "ArchiverFunction")
+    by_sid = {s["Sid"]: s for s in stmts}
+    assert set(by_sid) == {
+        "ArchiveStatusBesideRecords",
+        "ResultsObjects",
+        "ResultsListing",
+        "GeminiApiKeySecret",
+    }
+    table = by_sid["ArchiveStatusBesideRecords"]
+    # Never PutItem: it cannot create or replace a record, only update its archive attributes.
+    assert actions(table) == {"dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Scan"}
+    assert table["Resource"] == {"Fn::GetAtt": ["OperationsTable", "Arn"]}
+    objects = by_sid["ResultsObjects"]
+    assert actions(objects) == {
+        "s3:PutObject",
+        "s3:GetObject",
+        "s3:DeleteObject",
+        "s3:AbortMultipartUpload",
+        "s3:ListMultipartUploadParts",
+    }
+    assert objects["Resource"] == {"Fn::Sub": "${ResultsBucket.Arn}/results/*"}
+    listing = by_sid["ResultsListing"]
+    assert actions(listing) == {"s3:ListBucket"}
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": "results/*"}}
+    assert by_sid["GeminiApiKeySecret"]["Resource"] == {"Ref": "GeminiApiKeySecret"}
+    env = fn["Environment"]["Variables"]
+    assert env["OPSTATE_RESULTS_URL"] == {"Fn::Sub": "s3://${ResultsBucket}/results"}
+
+
+def test_archiver_is_triggered_by_terminal_changes_with_bounded_retries_and_a_dlq(
+    template: dict[str, Any],
+) -> None:
+    fn = template["Resources"]["ArchiverFunction"]["Properties"]
+    (event,) = fn["Events"].values()
+    assert event["Type"] == "EventBridgeRule"
+    props = event["Properties"]
+    assert props["EventBusName"] == {"Ref": "EventBus"}
+    assert props["Pattern"]["detail-type"] == ["Operation State Changed"]
+    from opstate.states import State, is_terminal
+
+    assert set(props["Pattern"]["detail"]["state"]) == {str(s) for s in State if is_terminal(s)}
+    assert props["RetryPolicy"]["MaximumRetryAttempts"] <= 3
+    assert props["DeadLetterConfig"] == {"Arn": {"Fn::GetAtt": ["ArchiverDeadLetterQueue", "Arn"]}}
+    invoke = fn["EventInvokeConfig"]
+    assert invoke["MaximumRetryAttempts"] <= 2
+    assert invoke["DestinationConfig"]["OnFailure"]["Destination"] == {
+        "Fn::GetAtt": ["ArchiverDeadLetterQueue", "Arn"]
+    }
+    alarm = template["Resources"]["ArchiverDeadLetterQueueAlarm"]["Properties"]
+    assert alarm["Dimensions"][0]["Value"] == {
+        "Fn::GetAtt": ["ArchiverDeadLetterQueue", "QueueName"]
+    }
+    for name in ("ResultsAtRiskAlarm", "ResultsLostAlarm"):
+        assert template["Resources"][name]["Properties"]["Namespace"]
+
+
+def test_results_bucket_is_private_encrypted_tls_only_expiring_and_kept(
+    template: dict[str, Any],
+) -> None:
+    bucket = template["Resources"]["ResultsBucket"]
+    assert bucket["DeletionPolicy"] == bucket["UpdateReplacePolicy"] == "Retain"
+    props = bucket["Properties"]
+    assert all(props["PublicAccessBlockConfiguration"].values())
+    assert len(props["PublicAccessBlockConfiguration"]) == 4
+    (rule,) = props["BucketEncryption"]["ServerSideEncryptionConfiguration"]
+    assert rule["ServerSideEncryptionByDefault"]["SSEAlgorithm"] in ("AES256", "aws:kms")
+    rules = {r["Id"]: r for r in props["LifecycleConfiguration"]["Rules"]}
+    assert rules["ResultsRetention"]["ExpirationInDays"] == {"Ref": "ResultsRetentionDays"}
+    assert rules["ResultsRetention"]["AbortIncompleteMultipartUpload"]["DaysAfterInitiation"] == 1
+    assert rules["IncomingUploads"]["Prefix"] == "results/.incoming/"
+    (statement,) = template["Resources"]["ResultsBucketPolicy"]["Properties"]["PolicyDocument"][
+        "Statement"
+    ]
+    assert statement["Effect"] == "Deny" and statement["Action"] == "s3:*"
+    assert statement["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
 
 
 def test_notifier_may_only_put_events_on_its_bus(template: dict[str, Any]) -> None:
@@ -235,7 +322,11 @@ def test_alarms_watch_metrics_the_code_emits(template: dict[str, Any]) -> None:
         for a in alarms.values()
         if a["Properties"].get("Namespace") == "AWS/SQS"
     }
-    assert queues == {"NotifyDeadLetterQueue", "SchedulerDeadLetterQueue"}
+    assert queues == {
+        "NotifyDeadLetterQueue",
+        "SchedulerDeadLetterQueue",
+        "ArchiverDeadLetterQueue",
+    }
     assert any(
         a["Properties"].get("Namespace") is None
         and any(

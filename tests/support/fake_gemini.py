@@ -14,6 +14,10 @@ without it:
 ``GET  interactions/{id}``             ``{"id", "status", "created", "updated"}``
 ``GET  webhooks?page_size&page_token`` ``{"webhooks": [...], "next_page_token": "..."}``
                                        (the NextGen surface is snake_case on the wire)
+``GET  files/{id}``                    a File: ``{"name", "sizeBytes", "expirationTime",
+                                       "downloadUri", "source": "GENERATED", ...}``
+``GET  files/{id}:download?alt=media`` its bytes, streamed from a generator (never held
+                                       whole); ``cut`` / ``slow_download`` fault it
 =====================================  =================================================
 
 API (all thread-safe)::
@@ -30,6 +34,10 @@ API (all thread-safe)::
         fake.request_delay = 0.05                   # added to every request
         fake.on_request("batches/a", fn)            # fn(request) runs before the answer
         fake.route("POST", r"webhooks", handler)    # handler(request) -> (status, json body)
+        fake.put_file("out1", body=b"..." or chunks_fn, size=n,    # a generated file
+                      expiration_time="2026-05-03T10:00:00Z")
+        fake.cut("files/out1", after=4 << 20, times=1)  # close mid-body after N bytes
+        fake.slow_download("files/out1", 0.01)      # sleep between 1 MiB chunks
         fake.api_key = "k"                          # then a wrong x-goog-api-key gets 401
         fake.requests                               # every request, in arrival order
         fake.hits("batches/a")                      # how many requests named it
@@ -44,7 +52,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -97,7 +105,38 @@ class _Fault:
 
 
 @dataclass
+class FileBody:
+    """A generated file's bytes: ``chunks()`` yields them afresh for every download."""
+
+    size: int
+    chunks: Callable[[], Iterator[bytes]]
+
+
+@dataclass
+class _Cut:
+    after: int
+    times: int | None
+
+
+def repeated(block: bytes, size: int, chunk: int = 1 << 20) -> Callable[[], Iterator[bytes]]:
+    """Chunks of ``block`` repeated up to ``size`` bytes (large bodies without holding them)."""
+
+    def chunks() -> Iterator[bytes]:
+        unit = block * max(1, chunk // max(1, len(block)))
+        sent = 0
+        while sent < size:
+            piece = unit[: size - sent]
+            sent += len(piece)
+            yield piece
+
+    return chunks
+
+
+@dataclass
 class _State:
+    files: dict[str, FileBody] = field(default_factory=dict)
+    cuts: dict[str, _Cut] = field(default_factory=dict)
+    slow: dict[str, float] = field(default_factory=dict)
     resources: dict[str, dict[str, Any]] = field(default_factory=dict)
     faults: dict[str, _Fault] = field(default_factory=dict)
     delays: dict[str, float] = field(default_factory=dict)
@@ -327,6 +366,76 @@ class FakeGemini:
             f"interactions/{interaction_id}", interaction_resource(interaction_id, status, **kw)
         )
 
+    def put_file(
+        self,
+        file_id: str,
+        *,
+        body: bytes | Callable[[], Iterator[bytes]] = b"",
+        size: int | None = None,
+        expiration_time: str | None = "2026-05-03T10:00:00Z",
+        mime_type: str = "application/jsonl",
+    ) -> str:
+        """Serve a generated file at ``files/{id}`` and its bytes at ``:download``; returns
+        the file's name."""
+        name = f"files/{file_id.removeprefix('files/')}"
+        if isinstance(body, bytes):
+            data = body
+            file_body = FileBody(
+                len(data),
+                lambda: iter([data[i : i + (1 << 20)] for i in range(0, len(data), 1 << 20)]),
+            )
+        else:
+            if size is None:
+                raise ValueError("a generated body needs its size")
+            file_body = FileBody(size, body)
+        resource: dict[str, Any] = {
+            "name": name,
+            "mimeType": mime_type,
+            "sizeBytes": str(file_body.size),
+            "state": "ACTIVE",
+            "source": "GENERATED",
+            "downloadUri": f"{self.base_url}/v1beta/{name}:download?alt=media",
+            "createTime": "2026-05-01T10:00:00Z",
+        }
+        if expiration_time is not None:
+            resource["expirationTime"] = expiration_time
+        with self._lock:
+            self._state.resources[name] = resource
+            self._state.files[name] = file_body
+        return name
+
+    def expire_file(self, name: str) -> None:
+        """Gemini deleted it: both routes answer 404 from now on."""
+        with self._lock:
+            self._state.resources.pop(name, None)
+            self._state.files.pop(name, None)
+
+    def cut(self, name: str, *, after: int, times: int | None = 1) -> None:
+        """Close the connection of the next ``times`` downloads of ``name`` after ``after``
+        bytes of the body (None: every one)."""
+        with self._lock:
+            self._state.cuts[name] = _Cut(after, times)
+
+    def slow_download(self, name: str, seconds_per_chunk: float) -> None:
+        with self._lock:
+            self._state.slow[name] = seconds_per_chunk
+
+    def _download(self, request: Request) -> tuple[FileBody, int | None, float] | None:
+        """The body a ``:download`` request streams, where to cut it and how slowly."""
+        with self._lock:
+            body = self._state.files.get(request.name)
+            if body is None:
+                return None
+            cut = self._state.cuts.get(request.name)
+            after = None
+            if cut is not None:
+                after = cut.after
+                if cut.times is not None:
+                    cut.times -= 1
+                    if cut.times <= 0:
+                        del self._state.cuts[request.name]
+            return body, after, self._state.slow.get(request.name, 0.0)
+
     def put_webhook(self, webhook_id: str, **kw: Any) -> None:
         self.put(f"webhooks/{webhook_id}", webhook_resource(webhook_id, **kw))
 
@@ -431,7 +540,12 @@ class FakeGemini:
         )
 
     def _builtin(self, request: Request) -> Response:
-        """The built-in routes: GET a resource, list batches or webhooks."""
+        """The built-in routes: GET a resource, list batches or webhooks, download a file."""
+        if request.method == "GET" and request.verb == "download":
+            download = self._download(request)
+            if download is None:
+                return 404, error_body(404, f"{request.name} not found")
+            return 200, download
         if request.method != "GET" or request.verb is not None:
             return 404, error_body(404, f"no fake route for {request.method} {request.path}")
         if request.name == "batches":
@@ -502,6 +616,9 @@ class _RequestHandler(BaseHTTPRequestHandler):
         status, payload = self.owner._answer(request)
         with self.owner._lock:
             extra = self.owner._reply_headers.pop(id(request), {})
+        if isinstance(payload, tuple):
+            self._stream(*payload)
+            return
         data = b"" if payload is None else json.dumps(payload).encode()
         try:
             self.send_response(status)
@@ -512,6 +629,29 @@ class _RequestHandler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
+            self.close_connection = True
+
+    def _stream(self, body: FileBody, cut_after: int | None, delay: float) -> None:
+        """Send a file's bytes as they are generated; cut the connection after ``cut_after``
+        bytes (the client sees a body shorter than its Content-Length)."""
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(body.size))
+            self.end_headers()
+            sent = 0
+            for chunk in body.chunks():
+                if cut_after is not None and sent + len(chunk) > cut_after:
+                    self.wfile.write(chunk[: max(0, cut_after - sent)])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
+                self.wfile.write(chunk)
+                sent += len(chunk)
+                if delay > 0:
+                    self.owner._stopping.wait(delay)
+        except (BrokenPipeError, ConnectionResetError, OSError):
             self.close_connection = True
 
     do_GET = _handle

@@ -618,3 +618,30 @@ def test_concurrent_requests_are_not_mixed_up() -> None:
         t.join()
     assert results == {f"batches/c{i}": f"batches/c{i}" for i in range(16)}
     assert len(store.all()) == 16
+
+
+def test_get_shows_results_and_progress_when_known(api: Api) -> None:
+    from opstate.store.port import ArchiveState
+
+    api.call(operation_event("PUT", "batches/r1", compact({"state": "RUNNING"})))
+    _, _, running = api.call(operation_event("GET", "batches/r1"))
+    assert "results" not in running and "progress" not in running  # not known yet
+    stats = {"requestCount": 10, "successfulRequestCount": 4, "pendingRequestCount": 6}
+    body = {"state": "SUCCEEDED", "details": {"batch_stats": stats}}
+    api.call(operation_event("PUT", "batches/r1", compact(body)))
+    record = api.store.get("batches/r1")
+    archive = ArchiveState(
+        "archived",
+        created_ns=record.created_ns,
+        deadline_ns=NOW_NS + 10**9,
+        location="s3://b/p/batches/r1/1/summary.json",
+    )
+    assert api.store.set_archive("batches/r1", 0, archive)
+    status, _, view = api.call(operation_event("GET", "batches/r1"))
+    assert status == 200 and view["progress"] == stats
+    assert view["results"] == {
+        "status": "archived",
+        "expiresAt": "2026-05-10T10:00:01.000000000Z",
+        "location": "s3://b/p/batches/r1/1/summary.json",
+    }
+    assert view["version"] == record.version

@@ -36,6 +36,8 @@ DOMAIN = (
     "opstate.strict_json",
     "opstate.details",
     "opstate.routes",
+    "opstate.outcomes.ledger",
+    "opstate.outcomes.plan",
 )
 # (layer name, module prefixes): "opstate.store" places opstate.store and opstate.store.*.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
@@ -63,7 +65,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     (
         "api, notify, reconcile",
-        ("opstate.api", "opstate.notify", "opstate.reconcile", "opstate.replay"),
+        (
+            "opstate.api",
+            "opstate.notify",
+            "opstate.reconcile",
+            "opstate.replay",
+            "opstate.outcomes",
+        ),
     ),
     ("local, cli", ("opstate.local", "opstate.cli")),
 ]

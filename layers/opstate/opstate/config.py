@@ -1,10 +1,11 @@
 """All configuration, read once, in one place, from documented environment variables.
 
 One frozen dataclass per part — ``StoreSettings``, ``WebhookSettings``, ``ReconcileSettings``,
-``NotifySettings``, ``LocalSettings`` — each reading its own variables; ``Settings`` is all of
-them at once. Every default is written once, as the field's default: ``env_values`` returns only
-the variables that are set, so an unset one falls back to that same default. Secret values
-(webhook secrets, the Gemini API key, the API token) never appear in a ``repr``.
+``ResultsSettings``, ``NotifySettings``, ``LocalSettings`` — each reading its own variables;
+``Settings`` is all of them at once. Every default is written once, as the field's default:
+``env_values`` returns only the variables that are set, so an unset one falls back to that same
+default. Secret values (webhook secrets, the Gemini API key, the API token) never appear in a
+``repr``.
 
 ``settings()`` reads ``os.environ`` on first use and caches the result; ``Settings.from_env``
 (or a part's ``from_env``) builds one from any mapping (tests). A bad value raises
@@ -369,6 +370,54 @@ class ReconcileSettings(_Part):
         )
 
 
+DEFAULT_RESULTS_RETENTION_HOURS = 48.0
+DEFAULT_RESULTS_WARN_HOURS = 12.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResultsSettings(_Part):
+    """Outcomes: where results are archived and when they are due (``opstate.outcomes``)."""
+
+    # s3://BUCKET/PREFIX or file:///ABS/PATH; unset: .opstate/results beside a SQLite store
+    # (and no archiving on DynamoDB: the template always sets it).
+    results_url: str | None = None
+    # How long Gemini keeps results when a file carries no expirationTime (hours; documented:
+    # generated videos and Files API files, 2 days), from the terminal time.
+    results_retention_s: float = DEFAULT_RESULTS_RETENTION_HOURS * 3600.0
+    # An archive still not done this close to its deadline is counted (ResultsAtRisk) and
+    # logged at error level (hours).
+    results_warn_s: float = DEFAULT_RESULTS_WARN_HOURS * 3600.0
+    # Per-read timeout of a download (seconds) and the S3 multipart part size (MiB).
+    results_http_timeout_s: float = 60.0
+    results_part_mib: int = 8
+    # Failed copies are retried after this (seconds, doubled per attempt up to 1 hour).
+    results_retry_s: float = 60.0
+    # How long a claim on one archive holds off other archivers (seconds).
+    results_lease_s: float = 900.0
+    # The archiver function the reconciler invokes when it finds a due archive (AWS only).
+    archiver_function: str | None = None
+
+    @classmethod
+    def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
+        url = _str(env, "OPSTATE_RESULTS_URL")
+        if url is not None and not url.startswith(("s3://", "file:///")):
+            raise ConfigError(
+                f"OPSTATE_RESULTS_URL must be s3://BUCKET/PREFIX or file:///ABS/PATH, got {url!r}"
+            )
+        return _given(
+            results_url=url,
+            results_retention_s=_scaled(
+                3600.0, _float(env, "OPSTATE_RESULTS_RETENTION_HOURS", 1.0, 24.0 * 365)
+            ),
+            results_warn_s=_scaled(3600.0, _float(env, "OPSTATE_RESULTS_WARN_HOURS", 0.0, 48.0)),
+            results_http_timeout_s=_float(env, "OPSTATE_RESULTS_HTTP_TIMEOUT_SECONDS", 0.001),
+            results_part_mib=_bounded_int(env, "OPSTATE_RESULTS_PART_MIB", 1024),
+            results_retry_s=_float(env, "OPSTATE_RESULTS_RETRY_SECONDS", 1.0, 3600.0),
+            results_lease_s=_float(env, "OPSTATE_RESULTS_LEASE_SECONDS", 1.0),
+            archiver_function=_str(env, "OPSTATE_ARCHIVER_FUNCTION"),
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class NotifySettings(_Part):
     """The notifier."""
@@ -406,13 +455,21 @@ PARTS: tuple[type[_Part], ...] = (
     StoreSettings,
     WebhookSettings,
     ReconcileSettings,
+    ResultsSettings,
     NotifySettings,
     LocalSettings,
 )
 
 
 @dataclass(frozen=True, kw_only=True)
-class Settings(LocalSettings, NotifySettings, ReconcileSettings, WebhookSettings, StoreSettings):
+class Settings(
+    LocalSettings,
+    NotifySettings,
+    ResultsSettings,
+    ReconcileSettings,
+    WebhookSettings,
+    StoreSettings,
+):
     """Every part's settings in one object (fields in the order of ``PARTS``).
 
     A ``Settings`` is each of its parts, so code that needs one part takes that part's type

@@ -48,7 +48,7 @@ def _spec(
 
 
 # Every metric the code emits (``emitters``: the functions that do - webhook, reconcile,
-# notify). One line per metric; the dashboard generator and the template tests read this.
+# notify, archive). One line per metric; the dashboard generator and the template tests read this.
 METRICS: Final[Mapping[str, MetricSpec]] = {
     spec.name: spec
     for spec in (
@@ -81,6 +81,11 @@ METRICS: Final[Mapping[str, MetricSpec]] = {
         ),
         _spec("EventsPublished", "notify", "state changes put on the bus"),
         _spec("PublishFailures", "notify", "stream records not published"),
+        _spec("ResultsArchived", "archive", "operations whose results were archived"),
+        _spec("ResultsFailed", "archive", "failed copies of results (retried later)"),
+        _spec("ResultsLost", "archive", "results deleted by Gemini before they were archived"),
+        _spec("ResultsAtRisk", "archive", "results not archived within the warning margin"),
+        _spec("ResultsBytes", "archive", "bytes of results archived"),
     )
 }
 

@@ -2,19 +2,44 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from opstate.model import Decision, OpRecord
 from opstate.names import backend_of
 from opstate.times import format_time
 
+# The details key a batch's progress is kept under (``metadata.batchStats``, by the gateway).
+PROGRESS_DETAIL = "batch_stats"
 
-def record_to_json(record: OpRecord) -> dict[str, Any]:
+
+def record_to_json(
+    record: OpRecord,
+    results: Mapping[str, Any] | None = None,
+    progress: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """``{name, kind, backend, state, updateTime, version, source, details, createdAt,
-    appliedAt}`` (``backend``: ``gemini-api`` or ``google-cloud``, see ``names.backend_of``).
+    appliedAt}`` (``backend``: ``gemini-api`` or ``google-cloud``, see ``names.backend_of``),
+    plus, when known, ``results`` (the archive's ``status``, ``expiresAt``, ``location``:
+    ``opstate.outcomes.plan.record_results``) and ``progress`` (a batch's ``batchStats``:
+    ``requestCount``, ``successfulRequestCount``, ``failedRequestCount``,
+    ``pendingRequestCount``: the one the reconciler kept beside the record, else the
+    record's own ``batch_stats`` detail).
 
     Times are canonical RFC3339 with 9 fractional digits; an unknown server time (0) is null.
     """
+    view = _record_view(record)
+    if results is not None:
+        view["results"] = dict(results)
+    if progress is None:
+        kept = record.details.get(PROGRESS_DETAIL)
+        progress = kept if isinstance(kept, Mapping) else None
+    if progress is not None:
+        view["progress"] = dict(progress)
+    return view
+
+
+def _record_view(record: OpRecord) -> dict[str, Any]:
     return {
         "name": record.name,
         "kind": str(record.kind),

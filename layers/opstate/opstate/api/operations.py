@@ -16,6 +16,7 @@ from opstate.api.request import parse_json, raw_body
 from opstate.events import InvalidEventError, UnsupportedEventError, from_report
 from opstate.ingest import find_record
 from opstate.names import VIDEO_DETAIL, InvalidNameError, ParsedName, parse_name
+from opstate.outcomes.results import record_outcome
 from opstate.routes import OPERATIONS_PREFIX
 from opstate.store.port import RetryableError, Store
 from opstate.views import decision_to_json, record_to_json
@@ -60,7 +61,11 @@ class OperationsRoutes:
             raise unavailable(exc, name=name) from None
         if record is None:
             raise ApiError(404, "not-found", f"no operation named {name!r} is tracked")
-        return json_response(200, record_to_json(record))
+        try:
+            results, progress = record_outcome(self.store, record.name)
+        except RetryableError as exc:
+            raise unavailable(exc, name=name) from None
+        return json_response(200, record_to_json(record, results, progress))
 
     def put(self, event: Mapping[str, Any], path: str) -> Response[str]:
         """A report; no body = "track this job" (PENDING now)."""

@@ -22,6 +22,7 @@ from opstate.cli.common import (
 )
 from opstate.events import EventError, from_report
 from opstate.names import VIDEO_DETAIL, Kind, parse_name
+from opstate.outcomes.results import record_outcome
 from opstate.store.port import PollState
 from opstate.strict_json import InvalidJSONError, dumps, loads
 from opstate.times import format_time
@@ -75,9 +76,12 @@ def cmd_get(args: argparse.Namespace) -> int:
     with open_store(config) as store:
         # A video record stored under its full name by an earlier release is still found.
         record = find_record(store, name, {VIDEO_DETAIL: parsed.model} if parsed.model else None)
+        results, progress = (
+            record_outcome(store, record.name) if record is not None else (None, None)
+        )
     if record is None:
         raise CliError(f"no record for {name} in {config.store_url}")
-    view = record_to_json(record)
+    view = record_to_json(record, results, progress)
     if args.json:
         print_json(view)
         return EXIT_OK

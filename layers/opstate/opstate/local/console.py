@@ -38,6 +38,7 @@ from urllib.parse import parse_qs
 
 from opstate.model import OpRecord
 from opstate.names import InvalidNameError, canonical_name
+from opstate.outcomes.results import record_outcome, results_json
 from opstate.reconcile.tally import MarkDecision, RunDecision
 from opstate.store.port import RetryableError, Store
 from opstate.times import format_time
@@ -270,11 +271,18 @@ class Console:
         decisions = self._decisions.for_operation(name)
         if record is None and not decisions:
             return self._data(404, _error("not-found", f"no operation named {name!r} is tracked"))
+        view = None
+        results = None
+        if record is not None:
+            view = record_to_json(record, *record_outcome(self._store, name))
+            results = results_json(self._store, name)
         body = {
             "now": format_time(self._clock_ns()),
-            "record": record_to_json(record) if record is not None else None,
+            "record": view,
             "terminal": record.terminal if record is not None else None,
             "decisions": decisions,
+            # The archive and its ledger (opstate results --json), None when not known yet.
+            "results": results,
         }
         return self._data(200, body)
 

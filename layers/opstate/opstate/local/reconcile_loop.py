@@ -1,5 +1,7 @@
 """The reconciler inside ``opstate serve``: a timer thread, and the run's ``on_decision`` hook
-printing the state changes (and lost / overdue marks) a poll makes."""
+printing the state changes (and lost / overdue marks) a poll makes; after each pass, the
+archive pass (``local_archiver``: results into ``.opstate/results`` beside the SQLite store,
+or ``OPSTATE_RESULTS_URL``)."""
 
 from __future__ import annotations
 
@@ -85,6 +87,53 @@ def decision_line(decision: RunDecision, stamp_ns: int) -> str | None:
     return f"{stamp}  {record.name}  {before} -> {record.state}  v{record.version}  (poll)"
 
 
+def local_archiver(
+    store: Any, settings: Settings, say: Callable[[str], None]
+) -> Callable[[Callable[[], float]], dict[str, int]] | None:
+    """The archive pass ``opstate serve`` runs after each reconciler pass (None: no results
+    location, e.g. a DynamoDB store without ``OPSTATE_RESULTS_URL``)."""
+    from opstate.config import ConfigError
+    from opstate.outcomes.genai_source import GenaiSource, make_client
+    from opstate.outcomes.run import archive_once
+    from opstate.outcomes.wiring import archiving, results_url_for, sink_from_url
+
+    try:
+        url = results_url_for(settings)
+        sink = sink_from_url(url, settings)
+    except (ConfigError, ValueError) as exc:
+        say(f"archiver: off ({exc})")
+        return None
+    source_box: list[GenaiSource] = []
+    say(f"archiver: results go to {url}")
+
+    def archive(remaining_s: Callable[[], float]) -> dict[str, int]:
+        if not source_box:
+            source_box.append(GenaiSource(make_client(settings)))
+        result = archive_once(
+            archiving(store),
+            source_box[0],
+            sink,
+            settings=settings,
+            remaining_s=remaining_s,
+            safety_s=settings.reconcile_safety_margin_s,
+        )
+        view = result.as_dict()
+        return {k: view[k] for k in ("archived", "failed", "expired", "none", "bytes")}
+
+    return archive
+
+
+def _archive_pass(
+    archive: Callable[[Callable[[], float]], dict[str, int]],
+    remaining_s: Callable[[], float],
+    say: Callable[[str], None],
+) -> None:
+    """One archive pass after a reconcile pass; its counts printed when it did anything."""
+    archived = archive(remaining_s)
+    if any(archived.values()):
+        say("archive: " + " ".join(f"{k}={v}" for k, v in archived.items()))
+
+
 def start_reconciler(
     store: Any,
     settings: Settings,
@@ -110,6 +159,7 @@ def start_reconciler(
             say(line)
 
     stop_requested = threading.Event()
+    archive = local_archiver(store, settings, say)
 
     def run_once() -> Mapping[str, Any]:
         if not gateway_box:
@@ -132,6 +182,8 @@ def start_reconciler(
         if result.first_error is not None:
             say(f"reconcile: {result.errors} error(s); the first: {result.first_error}")
         summary: Mapping[str, Any] = result.as_dict()
+        if archive is not None:  # then every due result is archived, within what is left
+            _archive_pass(archive, lambda: remaining_ms() / 1000.0, say)
         return summary
 
     loop = ReconcileLoop(run_once, every_s, say, stop_event=stop_requested)

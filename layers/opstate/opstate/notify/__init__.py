@@ -11,8 +11,11 @@ The reconciler's marks go the same way (the table stays the outbox): a ``MODIFY`
 image gains ``lost_ns`` announces ``Operation Lost`` (idempotencyKey ``<name>#lost#<lost_ns>``),
 one that gains ``overdue_ns`` announces ``Operation Overdue`` (``<name>#overdue``); the detail
 is the state change's plus ``lostAt`` / ``notFoundSince`` / ``notFoundCount`` or
-``overdueAt`` / ``openSince``. The reconciler writes each mark on its own, so one stream record
-carries at most one announcement.
+``overdueAt`` / ``openSince``. So do the archiver's writes (``opstate.outcomes``): a ``MODIFY``
+whose ``archive_status`` becomes ``archived`` announces ``Operation Results Archived``, one
+that becomes ``expired`` after ``pending`` / ``failed`` announces ``Operation Results Lost``
+(``results_detail``; JSON Schemas in ``schemas/``). The reconciler writes each mark on its
+own, and the archiver each status, so one stream record carries at most one announcement.
 
 How it sits on Powertools' ``BatchProcessor`` (``EventType.DynamoDBStreams``, driven by
 ``process_partial_response``): the *record handler* is pure, it turns one stream record into
@@ -44,8 +47,8 @@ is settled normally.
 The package owns the notifier: ``entries`` (the pure record handler: a stream record to at most
 one entry), ``processor`` (publishing and settling a batch) and, here, the ``Notifier`` and the
 Lambda entry ``handle``; every name callers use is re-exported here. It may import the domain,
-settings, ``opstate.store`` (reading stream images) and ``opstate.observability``, never the
-API, the reconciler or anything above them.
+settings, ``opstate.store`` (reading stream images), ``opstate.outcomes.plan`` (the results
+shape) and ``opstate.observability``, never the API, the reconciler or anything above them.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ from opstate.notify.entries import (
     MAX_ENTRIES_PER_CALL,
     MAX_REQUEST_BYTES,
     OVERDUE_DETAIL_TYPE,
+    RESULTS_ARCHIVED_DETAIL_TYPE,
+    RESULTS_LOST_DETAIL_TYPE,
     SOURCE,
     InvalidStreamRecordError,
     build_entry,
@@ -70,6 +75,7 @@ from opstate.notify.entries import (
     event_detail,
     idempotency_key,
     mark_detail,
+    results_detail,
 )
 from opstate.notify.processor import OrderedPutEventsProcessor, PublishError, PublishSummary
 from opstate.observability import count, logger
@@ -166,6 +172,8 @@ __all__ = [
     "MAX_ENTRIES_PER_CALL",
     "MAX_REQUEST_BYTES",
     "OVERDUE_DETAIL_TYPE",
+    "RESULTS_ARCHIVED_DETAIL_TYPE",
+    "RESULTS_LOST_DETAIL_TYPE",
     "SOURCE",
     "InvalidStreamRecordError",
     "Notifier",
@@ -180,4 +188,5 @@ __all__ = [
     "make_events_client",
     "mark_detail",
     "notifier_from_settings",
+    "results_detail",
 ]

@@ -14,7 +14,8 @@ from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import 
 )
 
 from opstate.model import OpRecord
-from opstate.store.dynamodb import record_from_item
+from opstate.outcomes.plan import record_results, results_view
+from opstate.store.dynamodb import plain, record_from_item
 from opstate.strict_json import dumps
 from opstate.times import format_time
 
@@ -25,6 +26,8 @@ SOURCE = "gemini-opstate"
 DETAIL_TYPE = "Operation State Changed"
 LOST_DETAIL_TYPE = "Operation Lost"
 OVERDUE_DETAIL_TYPE = "Operation Overdue"
+RESULTS_ARCHIVED_DETAIL_TYPE = "Operation Results Archived"
+RESULTS_LOST_DETAIL_TYPE = "Operation Results Lost"
 # PutEvents limits: 10 entries and 256 KiB per request (entry size as AWS counts it).
 MAX_ENTRIES_PER_CALL = 10
 MAX_REQUEST_BYTES = 256 * 1024
@@ -114,6 +117,61 @@ def _mark_type(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _archive_type(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
+    """The announcement of an archive write: newly ``archived``, or newly ``expired`` after
+    waiting (``pending`` / ``failed``) for a copy; None for any other archive write."""
+    before, after = old.get("archive_status"), new.get("archive_status")
+    if after == before:
+        return None
+    if after == "archived":
+        return RESULTS_ARCHIVED_DETAIL_TYPE
+    if after == "expired" and before in ("pending", "failed"):
+        return RESULTS_LOST_DETAIL_TYPE
+    return None
+
+
+def results_detail(record: OpRecord, image: Mapping[str, Any], detail_type: str) -> dict[str, Any]:
+    """The detail of ``Operation Results Archived`` / ``Operation Results Lost``: the
+    operation's ``name``, ``kind``, ``state``, then the ``opstate results --json`` fields
+    (``status``, ``expiresAt``, ``archivedAt``, ``objects``, ``rows``, ``errors``, ``usage``,
+    ``requests``), the ``summary.json`` ``location``, ``videos`` when there are, and for a loss
+    ``attempts`` and ``lastError``; ``idempotencyKey``
+    ``<name>@<created_ns>#results-archived`` (or ``#results-lost``)."""
+    raw = image.get("archive")
+    archive = plain(raw) if isinstance(raw, Mapping) else {}
+    view = results_view(record.name, archive)
+    summary = archive.get("summary") if isinstance(archive.get("summary"), Mapping) else {}
+    detail: dict[str, Any] = {
+        "name": record.name,
+        "kind": str(record.kind),
+        "state": str(record.state),
+        **{k: v for k, v in view.items() if k != "name"},
+        "location": record_results(archive)["location"],
+    }
+    if isinstance(summary, Mapping) and isinstance(summary.get("videos"), Mapping):
+        detail["videos"] = dict(summary["videos"])
+    suffix = "results-archived"
+    if detail_type == RESULTS_LOST_DETAIL_TYPE:
+        suffix = "results-lost"
+        detail["attempts"] = int(archive.get("attempts") or 0)
+        detail["lastError"] = archive.get("last_error") or None
+    detail["idempotencyKey"] = f"{record.name}@{record.created_ns}#{suffix}"
+    return detail
+
+
+def _same_state_detail(
+    current: OpRecord, old_image: Mapping[str, Any], new_image: Mapping[str, Any]
+) -> tuple[str, dict[str, Any]] | None:
+    """What a same-state MODIFY announces: an archive outcome, a newly set mark, or nothing."""
+    outcome = _archive_type(old_image, new_image)
+    if outcome is not None:
+        return outcome, results_detail(current, new_image, outcome)
+    mark = _mark_type(old_image, new_image)
+    if mark is None:
+        return None
+    return mark, mark_detail(current, new_image, mark)
+
+
 def _dumps(detail: Mapping[str, Any]) -> str:
     return dumps(detail, compact=True)
 
@@ -160,11 +218,10 @@ def build_entry(record: DynamoDBRecord, bus_name: str) -> PutEventsRequestEntryT
     detail_type = DETAIL_TYPE
     if previous is not None and previous == current.state:
         assert old_image is not None
-        mark = _mark_type(old_image, new_image)
-        if mark is None:
+        announced = _same_state_detail(current, old_image, new_image)
+        if announced is None:
             return None
-        detail_type = mark
-        detail = mark_detail(current, new_image, mark)
+        detail_type, detail = announced
     else:
         detail = event_detail(current, None if previous is None else str(previous))
     entry: PutEventsRequestEntryTypeDef = {

@@ -16,11 +16,13 @@ One module per concern:
 - ``poll_writer``: writing what a poll decided (the next ``PollState``, each lost / overdue
   mark in its own write);
 - ``tally``: what a run reports: ``RunResult``, ``MarkDecision``, its counters and metrics;
-- ``wiring``: ``run_from_settings``, ``refresh_with``.
+- ``wiring``: ``run_from_settings`` (then the archive re-drive, ``opstate.outcomes.redrive``),
+  ``refresh_with``.
 
 Owns: the reconciler, one module per concern as above. May import the domain, ``config``,
-``observability``, the store port and ``ingest``, and google-genai / google-auth
-(``genai_gateway``, ``cloud_gateway``, ``cloud_credentials`` only, inside functions);
+``observability``, the store port, ``ingest``, ``opstate.outcomes.redrive`` (``wiring`` only),
+and google-genai / google-auth (``genai_gateway``, ``cloud_gateway``, ``cloud_credentials``
+only, inside functions);
 never the API, the notifier, the local server or the CLI.
 
 Names are loaded on first use, so ``import opstate.reconcile`` stays cheap (no SDK, no boto3).

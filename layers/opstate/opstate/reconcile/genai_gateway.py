@@ -4,10 +4,13 @@ It imports the SDK inside functions, so ``import opstate.reconcile`` stays cheap
 
 - ``webhooks``: ``client.webhooks.list()``, at most ``MAX_WEBHOOK_PAGES`` pages.
 - ``batch_pages``: ``client.batches.list(config={"page_size": n})``, one page per step.
-- ``fetch`` by kind: ``batches.get``; ``operations.get`` with a ``GenerateVideosOperation`` (Veo)
-  or an ``ImportFileOperation`` (file-search imports and any other LRO: only name, done, error
-  and response are read); ``interactions.get(<id>)``. The answer is normalised with the
-  webhook path's normalisers and renamed to the record asked about.
+- ``fetch`` by kind: a batch's REST resource (``GET batches/{id}`` through the client's own
+  ``_api_client.request``, so ``metadata.batchStats`` is kept as the ``batch_stats`` detail:
+  the SDK's ``BatchJob`` drops it, python-genai #1323); ``operations.get`` with a
+  ``GenerateVideosOperation`` (Veo) or an ``ImportFileOperation`` (file-search imports and any
+  other LRO: only name, done, error and response are read); ``interactions.get(<id>)``. The
+  answer is normalised with the webhook path's normalisers and renamed to the record asked
+  about.
 - SDK exceptions become ``GatewayError`` (``classify``): the HTTP status, whether it is worth
   retrying later (408, 429, 5xx, timeouts, connection errors) and ``Retry-After`` (seconds or an
   HTTP date).
@@ -28,6 +31,7 @@ from opstate.events import EventError, from_batch_job, from_interaction, from_op
 from opstate.model import OpEvent, OpRecord
 from opstate.names import Kind, api_name
 from opstate.reconcile.gateway import GatewayError, Listed, WebhookInfo
+from opstate.views import PROGRESS_DETAIL
 
 if TYPE_CHECKING:
     from google import genai
@@ -186,7 +190,7 @@ class GenaiGateway:
     def _fetch(self, record: OpRecord) -> OpEvent:
         kind = record.kind
         if kind is Kind.BATCH:
-            return from_batch_job(self.client.batches.get(name=record.name))
+            return self._batch(record.name)
         if kind is Kind.INTERACTION:
             interaction_id = record.name.split("/", 1)[1]
             with self._lock:  # a lazily built sub-client: build it once, not in N threads
@@ -205,8 +209,62 @@ class GenaiGateway:
             operation = types.ImportFileOperation.model_validate({"name": record.name})
         return from_operation(self.client.operations.get(operation))
 
+    def _batch(self, name: str) -> OpEvent:
+        """A batch from its REST resource (the SDK's ``BatchJob`` drops ``batchStats``), read
+        through the client's own request path (same base URL, key, timeout, errors)."""
+        answer = self.client._api_client.request("get", name, {})
+        body = json.loads(answer.body or "{}")
+        if not isinstance(body, Mapping):
+            body = {}
+        event = from_batch_job(rest_batch_job(body))
+        stats = batch_stats(body)
+        if stats is None:
+            return event
+        return replace(event, details={**event.details, BATCH_STATS_DETAIL: stats})
+
     def close(self) -> None:
         self.client.close()
+
+
+# The details key of a batch's progress (``metadata.batchStats``, counts as integers).
+BATCH_STATS_DETAIL = PROGRESS_DETAIL
+
+
+def _count(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
+
+
+def batch_stats(body: Mapping[str, Any]) -> dict[str, int] | None:
+    """``metadata.batchStats`` of a REST batch resource (``requestCount``,
+    ``successfulRequestCount``, ``failedRequestCount``, ``pendingRequestCount``; int64 counts
+    arrive as text) as integers; None when it is not there."""
+    metadata = body.get("metadata")
+    stats = metadata.get("batchStats") if isinstance(metadata, Mapping) else None
+    if not isinstance(stats, Mapping):
+        return None
+    out = {str(k): n for k, n in ((k, _count(v)) for k, v in stats.items()) if n is not None}
+    return out or None
+
+
+def rest_batch_job(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A REST batch resource (an LRO whose ``metadata`` is the batch) in the mapping form
+    ``from_batch_job`` reads: ``name``, ``state``, ``updateTime``, ``displayName``,
+    ``error``, ``dest.fileName``."""
+    metadata = body.get("metadata")
+    job: dict[str, Any] = dict(metadata) if isinstance(metadata, Mapping) else {}
+    job["name"] = body.get("name") or job.get("name")
+    if body.get("error") is not None:
+        job["error"] = body["error"]
+    output = job.get("output")
+    if isinstance(output, Mapping) and output.get("responsesFile"):
+        job["dest"] = {"fileName": output["responsesFile"]}
+    return job
 
 
 # --- the client ---------------------------------------------------------------------------------

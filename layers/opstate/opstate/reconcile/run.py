@@ -32,7 +32,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from opstate.config import Settings, parse_overdue
@@ -68,7 +68,14 @@ from opstate.reconcile.tally import (
     Tally,
 )
 from opstate.reducer import apply_event
-from opstate.store.port import Due, PollingStore, RetryableError, StoreUnavailableError
+from opstate.store.port import (
+    Due,
+    PollingStore,
+    PollState,
+    RetryableError,
+    StoreUnavailableError,
+)
+from opstate.views import PROGRESS_DETAIL
 
 # Batch jobs asked per discovery page (the API caps it; fewer may come back).
 DISCOVERY_PAGE_SIZE = 100
@@ -419,7 +426,8 @@ class _Run:
         poll, marks = self.schedule.after_poll(
             polled.current, entry.poll, found=polled.found, now_ns=self.clock.now_ns()
         )
-        self.writer.write(polled.current, entry.poll, poll, marks)
+        event = polled.decision.event if polled.decision is not None else None
+        self.writer.write(polled.current, entry.poll, _with_progress(poll, event), marks)
 
     def poll_record(self, record: OpRecord, lane: _Lane) -> Polled:
         """One request for ``record``'s operation through its backend's lane and its answer
@@ -521,6 +529,15 @@ def error_sentence(message: str, context: Mapping[str, object]) -> str:
     if error:
         text += f": {error}"
     return text
+
+
+def _with_progress(poll: PollState, event: OpEvent | None) -> PollState:
+    """A batch's progress (``batch_stats``) kept beside the record, whatever the reducer said
+    of the event (an equal update time drops the event, not its progress)."""
+    progress = event.details.get(PROGRESS_DETAIL) if event is not None else None
+    if isinstance(progress, Mapping):
+        return replace(poll, progress=dict(progress))
+    return poll
 
 
 class _DueQueue:

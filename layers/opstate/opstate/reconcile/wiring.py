@@ -1,4 +1,5 @@
-"""Wiring: settings -> store + gateways -> one run (the Lambda entry and the CLI call this).
+"""Wiring: settings -> store + gateways -> one run (the Lambda entry and the CLI call this), then
+the archive re-drive (``opstate.outcomes.redrive``).
 
 The Google Cloud gateway is made only when Google Cloud is configured
 (``Settings.google_cloud_configured``); it loads its credentials on its first request. A
@@ -13,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from opstate.config import ConfigError, Settings
 from opstate.model import OpEvent, OpRecord
 from opstate.observability import logger
+from opstate.outcomes.redrive import redrive
 from opstate.reconcile.cloud_gateway import GoogleCloudGateway
 from opstate.reconcile.gateway import AuthError, Listed, WebhookInfo
 from opstate.reconcile.genai_gateway import GenaiGateway, make_client
@@ -67,7 +69,7 @@ def run_from_settings(
         gateway = gemini_gateway(settings)
         cloud = GoogleCloudGateway(settings) if settings.google_cloud_configured else None
         try:
-            return reconcile_once(
+            result = reconcile_once(
                 store,
                 gateway,
                 settings=settings,
@@ -79,6 +81,10 @@ def run_from_settings(
             gateway.close()
             if cloud is not None:
                 cloud.close()
+        # Pending archives whose trigger was lost: handed to the archiver, within the budget.
+        left = (lambda: remaining_ms() / 1000.0) if remaining_ms is not None else None
+        redrive(store, settings, remaining_s=left)
+        return result
     finally:
         store.close()
 

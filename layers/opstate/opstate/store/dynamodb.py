@@ -41,6 +41,7 @@ from opstate.store.dynamodb_items import (
     DEFAULT_SHARDS,
     OPTIONAL_RECORD_ATTRS,
     POLL_ATTRS,
+    archive_from_item,
     deserialize_item,
     from_attr,
     item_from_record,
@@ -52,7 +53,17 @@ from opstate.store.dynamodb_items import (
     shard_of,
     to_attr,
 )
-from opstate.store.port import WRITTEN, Due, PollState, WriteOutcome, validate_record
+from opstate.store.port import (
+    ARCHIVE_FAILED,
+    ARCHIVE_PENDING,
+    WRITTEN,
+    ArchiveEntry,
+    ArchiveState,
+    Due,
+    PollState,
+    WriteOutcome,
+    validate_record,
+)
 
 OPEN_INDEX = "open-index"
 _NAMES = {"#name": "name"}
@@ -64,6 +75,7 @@ __all__ = [
     "POLL_ATTRS",
     "UNAVAILABLE_CODES",
     "DynamoDBStore",
+    "archive_from_item",
     "deserialize_item",
     "from_attr",
     "is_unavailable",
@@ -203,6 +215,10 @@ class DynamoDBStore:
                 sets.append(f"#p{index} = :p{index}")
             else:
                 removes.append(f"#p{index}")
+        if poll.progress is not None:
+            names["#progress"] = "progress"
+            values[":progress"] = to_attr(dict(poll.progress))
+            sets.append("#progress = :progress")
         expression = ""
         if sets:
             expression = "SET " + ", ".join(sets)
@@ -249,6 +265,108 @@ class DynamoDBStore:
             start = page.get("LastEvaluatedKey")
             if not start:
                 return
+
+    def get_archive(self, name: str) -> ArchiveState | None:
+        try:
+            response = self.client.get_item(
+                TableName=self.table_name,
+                Key={"name": {"S": name}},
+                ConsistentRead=True,
+                ProjectionExpression="#archive",
+                ExpressionAttributeNames={"#archive": "archive"},
+            )
+        except (ClientError, BotoCoreError) as exc:
+            fault(exc, "GetItem")
+        item = response.get("Item")
+        return archive_from_item(deserialize_item(item)) if item else None
+
+    def set_archive(self, name: str, expected_rev: int, state: ArchiveState) -> bool:
+        stored = ArchiveState.from_dict({**state.as_dict(), "rev": expected_rev + 1})
+        condition = "attribute_exists(#expires) AND #created = :created AND "
+        values: dict[str, Any] = {
+            ":archive": to_attr(stored.as_dict()),
+            ":status": {"S": stored.status},
+            ":rev": {"N": str(stored.rev)},
+            ":due": {"N": str(stored.due_ns)},
+            ":created": {"N": str(state.created_ns)},
+        }
+        if expected_rev:
+            condition += "#rev = :expected"
+            values[":expected"] = {"N": str(expected_rev)}
+        else:
+            condition += "attribute_not_exists(#rev)"
+        try:
+            self.client.update_item(
+                TableName=self.table_name,
+                Key={"name": {"S": name}},
+                UpdateExpression="SET #archive = :archive, #status = :status, #rev = :rev, "
+                "#due = :due",
+                ConditionExpression=condition,
+                ExpressionAttributeNames={
+                    "#archive": "archive",
+                    "#status": "archive_status",
+                    "#rev": "archive_rev",
+                    "#due": "archive_due_ns",
+                    "#expires": "expires_at",
+                    "#created": "created_ns",
+                },
+                ExpressionAttributeValues=values,
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == CONDITION_FAILED:
+                return False
+            fault(exc, "UpdateItem")
+        except BotoCoreError as exc:
+            fault(exc, "UpdateItem")
+        return True
+
+    def get_progress(self, name: str) -> dict[str, int] | None:
+        try:
+            response = self.client.get_item(
+                TableName=self.table_name,
+                Key={"name": {"S": name}},
+                ConsistentRead=True,
+                ProjectionExpression="progress",
+            )
+        except (ClientError, BotoCoreError) as exc:
+            fault(exc, "GetItem")
+        raw = response.get("Item", {}).get("progress")
+        value = plain(from_attr(raw)) if raw else None
+        return value if isinstance(value, dict) else None
+
+    def iter_archive_due(self, now_ns: int) -> Iterator[ArchiveEntry]:
+        """Unsettled terminal records, soonest due first: a filtered, consistent Scan (the
+        unsettled ones are few: each is settled within its deadline, about two days), sorted."""
+        start: dict[str, Any] | None = None
+        found: list[ArchiveEntry] = []
+        while True:
+            kwargs: dict[str, Any] = {
+                "TableName": self.table_name,
+                "ConsistentRead": True,
+                "FilterExpression": "attribute_exists(expires_at) AND "
+                "(attribute_not_exists(archive_status) OR "
+                "((archive_status = :pending OR archive_status = :failed) "
+                "AND archive_due_ns <= :now))",
+                "ExpressionAttributeValues": {
+                    ":pending": {"S": ARCHIVE_PENDING},
+                    ":failed": {"S": ARCHIVE_FAILED},
+                    ":now": {"N": str(now_ns)},
+                },
+            }
+            if start:
+                kwargs["ExclusiveStartKey"] = start
+            try:
+                page = self.client.scan(**kwargs)
+            except (ClientError, BotoCoreError) as exc:
+                fault(exc, "Scan")
+            for raw in page.get("Items", []):
+                item = deserialize_item(raw)
+                found.append(ArchiveEntry(record_from_item(item), archive_from_item(item)))
+            start = page.get("LastEvaluatedKey")
+            if not start:
+                break
+        found.sort(key=lambda e: (e.archive.due_ns if e.archive else 0, e.record.name))
+        yield from found
 
     def iter_all(self) -> Iterator[OpRecord]:
         """Every record, in table order (operator listing only: a paginated, consistent Scan)."""

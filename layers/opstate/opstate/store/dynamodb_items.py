@@ -17,6 +17,10 @@ Item shape (``name`` is the partition key):
   ``poll_missing_since_ns`` N, ``lost_ns`` N, ``overdue_ns`` N. A replace keeps ``open_update_ns``
   and ``overdue_ns`` (it is an ``UpdateItem``), and clears the not-found streak and the lost
   mark: an applied write is a real observation.
+- The archive state of a terminal record (``set_archive``, ``opstate.outcomes``): ``archive`` M
+  (``ArchiveState.as_dict``) with copies for conditions and filters, ``archive_status`` S,
+  ``archive_rev`` N and ``archive_due_ns`` N; absent: none yet (every item of the previous
+  release). A replace never touches them.
 - When terminal only: ``expires_at`` N (epoch seconds: applied time + ``retention_days``), the
   table's TTL attribute.
 
@@ -36,7 +40,7 @@ from typing import Any
 from opstate.config import DEFAULT_OPEN_INDEX_SHARDS, DEFAULT_RETENTION_DAYS
 from opstate.model import OpRecord
 from opstate.states import parse_state
-from opstate.store.port import PollState, expires_at, initial_due
+from opstate.store.port import ArchiveState, PollState, expires_at, initial_due
 from opstate.times import format_time
 
 DEFAULT_SHARDS = DEFAULT_OPEN_INDEX_SHARDS
@@ -229,6 +233,14 @@ def poll_from_item(item: Mapping[str, Any]) -> PollState:
         lost_ns=number("lost_ns"),
         overdue_ns=number("overdue_ns"),
     )
+
+
+def archive_from_item(item: Mapping[str, Any]) -> ArchiveState | None:
+    """The archive state stored beside a record (deserialised item), or None."""
+    raw = item.get("archive")
+    if not isinstance(raw, Mapping):
+        return None
+    return ArchiveState.from_dict(plain(raw))
 
 
 def record_from_wire(item: Mapping[str, Mapping[str, Any]]) -> OpRecord:

@@ -7,7 +7,16 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 from opstate.model import OpRecord
-from opstate.store.port import WRITTEN, Due, PollState, WriteOutcome, initial_due, validate_record
+from opstate.store.port import (
+    WRITTEN,
+    ArchiveEntry,
+    ArchiveState,
+    Due,
+    PollState,
+    WriteOutcome,
+    initial_due,
+    validate_record,
+)
 
 
 class MemoryStore:
@@ -16,6 +25,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self._records: dict[str, OpRecord] = {}
         self._polls: dict[str, PollState] = {}
+        self._archives: dict[str, ArchiveState] = {}
         self._lock = threading.Lock()
 
     def get(self, name: str) -> OpRecord | None:
@@ -68,8 +78,16 @@ class MemoryStore:
             existing = self._records.get(name)
             if existing is None or existing.version != version or existing.terminal:
                 return False
+            previous = self._polls.get(name)
+            if poll.progress is None and previous is not None and previous.progress is not None:
+                poll = replace(poll, progress=previous.progress)
             self._polls[name] = poll
             return True
+
+    def get_progress(self, name: str) -> dict[str, int] | None:
+        with self._lock:
+            poll = self._polls.get(name)
+        return dict(poll.progress) if poll is not None and poll.progress is not None else None
 
     def iter_marked(self) -> Iterator[Due]:
         with self._lock:
@@ -81,6 +99,38 @@ class MemoryStore:
                 and (self._polls[r.name].lost or self._polls[r.name].overdue_ns)
             ]
         yield from sorted(entries, key=lambda e: e.record.name)
+
+    def get_archive(self, name: str) -> ArchiveState | None:
+        with self._lock:
+            return self._archives.get(name)
+
+    def set_archive(self, name: str, expected_rev: int, state: ArchiveState) -> bool:
+        with self._lock:
+            existing = self._records.get(name)
+            if existing is None or not existing.terminal:
+                return False
+            if existing.created_ns != state.created_ns:
+                return False
+            current = self._archives.get(name)
+            if (current.rev if current is not None else 0) != expected_rev:
+                return False
+            self._archives[name] = replace(state, rev=expected_rev + 1)
+            return True
+
+    def iter_archive_due(self, now_ns: int) -> Iterator[ArchiveEntry]:
+        with self._lock:
+            entries = [
+                ArchiveEntry(r, self._archives.get(r.name))
+                for r in self._records.values()
+                if r.terminal
+            ]
+        due = [
+            e
+            for e in entries
+            if e.archive is None or (e.archive.open and e.archive.due_ns <= now_ns)
+        ]
+        due.sort(key=lambda e: (e.archive.due_ns if e.archive else 0, e.record.name))
+        yield from due
 
     def poll_state(self, name: str) -> PollState | None:
         """The poll state of ``name`` (tests)."""

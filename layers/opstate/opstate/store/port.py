@@ -7,9 +7,9 @@ SQLite: a re-select in the same transaction).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from opstate.details import InvalidDetailsError, check
 from opstate.model import OpRecord
@@ -78,6 +78,9 @@ class PollState:
     missing_since_ns: int = 0
     lost_ns: int = 0
     overdue_ns: int = 0
+    # A running batch's batchStats as the last poll brought it (None: this write carries none;
+    # a stored one is kept). Read back with ``ArchivingStore.get_progress``.
+    progress: Mapping[str, int] | None = field(default=None, compare=False)
 
     @property
     def lost(self) -> bool:
@@ -106,6 +109,102 @@ class Due:
 
     record: OpRecord
     poll: PollState = field(default_factory=PollState)
+
+
+# The archive status of a terminal record's results (``opstate.outcomes``).
+ARCHIVE_PENDING = "pending"
+ARCHIVE_ARCHIVED = "archived"
+ARCHIVE_FAILED = "failed"
+ARCHIVE_EXPIRED = "expired"
+ARCHIVE_NONE = "none"
+ARCHIVE_STATUSES = (
+    ARCHIVE_PENDING,
+    ARCHIVE_ARCHIVED,
+    ARCHIVE_FAILED,
+    ARCHIVE_EXPIRED,
+    ARCHIVE_NONE,
+)
+# Not settled: the archiver still has work to do.
+ARCHIVE_OPEN = frozenset({ARCHIVE_PENDING, ARCHIVE_FAILED})
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveState:
+    """The archive of one terminal record's results, stored beside the record (like
+    ``PollState``: its own conditional write, never the record's version, state or keys).
+
+    - ``status``: one of ``ARCHIVE_STATUSES``; ``created_ns``: the record incarnation it
+      belongs to (its ``created_ns``); ``rev``: counts the writes of this state (the condition
+      of the next one; 0 = never written).
+    - ``attempts`` / ``last_error``: failed copies so far and why the last one failed.
+    - ``deadline_ns``: when Gemini deletes the results (``expiresAt``); ``due_ns``: when the
+      archiver should look at it next (a claim sets it to the end of its lease).
+    - ``archived_ns``, ``location`` (of ``summary.json``) and ``summary`` (``objects``,
+      ``rows``, ``errors``, ``usage``, ``requests``, ``videos``; see ``opstate.outcomes.plan``).
+    """
+
+    status: str
+    created_ns: int = 0
+    rev: int = 0
+    attempts: int = 0
+    last_error: str = ""
+    deadline_ns: int = 0
+    due_ns: int = 0
+    archived_ns: int = 0
+    location: str = ""
+    summary: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in ARCHIVE_STATUSES:
+            raise ValueError(f"unknown archive status {self.status!r}")
+
+    @property
+    def open(self) -> bool:
+        return self.status in ARCHIVE_OPEN
+
+    def as_dict(self) -> dict[str, Any]:
+        """The stored form (JSON-shaped: text, integers, maps and lists)."""
+        return {
+            "status": self.status,
+            "created_ns": self.created_ns,
+            "rev": self.rev,
+            "attempts": self.attempts,
+            "last_error": self.last_error,
+            "deadline_ns": self.deadline_ns,
+            "due_ns": self.due_ns,
+            "archived_ns": self.archived_ns,
+            "location": self.location,
+            "summary": dict(self.summary),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> ArchiveState:
+        def number(key: str) -> int:
+            value = raw.get(key)
+            return int(value) if value is not None else 0
+
+        summary = raw.get("summary")
+        return cls(
+            status=str(raw.get("status") or ARCHIVE_PENDING),
+            created_ns=number("created_ns"),
+            rev=number("rev"),
+            attempts=number("attempts"),
+            last_error=str(raw.get("last_error") or ""),
+            deadline_ns=number("deadline_ns"),
+            due_ns=number("due_ns"),
+            archived_ns=number("archived_ns"),
+            location=str(raw.get("location") or ""),
+            summary=dict(summary) if isinstance(summary, Mapping) else {},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveEntry:
+    """A terminal record whose results are not settled, and its archive state (None: the
+    archiver never wrote one, e.g. a record of the previous release)."""
+
+    record: OpRecord
+    archive: ArchiveState | None = None
 
 
 @runtime_checkable
@@ -165,4 +264,32 @@ class PollingStore(Store, Protocol):
     def iter_marked(self) -> Iterator[Due]:
         """Every open record that is lost or was announced overdue (operator listing; may be a
         full scan, never used by the reconciler's run)."""
+        ...
+
+
+@runtime_checkable
+class ArchivingStore(Store, Protocol):
+    """A store that keeps an ``ArchiveState`` beside each terminal record (every store of this
+    package: memory, SQLite, DynamoDB)."""
+
+    def get_archive(self, name: str) -> ArchiveState | None:
+        """The archive state stored beside the record of ``name`` (None: none yet)."""
+        ...
+
+    def set_archive(self, name: str, expected_rev: int, state: ArchiveState) -> bool:
+        """Store ``state`` with ``rev = expected_rev + 1`` if the record of ``name`` is
+        terminal, is the incarnation ``state.created_ns`` and its archive state's ``rev`` is
+        still ``expected_rev`` (0: none yet). False when a condition failed. Never changes the
+        record (version, state, details, keys) or its poll state."""
+        ...
+
+    def get_progress(self, name: str) -> dict[str, int] | None:
+        """The batchStats the reconciler last stored beside ``name`` (``PollState.progress``),
+        or None."""
+        ...
+
+    def iter_archive_due(self, now_ns: int) -> Iterator[ArchiveEntry]:
+        """Terminal records whose results are not settled: without an archive state, or
+        ``pending`` / ``failed`` with ``due_ns <= now_ns``; the soonest due first (without a
+        state: due at once), ties by name. (DynamoDB: a filtered Scan.)"""
         ...

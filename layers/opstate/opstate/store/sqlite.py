@@ -13,6 +13,10 @@
   "due since then". ``poll_misses``, ``poll_missing_since_ns``, ``lost_ns`` and ``overdue_ns``
   hold the rest of the poll state; a file of the previous release gets them on open
   (``ALTER TABLE ... ADD COLUMN``, default 0).
+- The archive state of a terminal record (``ArchiveState``, ``opstate.outcomes``): ``archive``
+  (its JSON, NULL: none yet) and the copies the queries filter on, ``archive_status``,
+  ``archive_rev`` and ``archive_due_ns``; added on open like the poll columns. ``set_archive``
+  is its own ``UPDATE ... WHERE archive_rev = ?``: it never touches the record's columns.
 - Times in ns are stored as zero-padded decimal text: SQLite integers stop at 2**63 (year 2262)
   and the model accepts instants up to year 9999; fixed-width digits sort as numbers.
 - ``details`` is JSON text. ``expires_at`` (epoch seconds) is kept for terminal records, as on
@@ -30,6 +34,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -39,6 +44,8 @@ from opstate.private_files import create_private_empty_file
 from opstate.states import parse_state
 from opstate.store.port import (
     WRITTEN,
+    ArchiveEntry,
+    ArchiveState,
     Due,
     PollState,
     StoreUnavailableError,
@@ -73,12 +80,22 @@ CREATE INDEX IF NOT EXISTS operations_open ON operations (open_ns, name)
 
 # Poll-state columns added after the first release (a file written by it lacks them).
 _POLL_COLUMNS = ("poll_misses", "poll_missing_since_ns", "lost_ns", "overdue_ns")
+# The archive state beside a terminal record (opstate.outcomes), added after the poll state:
+# ``archive`` is its JSON (NULL: none yet), the other three are copies the queries filter on.
+_ARCHIVE_COLUMNS = (
+    ("archive", "TEXT"),
+    ("archive_status", "TEXT"),
+    ("archive_rev", "INTEGER NOT NULL DEFAULT 0"),
+    ("archive_due_ns", "INTEGER NOT NULL DEFAULT 0"),
+    ("progress", "TEXT"),  # PollState.progress (JSON), a running batch's batchStats
+)
 
 _COLUMNS = (
     "name, state, rank, update_ns, version, kind, source, details, created_ns, applied_ns, "
     "open_ns, expires_at"
 )
 _SELECT = f"SELECT {_COLUMNS} FROM operations"
+_SELECT_ARCHIVE = f"SELECT {_COLUMNS}"
 _SELECT_DUE = f"SELECT {_COLUMNS}, {', '.join(_POLL_COLUMNS)} FROM operations"
 
 # Fragments of sqlite3.OperationalError messages that mean "not now", not "wrong SQL".
@@ -137,12 +154,11 @@ class SQLiteStore:
     @staticmethod
     def _add_poll_columns(conn: sqlite3.Connection) -> None:
         have = {row[1] for row in conn.execute("PRAGMA table_info(operations)")}
-        for column in _POLL_COLUMNS:
+        wanted = [(c, "INTEGER NOT NULL DEFAULT 0") for c in _POLL_COLUMNS]
+        for column, kind in [*wanted, *_ARCHIVE_COLUMNS]:
             if column not in have:
                 try:
-                    conn.execute(
-                        f"ALTER TABLE operations ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0"
-                    )
+                    conn.execute(f"ALTER TABLE operations ADD COLUMN {column} {kind}")
                 except sqlite3.OperationalError as exc:
                     if "duplicate column" not in str(exc).lower():  # another process won
                         raise
@@ -276,17 +292,19 @@ class SQLiteStore:
 
     def set_poll(self, name: str, version: int, poll: PollState) -> bool:
         open_ns = None if poll.lost else _ns_text(max(0, poll.due_ns))
+        progress = None if poll.progress is None else json.dumps(dict(poll.progress))
         try:
             cursor = self._conn().execute(
                 "UPDATE operations SET open_ns = ?, poll_misses = ?, poll_missing_since_ns = ?, "
-                "lost_ns = ?, overdue_ns = ? WHERE name = ? AND version = ? "
-                "AND expires_at IS NULL",
+                "lost_ns = ?, overdue_ns = ?, progress = COALESCE(?, progress) "
+                "WHERE name = ? AND version = ? AND expires_at IS NULL",
                 (
                     open_ns,
                     poll.misses,
                     poll.missing_since_ns,
                     poll.lost_ns,
                     poll.overdue_ns,
+                    progress,
                     name,
                     version,
                 ),
@@ -332,6 +350,77 @@ class SQLiteStore:
             if len(rows) < _PAGE:
                 return
             after = rows[-1][0]
+
+    def get_archive(self, name: str) -> ArchiveState | None:
+        try:
+            row = (
+                self._conn()
+                .execute("SELECT archive FROM operations WHERE name = ?", (name,))
+                .fetchone()
+            )
+        except sqlite3.Error as exc:
+            self._raise(exc)
+        return _archive(row[0]) if row else None
+
+    def set_archive(self, name: str, expected_rev: int, state: ArchiveState) -> bool:
+        stored = replace(state, rev=expected_rev + 1)
+        try:
+            cursor = self._conn().execute(
+                "UPDATE operations SET archive = ?, archive_status = ?, archive_rev = ?, "
+                "archive_due_ns = ? WHERE name = ? AND expires_at IS NOT NULL "
+                "AND created_ns = ? AND archive_rev = ?",
+                (
+                    json.dumps(stored.as_dict(), sort_keys=True),
+                    stored.status,
+                    stored.rev,
+                    stored.due_ns,
+                    name,
+                    state.created_ns,
+                    expected_rev,
+                ),
+            )
+        except sqlite3.Error as exc:
+            self._raise(exc)
+        return bool(cursor.rowcount)
+
+    def get_progress(self, name: str) -> dict[str, int] | None:
+        try:
+            row = (
+                self._conn()
+                .execute("SELECT progress FROM operations WHERE name = ?", (name,))
+                .fetchone()
+            )
+        except sqlite3.Error as exc:
+            self._raise(exc)
+        if not row or not row[0]:
+            return None
+        value = json.loads(row[0])
+        return value if isinstance(value, dict) else None
+
+    def iter_archive_due(self, now_ns: int) -> Iterator[ArchiveEntry]:
+        """Unsettled terminal records by (due, name), fetched in pages (keyset paging)."""
+        after: tuple[int, str] = (-1, "")
+        while True:
+            try:
+                rows = (
+                    self._conn()
+                    .execute(
+                        f"{_SELECT_ARCHIVE}, archive, archive_due_ns FROM operations "
+                        "WHERE expires_at IS NOT NULL AND (archive_status IS NULL OR "
+                        "(archive_status IN ('pending', 'failed') AND archive_due_ns <= ?)) "
+                        "AND (archive_due_ns, name) > (?, ?) "
+                        "ORDER BY archive_due_ns, name LIMIT ?",
+                        (now_ns, after[0], after[1], _PAGE),
+                    )
+                    .fetchall()
+                )
+            except sqlite3.Error as exc:
+                self._raise(exc)
+            for row in rows:
+                yield ArchiveEntry(_record(row), _archive(row[12]))
+            if len(rows) < _PAGE:
+                return
+            after = (int(rows[-1][13]), rows[-1][0])
 
     # -- extras ------------------------------------------------------------------------------
 
@@ -418,6 +507,13 @@ def _due(row: Sequence[Any]) -> Due:
             overdue_ns=overdue,
         ),
     )
+
+
+def _archive(text: str | None) -> ArchiveState | None:
+    if not text:
+        return None
+    raw = json.loads(text)
+    return ArchiveState.from_dict(raw) if isinstance(raw, dict) else None
 
 
 def _record(row: Sequence[Any]) -> OpRecord:

@@ -263,6 +263,28 @@
       add("Source", record.source);
       add("Tracked since", formatTime(record.createdAt));
       add("Last applied", formatTime(record.appliedAt));
+      if (record.progress) add("Progress", progressBar(record.progress));
+      if (record.results) add("Results", badge(record.results.status, "results-" + record.results.status));
+      const results = data.results;
+      if (results) {
+        if (results.rows) {
+          const r = results.rows;
+          add("Rows", r.succeeded + " succeeded, " + r.failed + " failed, " + r.unreadable +
+            " unreadable of " + r.total + (results.requests != null ? " (" + results.requests + " requests)" : ""));
+        }
+        if (results.errors && Object.keys(results.errors).length) {
+          add("Errors by code", Object.entries(results.errors).map(([c, n]) => c + ": " + n).join(", "));
+        }
+        if (results.usage) {
+          const u = results.usage;
+          add("Tokens", u.totalTokenCount + " total (" + u.promptTokenCount + " prompt, " +
+            u.candidatesTokenCount + " output, " + u.thoughtsTokenCount + " thinking, " +
+            u.cachedContentTokenCount + " cached)");
+        }
+        add("Results expire", formatTime(results.expiresAt));
+        add("Archived", formatTime(results.archivedAt));
+        for (const o of results.objects) add("Object", o.location + " (" + o.bytes + " bytes)");
+      }
     } else {
       add("Record", "not stored (every event was dropped)");
     }
@@ -285,6 +307,25 @@
     $("decisions").hidden = rows.length === 0;
     section.hidden = false;
     if (focus) section.focus();
+  }
+
+  // A batch's progress (batchStats) as a progress bar with its counts beside it.
+  function progressBar(p) {
+    const total = Number(p.requestCount || 0);
+    const done = Number(p.successfulRequestCount || 0) + Number(p.failedRequestCount || 0);
+    const wrap = document.createElement("span");
+    wrap.className = "progress";
+    const bar = document.createElement("progress");
+    bar.id = "detail-progress";
+    bar.max = total || 1;
+    bar.value = Math.min(done, total || 1);
+    const text = done + " of " + total + " done" +
+      (p.failedRequestCount ? " (" + p.failedRequestCount + " failed)" : "");
+    bar.setAttribute("aria-label", "progress: " + text);
+    const label = document.createElement("span");
+    label.textContent = " " + text;
+    wrap.append(bar, label);
+    return wrap;
   }
 
   function closeDetail() {

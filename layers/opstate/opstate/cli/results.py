@@ -1,0 +1,104 @@
+"""``opstate archive --once`` and ``opstate results NAME [--json] [--download DEST]``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from opstate.cli.common import (
+    EXIT_OK,
+    CliError,
+    UsageError,
+    name_arg,
+    open_store,
+    out,
+    print_json,
+    require_gemini_key,
+    settings_for,
+    store_error,
+)
+from opstate.config import ConfigError
+
+
+def add_parsers(
+    sub: Any, *, store: argparse.ArgumentParser, as_json: argparse.ArgumentParser
+) -> None:
+    p = sub.add_parser(
+        "archive", parents=[store], help="archive every pending result now (one pass)"
+    )
+    p.add_argument("--once", action="store_true", help="run one pass and exit (required)")
+    p.set_defaults(func=cmd_archive)
+
+    p = sub.add_parser("results", parents=[store, as_json], help="an operation's archived results")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--download", metavar="DEST", help="copy the archived objects into DEST")
+    p.set_defaults(func=cmd_results)
+
+
+def cmd_archive(args: argparse.Namespace) -> int:
+    if not args.once:
+        raise UsageError(
+            "archive runs one pass and needs --once (the archiver function repeats it)"
+        )
+    config = settings_for(args)
+    require_gemini_key(config)
+    from opstate.outcomes.wiring import archive_from_settings
+
+    try:
+        result = archive_from_settings(config)
+    except (ValueError, ConfigError) as exc:
+        raise UsageError(str(exc)) from None
+    except Exception as exc:
+        error = store_error(config.store_url, exc, opened=True)
+        if error is None:
+            raise
+        raise error from None
+    view = result.as_dict()
+    print_json(
+        {k: view[k] for k in ("archived", "failed", "expired", "none", "bytes")}
+        | {k: view[k] for k in ("skipped", "atRisk", "errors", "remaining")}
+    )
+    return EXIT_OK
+
+
+def _download(config: Any, view: dict[str, Any], dest: Path, summary_location: str) -> int:
+    from opstate.outcomes.sink import download
+    from opstate.outcomes.wiring import results_url_for, sink_from_url
+
+    sink = sink_from_url(results_url_for(config), config)
+    locations = [o["location"] for o in view["objects"] if o.get("location")]
+    if summary_location:
+        locations.append(summary_location)
+    for location in locations:
+        size = download(sink, location, dest / location.rsplit("/", 1)[-1])
+        out(f"{location} -> {dest / location.rsplit('/', 1)[-1]} ({size} bytes)")
+    return EXIT_OK
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    config = settings_for(args)
+    from opstate.outcomes.results import results_json
+    from opstate.outcomes.wiring import archiving
+
+    name = name_arg(args.name)
+    with open_store(config) as store:
+        if store.get(name) is None:
+            raise CliError(f"no record for {name} in {config.store_url}")
+        view = results_json(store, name)
+        state = archiving(store).get_archive(name)
+    if view is None or state is None:
+        raise CliError(f"{name} has no archive status yet (running, or not yet archived)")
+    if args.download:
+        if view["status"] != "archived":
+            raise CliError(f"{name} is {view['status']}: nothing archived to download")
+        return _download(config, view, Path(args.download), state.location)
+    if args.json:
+        print_json(view)
+        return EXIT_OK
+    width = max(len(key) for key in view)
+    for key, value in view.items():
+        out(f"{key:<{width}}  {'-' if value is None else value}")
+    if state.last_error:
+        out(f"{'error':<{width}}  {state.last_error} (attempts: {state.attempts})")
+    return EXIT_OK

@@ -1,0 +1,186 @@
+"""The source port on google-genai: the only module of the package importing ``google.genai``
+(inside functions, so importing it stays cheap).
+
+- batch: the REST resource itself (``GET batches/{id}``, through the client's own
+  ``_api_client.request``: the SDK's ``BatchJob`` drops ``metadata.batchStats``, python-genai
+  #1323), its ``metadata.output.responsesFile`` or ``inlinedResponses``, and
+  ``batchStats.requestCount``;
+- video: ``operations.get`` of a ``GenerateVideosOperation``: each generated video's file, the
+  content-filtered count and reasons (``rai_media_filtered_*``);
+- interaction: ``interactions.get``, the final resource as JSON;
+- anything else: no output.
+
+Each Gemini file's ``expirationTime`` comes from ``files.get``; bytes are streamed by
+``client.files.download(file=..., destination=writer)``, which writes 1 MiB chunks into any
+object with ``write`` (``BaseApiClient.download_file``: an httpx streamed response). SDK
+exceptions become ``SourceError`` through the reconciler's ``classify``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from opstate.config import Settings
+from opstate.model import OpRecord
+from opstate.names import Kind, api_name
+from opstate.outcomes.ledger import inlined_lines
+from opstate.outcomes.source import (
+    BATCH_OUTPUT,
+    DOCUMENT,
+    VIDEO,
+    Output,
+    Outputs,
+    SourceError,
+    Writer,
+)
+from opstate.reconcile.genai_gateway import api_key, batch_stats, classify
+from opstate.times import parse_time
+
+if TYPE_CHECKING:
+    from google import genai
+
+_FILE_ID = re.compile(r"files/([a-z0-9-]+)")
+
+
+def file_name_of(uri: str) -> str | None:
+    """``files/<id>`` of a Gemini file URI or name (``.../v1beta/files/abc:download?...``)."""
+    match = _FILE_ID.search(uri)
+    return f"files/{match.group(1)}" if match else None
+
+
+def _error(exc: BaseException) -> SourceError:
+    if isinstance(exc, SourceError):
+        return exc
+    gateway_error = classify(exc)
+    return SourceError(
+        gateway_error.message, status=gateway_error.status, transient=gateway_error.transient
+    )
+
+
+class _Into(io.RawIOBase):
+    """A ``Writer`` as the binary stream ``files.download`` is typed to take."""
+
+    def __init__(self, writer: Writer) -> None:
+        super().__init__()
+        self.writer = writer
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        chunk = data if isinstance(data, bytes) else bytes(data)
+        self.writer.write(chunk)
+        return len(chunk)
+
+
+class GenaiSource:
+    """``Source`` over a ``google.genai.Client`` (see the module docstring)."""
+
+    def __init__(self, client: genai.Client) -> None:
+        self.client = client
+
+    def outputs(self, record: OpRecord) -> Outputs:
+        try:
+            if record.kind is Kind.BATCH:
+                return self._batch(record)
+            if record.kind is Kind.VIDEO:
+                return self._video(record)
+            if record.kind is Kind.INTERACTION:
+                return self._interaction(record)
+        except Exception as exc:
+            raise _error(exc) from exc
+        return Outputs()
+
+    def download(self, file: str, writer: Writer) -> None:
+        try:
+            self.client.files.download(file=file, destination=_Into(writer))
+        except Exception as exc:
+            raise _error(exc) from exc
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- kinds -------------------------------------------------------------------------------
+
+    def _expiration_ns(self, file: str) -> int:
+        found = self.client.files.get(name=file)
+        when = found.expiration_time
+        return parse_time(when.isoformat()) if when is not None else 0
+
+    def _batch(self, record: OpRecord) -> Outputs:
+        answer = self.client._api_client.request("get", record.name, {})
+        body = json.loads(answer.body or "{}")
+        metadata = body.get("metadata") if isinstance(body, Mapping) else None
+        metadata = metadata if isinstance(metadata, Mapping) else {}
+        stats = batch_stats(body) or {}
+        requests = stats.get("requestCount")
+        output = metadata.get("output")
+        output = output if isinstance(output, Mapping) else {}
+        file = output.get("responsesFile")
+        if isinstance(file, str) and file:
+            return Outputs(
+                (Output("output.jsonl", BATCH_OUTPUT, file=file),),
+                expiration_ns=self._expiration_ns(file),
+                requests=requests,
+            )
+        inlined = output.get("inlinedResponses")
+        items = inlined.get("inlinedResponses") if isinstance(inlined, Mapping) else None
+        if isinstance(items, list):
+            lines = inlined_lines([i for i in items if isinstance(i, Mapping)])
+            data = b"".join(line + b"\n" for line in lines)
+            return Outputs((Output("output.jsonl", BATCH_OUTPUT, data=data),), requests=requests)
+        return Outputs(requests=requests)
+
+    def _video(self, record: OpRecord) -> Outputs:
+        from google.genai import types
+
+        operation = types.GenerateVideosOperation.model_validate(
+            {"name": api_name(record.name, record.details)}
+        )
+        answer = self.client.operations.get(operation)
+        response = answer.response
+        if response is None:
+            return Outputs()
+        items: list[Output] = []
+        expiration = 0
+        for index, generated in enumerate(response.generated_videos or []):
+            uri = generated.video.uri if generated.video is not None else None
+            file = file_name_of(uri) if uri else None
+            if file is None:
+                continue
+            items.append(Output(f"video-{index}.mp4", VIDEO, file=file))
+            when = self._expiration_ns(file)
+            expiration = when if not expiration else min(expiration, when or expiration)
+        reasons = tuple(str(r) for r in (response.rai_media_filtered_reasons or []))
+        return Outputs(
+            tuple(items),
+            expiration_ns=expiration,
+            filtered_count=response.rai_media_filtered_count,
+            filtered_reasons=reasons,
+        )
+
+    def _interaction(self, record: OpRecord) -> Outputs:
+        interaction_id = record.name.split("/", 1)[1]
+        found = self.client.interactions.get(interaction_id)
+        dump = getattr(found, "model_dump", None)
+        document = dump(mode="json", exclude_none=True) if callable(dump) else dict(found)
+        data = json.dumps(document, sort_keys=True, indent=1).encode("utf-8")
+        return Outputs((Output("interaction.json", DOCUMENT, data=data),))
+
+
+def make_client(settings: Settings) -> genai.Client:
+    """The archiver's google-genai client: the reconciler's key, a per-read timeout of
+    ``results_http_timeout_s`` (a download is many reads) and no SDK retries (the run retries
+    a failed copy on its next pass). ``GOOGLE_GEMINI_BASE_URL`` points it at any server."""
+    from google import genai
+    from google.genai import types
+
+    options = types.HttpOptions(
+        timeout=max(1, int(settings.results_http_timeout_s * 1000)),
+        retry_options=types.HttpRetryOptions(attempts=1),
+    )
+    return genai.Client(vertexai=False, api_key=api_key(settings), http_options=options)

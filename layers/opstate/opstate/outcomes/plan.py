@@ -1,0 +1,99 @@
+"""The pure rules of archiving (no I/O): which backend keeps a job's output, where an
+operation's objects go, its deadline, retries, and the ``opstate results --json`` shape.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from opstate.model import OpRecord
+from opstate.names import GOOGLE_CLOUD, backend_of
+from opstate.times import NS_PER_SECOND, format_time
+
+SUMMARY_KEY = "summary.json"
+# The longest wait between two attempts of a failed copy.
+MAX_RETRY_S = 3600.0
+# Failed rows are counted by code for at most this many codes (the rest under "other").
+MAX_ERROR_CODES = 100
+OTHER_CODES = "other"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._/-]")
+
+
+def is_cloud_job(name: str) -> bool:
+    """A Google Cloud (Vertex AI) resource: its output stays in the user's GCS / BigQuery, so
+    there is nothing to archive (``names.backend_of``)."""
+    return backend_of(name) == GOOGLE_CLOUD
+
+
+def prefix_of(record: OpRecord) -> str:
+    """The folder of one record incarnation: its name, then its creation time (ns), as the
+    idempotency key tells incarnations apart (``batches/abc/1780000000000000000``)."""
+    safe = "/".join(p for p in _UNSAFE.sub("_", record.name).split("/") if p not in ("", ".", ".."))
+    return f"{safe}/{record.created_ns}"
+
+
+def terminal_ns(record: OpRecord) -> int:
+    """When the operation ended: its server time, else when it was applied."""
+    return record.update_time_ns or record.applied_ns
+
+
+def deadline_ns(record: OpRecord, expiration_ns: int, retention_s: float) -> int:
+    """When Gemini deletes the results: its own ``expirationTime`` when given, else the
+    documented retention from the terminal time."""
+    if expiration_ns > 0:
+        return expiration_ns
+    return terminal_ns(record) + int(retention_s * NS_PER_SECOND)
+
+
+def retry_delay_s(attempts: int, base_s: float) -> float:
+    """Seconds before the next attempt after ``attempts`` failed ones (doubling, capped)."""
+    return float(min(MAX_RETRY_S, base_s * 2 ** max(0, min(attempts - 1, 30))))
+
+
+def capped_errors(errors: Mapping[str, int]) -> dict[str, int]:
+    """Failed rows by code; past ``MAX_ERROR_CODES`` codes the rarest are summed as other."""
+    ranked = sorted(errors.items(), key=lambda kv: (-kv[1], kv[0]))
+    kept = dict(ranked[:MAX_ERROR_CODES])
+    rest = sum(n for _, n in ranked[MAX_ERROR_CODES:])
+    if rest:
+        kept[OTHER_CODES] = kept.get(OTHER_CODES, 0) + rest
+    return kept
+
+
+def _time(ns: object) -> str | None:
+    return format_time(ns) if isinstance(ns, int) and ns > 0 else None
+
+
+def results_view(name: str, archive: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``opstate results --json`` document of an archive state (``ArchiveState.as_dict``):
+    exactly ``name, status, expiresAt, archivedAt, objects, rows, errors, usage, requests``."""
+    summary = archive.get("summary")
+    summary = summary if isinstance(summary, Mapping) else {}
+    objects = summary.get("objects")
+    return {
+        "name": name,
+        "status": archive.get("status"),
+        "expiresAt": _time(archive.get("deadline_ns")),
+        "archivedAt": _time(archive.get("archived_ns")),
+        "objects": [
+            {"location": o.get("location"), "bytes": o.get("bytes"), "sha256": o.get("sha256")}
+            for o in (objects if isinstance(objects, list) else [])
+            if isinstance(o, Mapping)
+        ],
+        "rows": summary.get("rows"),
+        "errors": summary.get("errors"),
+        "usage": summary.get("usage"),
+        "requests": summary.get("requests"),
+    }
+
+
+def record_results(archive: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``results`` of the record view: ``status``, ``expiresAt`` and ``location`` (of
+    ``summary.json``, or where a Google Cloud job's output stays)."""
+    return {
+        "status": archive.get("status"),
+        "expiresAt": _time(archive.get("deadline_ns")),
+        "location": archive.get("location") or None,
+    }

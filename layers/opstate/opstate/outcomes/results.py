@@ -1,0 +1,36 @@
+"""What the record view and ``opstate results`` show of a record's archive (store reads only;
+no SDK, no boto3: the API and the CLI import it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opstate.outcomes.plan import record_results, results_view
+from opstate.store.port import ArchivingStore, Store
+
+
+def record_results_of(store: Store, name: str) -> dict[str, Any] | None:
+    """The record view's ``results`` of ``name`` (None: no archive status yet)."""
+    if not isinstance(store, ArchivingStore):
+        return None
+    state = store.get_archive(name)
+    return None if state is None else record_results(state.as_dict())
+
+
+def record_outcome(store: Store, name: str) -> tuple[dict[str, Any] | None, dict[str, int] | None]:
+    """The record view's ``results`` and ``progress`` of ``name`` (None: not known)."""
+    if not isinstance(store, ArchivingStore):
+        return None, None
+    return record_results_of(store, name), store.get_progress(name)
+
+
+def results_json(store: Store, name: str) -> dict[str, Any] | None:
+    """The ``opstate results --json`` document of ``name``: ``{name, status, expiresAt,
+    archivedAt, objects, rows, errors, usage, requests}``, or None when no archive status is
+    known yet (not tracked, still running, or terminal and not yet looked at)."""
+    if not isinstance(store, ArchivingStore):
+        return None
+    state = store.get_archive(name)
+    if state is None:
+        return None
+    return results_view(name, state.as_dict())

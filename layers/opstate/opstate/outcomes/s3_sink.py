@@ -1,0 +1,209 @@
+"""The S3 sink (``s3://BUCKET/PREFIX``): streaming multipart uploads, bounded memory.
+
+Bytes are buffered up to ``part_size`` (8 MiB by default; S3's minimum is 5 MiB) and sent as
+one ``UploadPart`` each, so memory is bounded by the part size whatever the object's size. The
+upload goes to a temporary key under ``PREFIX/.incoming/``; ``commit`` completes it, then
+copies it to its final key with boto3's managed copy (multipart ``UploadPartCopy`` above 8 MiB,
+server side) setting the object metadata ``opstate-name`` and ``sha256``, and deletes the
+temporary object. Any failure before the commit aborts the multipart upload, so nothing that
+looks archived is left (the template's lifecycle rule also aborts forgotten uploads and expires
+``.incoming/``). The only module of the package importing boto3.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from opstate.outcomes.sink import SinkError, StoredObject
+
+DEFAULT_PART_SIZE = 8 * 1024 * 1024
+MIN_PART_SIZE = 5 * 1024 * 1024
+NAME_KEY = "opstate-name"
+SHA256_KEY = "sha256"
+INCOMING = ".incoming"
+
+
+def _fault(exc: Exception, what: str) -> SinkError:
+    code = ""
+    if isinstance(exc, ClientError):
+        code = str(exc.response.get("Error", {}).get("Code") or "")
+    transient = code not in ("AccessDenied", "NoSuchBucket", "InvalidBucketName")
+    return SinkError(f"S3 {what} failed: {code or type(exc).__name__}: {exc}", transient=transient)
+
+
+class _S3Writer:
+    def __init__(self, sink: S3Sink, key: str, name: str, temp: str, upload_id: str) -> None:
+        self.sink = sink
+        self.key = key
+        self.name = name
+        self.temp = temp
+        self.upload_id = upload_id
+        self.buffer = bytearray()
+        self.parts: list[dict[str, Any]] = []
+        self.size = 0
+        self.committed: StoredObject | None = None
+
+    def write(self, data: bytes) -> int:
+        self.buffer += data
+        self.size += len(data)
+        while len(self.buffer) >= self.sink.part_size:
+            part = bytes(self.buffer[: self.sink.part_size])
+            del self.buffer[: self.sink.part_size]
+            self._send(part)
+        return len(data)
+
+    def _send(self, part: bytes) -> None:
+        number = len(self.parts) + 1
+        try:
+            answer = self.sink.client.upload_part(
+                Bucket=self.sink.bucket,
+                Key=self.temp,
+                UploadId=self.upload_id,
+                PartNumber=number,
+                Body=part,
+            )
+        except (ClientError, BotoCoreError) as exc:
+            raise _fault(exc, "UploadPart") from exc
+        self.parts.append({"PartNumber": number, "ETag": answer["ETag"]})
+
+    def commit(self, sha256: str) -> StoredObject:
+        client, bucket = self.sink.client, self.sink.bucket
+        if self.buffer or not self.parts:
+            self._send(bytes(self.buffer))
+            self.buffer.clear()
+        final = self.sink.full_key(self.key)
+        try:
+            client.complete_multipart_upload(
+                Bucket=bucket,
+                Key=self.temp,
+                UploadId=self.upload_id,
+                MultipartUpload={"Parts": self.parts},
+            )
+            self.upload_id = ""
+            client.copy(
+                {"Bucket": bucket, "Key": self.temp},
+                bucket,
+                final,
+                ExtraArgs={
+                    "Metadata": {NAME_KEY: self.name, SHA256_KEY: sha256},
+                    "MetadataDirective": "REPLACE",
+                    "ContentType": self.sink.content_type(final),
+                },
+            )
+            client.delete_object(Bucket=bucket, Key=self.temp)
+        except (ClientError, BotoCoreError) as exc:
+            raise _fault(exc, "commit") from exc
+        self.committed = StoredObject(self.sink.location(self.key), self.size, sha256)
+        return self.committed
+
+
+class S3Sink:
+    """The ``Sink`` on an S3 bucket and prefix (see the module docstring)."""
+
+    def __init__(
+        self, bucket: str, prefix: str = "", *, client: Any = None, part_size: int | None = None
+    ) -> None:
+        if not bucket:
+            raise ValueError("an S3 bucket name is required")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.part_size = max(MIN_PART_SIZE, part_size or DEFAULT_PART_SIZE)
+        self.client: Any = client if client is not None else _make_client()
+        self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+
+    def full_key(self, key: str) -> str:
+        key = key.strip("/")
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def location(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self.full_key(key)}"
+
+    @staticmethod
+    def content_type(key: str) -> str:
+        if key.endswith(".json"):
+            return "application/json"
+        if key.endswith(".jsonl"):
+            return "application/jsonl"
+        if key.endswith(".mp4"):
+            return "video/mp4"
+        return "application/octet-stream"
+
+    @contextmanager
+    def open(self, key: str, *, name: str) -> Iterator[_S3Writer]:
+        temp = self.full_key(f"{INCOMING}/{uuid.uuid4().hex}")
+        try:
+            upload = self.client.create_multipart_upload(
+                Bucket=self.bucket, Key=temp, Metadata={NAME_KEY: name}
+            )
+        except (ClientError, BotoCoreError) as exc:
+            raise _fault(exc, "CreateMultipartUpload") from exc
+        writer = _S3Writer(self, key, name, temp, upload["UploadId"])
+        try:
+            yield writer
+        finally:
+            if writer.committed is None:
+                self._abandon(writer)
+
+    def _abandon(self, writer: _S3Writer) -> None:
+        try:
+            if writer.upload_id:
+                self.client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=writer.temp, UploadId=writer.upload_id
+                )
+            else:
+                self.client.delete_object(Bucket=self.bucket, Key=writer.temp)
+        except (ClientError, BotoCoreError):  # the lifecycle rule cleans up what is left
+            pass
+
+    def head(self, key: str) -> StoredObject | None:
+        try:
+            answer = self.client.head_object(Bucket=self.bucket, Key=self.full_key(key))
+        except ClientError as exc:
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status == 404 or exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+                return None
+            raise _fault(exc, "HeadObject") from exc
+        except BotoCoreError as exc:
+            raise _fault(exc, "HeadObject") from exc
+        metadata = answer.get("Metadata") or {}
+        return StoredObject(
+            self.location(key), int(answer.get("ContentLength", 0)), metadata.get(SHA256_KEY, "")
+        )
+
+    def read(self, key: str, limit: int) -> bytes | None:
+        try:
+            answer = self.client.get_object(Bucket=self.bucket, Key=self.full_key(key))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise _fault(exc, "GetObject") from exc
+        except BotoCoreError as exc:
+            raise _fault(exc, "GetObject") from exc
+        body = answer["Body"]
+        try:
+            return bytes(body.read(limit))
+        finally:
+            body.close()
+
+    def chunks(self, location: str) -> Iterator[bytes]:
+        prefix = f"s3://{self.bucket}/"
+        if not location.startswith(prefix):
+            raise SinkError(f"{location} is not in bucket {self.bucket}", transient=False)
+        try:
+            answer = self.client.get_object(Bucket=self.bucket, Key=location[len(prefix) :])
+            yield from answer["Body"].iter_chunks(1024 * 1024)
+        except (ClientError, BotoCoreError) as exc:
+            raise _fault(exc, "GetObject") from exc
+
+
+def _make_client() -> Any:
+    import boto3
+    from botocore.config import Config
+
+    config = Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5)
+    return boto3.session.Session().client("s3", config=config)

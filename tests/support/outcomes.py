@@ -1,0 +1,85 @@
+"""Batch outputs for the outcomes tests and benchmark: JSON Lines as Gemini writes them, with
+the counts a correct ledger must find."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from opstate.outcomes.ledger import USAGE_FIELDS
+
+
+@dataclass
+class Expected:
+    rows: dict[str, int] = field(
+        default_factory=lambda: {"total": 0, "succeeded": 0, "failed": 0, "unreadable": 0}
+    )
+    errors: dict[str, int] = field(default_factory=dict)
+    usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_FIELDS, 0))
+
+
+def ok_line(key: str, prompt: int, candidates: int, text: str = "hello") -> dict[str, Any]:
+    return {
+        "key": key,
+        "response": {
+            "candidates": [{"content": {"parts": [{"text": text}], "role": "model"}}],
+            "usageMetadata": {
+                "promptTokenCount": prompt,
+                "candidatesTokenCount": candidates,
+                "totalTokenCount": prompt + candidates,
+            },
+        },
+    }
+
+
+def failed_line(key: str, code: int, message: str = "quota") -> dict[str, Any]:
+    return {"key": key, "status": {"code": code, "message": message}}
+
+
+def batch_output(ok: int, failed: dict[int, int], unreadable: int = 0) -> tuple[bytes, Expected]:
+    """``ok`` succeeded rows, ``failed[code]`` failed rows per code, then broken lines."""
+    expected = Expected()
+    lines = []
+    for i in range(ok):
+        lines.append(json.dumps(ok_line(f"ok-{i}", 10 + i, 5)))
+        expected.usage["promptTokenCount"] += 10 + i
+        expected.usage["candidatesTokenCount"] += 5
+        expected.usage["totalTokenCount"] += 15 + i
+    for code, n in failed.items():
+        for i in range(n):
+            lines.append(json.dumps(failed_line(f"f-{code}-{i}", code)))
+        expected.errors[str(code)] = n
+    lines.extend(["{not json"] * unreadable)
+    total = ok + sum(failed.values()) + unreadable
+    expected.rows = {
+        "total": total,
+        "succeeded": ok,
+        "failed": sum(failed.values()),
+        "unreadable": unreadable,
+    }
+    return ("\n".join(lines) + "\n").encode(), expected
+
+
+def generated_output(
+    size: int, line_text_bytes: int = 900
+) -> tuple[Callable[[], Iterator[bytes]], int, int]:
+    """A large batch output generated on the fly: (chunks factory, exact size, rows).
+
+    Every row is one succeeded line of the same length (so the size is exact); the body is
+    never held whole (1 MiB chunks)."""
+    line = (json.dumps(ok_line("k", 7, 3, "x" * line_text_bytes)) + "\n").encode()
+    rows = size // len(line)
+    exact = rows * len(line)
+    per_chunk = max(1, (1 << 20) // len(line))
+    block = line * per_chunk
+
+    def chunks() -> Iterator[bytes]:
+        sent = 0
+        while sent < exact:
+            piece = block[: exact - sent]
+            sent += len(piece)
+            yield piece
+
+    return chunks, exact, rows

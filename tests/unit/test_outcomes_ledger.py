@@ -1,0 +1,156 @@
+"""The ledger (pure): counts computed while streaming equal counts computed line by line, for
+any output and any way of cutting it into chunks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from opstate.outcomes.ledger import USAGE_FIELDS, BatchLedger, VideoLedger, inlined_lines
+
+counts = st.integers(min_value=0, max_value=10**9)
+usage = st.dictionaries(st.sampled_from(USAGE_FIELDS), counts, max_size=6)
+codes = st.one_of(st.integers(min_value=0, max_value=16), st.none())
+ok_row = st.builds(
+    lambda key, u: {"key": key, "response": {"candidates": [], "usageMetadata": u}},
+    st.text(max_size=8),
+    usage,
+)
+failed_row = st.builds(
+    lambda key, which, code: {
+        "key": key,
+        which: {"message": "boom\nwith a newline", **({} if code is None else {"code": code})},
+    },
+    st.text(max_size=8),
+    st.sampled_from(["status", "error"]),
+    codes,
+)
+garbage = st.sampled_from([b"not json", b"[1, 2]", b'{"key": "x"}', b"\xff\xfe", b'"text"', b"{"])
+rows = st.lists(
+    st.one_of(
+        ok_row.map(lambda r: ("ok", r, json.dumps(r).encode())),
+        failed_row.map(lambda r: ("failed", r, json.dumps(r, ensure_ascii=False).encode())),
+        garbage.map(lambda b: ("unreadable", None, b)),
+        st.just(("blank", None, b"   ")),
+    ),
+    max_size=30,
+)
+
+
+def reference(lines: list[tuple[str, Any, bytes]]) -> dict[str, Any]:
+    """The counts by a straightforward second reading: one line at a time, whole."""
+    out: dict[str, Any] = {
+        "rows": {"total": 0, "succeeded": 0, "failed": 0, "unreadable": 0},
+        "errors": {},
+        "usage": dict.fromkeys(USAGE_FIELDS, 0),
+    }
+    for what, row, _raw in lines:
+        if what == "blank":
+            continue
+        out["rows"]["total"] += 1
+        if what == "ok":
+            out["rows"]["succeeded"] += 1
+            for key, value in row["response"]["usageMetadata"].items():
+                out["usage"][key] += value
+        elif what == "failed":
+            out["rows"]["failed"] += 1
+            status = row.get("status") or row.get("error")
+            code = str(status["code"]) if "code" in status else "unknown"
+            out["errors"][code] = out["errors"].get(code, 0) + 1
+        else:
+            out["rows"]["unreadable"] += 1
+    return out
+
+
+def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    pieces, start = [], 0
+    for point in points:
+        pieces.append(data[start:point])
+        start = point
+    pieces.append(data[start:])
+    return pieces
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows, st.lists(st.integers(min_value=0), max_size=20), st.booleans(), st.booleans())
+def test_streaming_counts_equal_a_line_by_line_reading(lines, cuts, crlf, trailing_newline):
+    sep = b"\r\n" if crlf else b"\n"
+    data = sep.join(raw for _what, _row, raw in lines)
+    if trailing_newline and data:
+        data += sep
+    ledger = BatchLedger()
+    for piece in chunked(data, cuts):
+        ledger.feed(piece)
+    ledger.finish()
+    expected = reference(lines)
+    assert ledger.rows.as_dict() == expected["rows"]
+    assert ledger.errors == expected["errors"]
+    assert ledger.usage == expected["usage"]
+    assert ledger.size == len(data)
+    assert ledger.sha256 == hashlib.sha256(data).hexdigest()
+    total = ledger.rows
+    assert total.total == total.succeeded + total.failed + total.unreadable
+    assert sum(ledger.errors.values()) == total.failed
+
+
+@given(st.binary(max_size=5000), st.lists(st.integers(min_value=0), max_size=10))
+def test_video_ledger_hashes_what_it_was_fed(data, cuts):
+    ledger = VideoLedger()
+    for piece in chunked(data, cuts):
+        ledger.write(piece)
+    assert (ledger.size, ledger.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+
+
+def test_a_line_cut_inside_a_utf8_sequence_still_counts():
+    row = json.dumps(
+        {"key": "é", "response": {"usageMetadata": {"totalTokenCount": 7}}}, ensure_ascii=False
+    ).encode()
+    cut = row.index("é".encode()) + 1
+    ledger = BatchLedger()
+    ledger.feed(row[:cut])
+    ledger.feed(row[cut:] + b"\n")
+    ledger.finish()
+    assert ledger.rows.succeeded == 1 and ledger.usage["totalTokenCount"] == 7
+
+
+def test_token_counts_as_text_count_and_nonsense_counts_zero():
+    ledger = BatchLedger()
+    ledger.feed(
+        b'{"response": {"usageMetadata": {"promptTokenCount": "12", "totalTokenCount": true,'
+        b' "candidatesTokenCount": -3, "thoughtsTokenCount": 2.0}}}\n'
+    )
+    ledger.finish()
+    assert ledger.usage["promptTokenCount"] == 12
+    assert ledger.usage["totalTokenCount"] == 0
+    assert ledger.usage["candidatesTokenCount"] == 0
+    assert ledger.usage["thoughtsTokenCount"] == 2
+
+
+def test_a_finished_ledger_refuses_more_bytes():
+    ledger = BatchLedger().finish()
+    try:
+        ledger.feed(b"x")
+    except ValueError:
+        return
+    raise AssertionError("a finished ledger accepted bytes")
+
+
+@given(st.lists(st.one_of(ok_row, failed_row), max_size=10))
+def test_inlined_responses_become_the_lines_a_file_would_hold(items):
+    inlined = []
+    for i, row in enumerate(items):
+        item = {k: v for k, v in row.items() if k != "key"}
+        item["metadata"] = {"key": f"k{i}"}
+        inlined.append(item)
+    lines = inlined_lines(inlined)
+    assert [json.loads(line)["key"] for line in lines] == [f"k{i}" for i in range(len(items))]
+    ledger = BatchLedger()
+    ledger.feed(b"\n".join(lines))
+    ledger.finish()
+    assert ledger.rows.total == len(items)
+    assert ledger.rows.succeeded == sum(1 for r in items if "response" in r)
