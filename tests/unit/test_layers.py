@@ -54,7 +54,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     (
         "api, notify, reconcile",
-        ("opstate.api", "opstate.notify", "opstate.reconcile", "opstate.replay"),
+        (
+            "opstate.api",
+            "opstate.notify",
+            "opstate.reconcile",
+            "opstate.replay",
+            "opstate.waiters",
+        ),
     ),
     ("local, cli", ("opstate.local", "opstate.cli")),
 ]

@@ -79,6 +79,8 @@ METRICS: Final[Mapping[str, MetricSpec]] = {
         ),
         _spec("EventsPublished", "notify", "state changes put on the bus"),
         _spec("PublishFailures", "notify", "stream records not published"),
+        _spec("WaitersRegistered", "webhook", "waiters newly registered"),
+        _spec("WaitersResumed", "waiters", "waiters resumed, by outcome", "outcome"),
     )
 }
 
