@@ -164,6 +164,10 @@ PANELS: list[Panel] = [
         [custom("EventsPublished", label="published"), custom("PublishFailures", label="failed")],
     ),
     Panel(
+        "Waiters: registered, resumed by outcome",
+        [custom("WaitersRegistered", label="registered"), custom("WaitersResumed")],
+    ),
+    Panel(
         "Dead-letter queue depths",
         [
             aws(
