@@ -58,8 +58,9 @@ def _put(app: Any, body: Mapping[str, Any], name: str = NAME) -> tuple[int, dict
 
 
 def test_a_waiter_on_a_running_job_is_kept_and_resumed_when_it_ends(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG)
     app, store, waiters, callbacks = _app()
     status, body = _put(app, {"state": "RUNNING", "waiter": {"stepFunctionsTaskToken": TOKEN}})
     assert status == 200 and body["state"] == "RUNNING"
@@ -82,8 +83,9 @@ def test_a_waiter_on_a_running_job_is_kept_and_resumed_when_it_ends(
     answer = app.resolve(operation_event("GET", NAME), None)
     assert answer["statusCode"] == 200 and TOKEN not in answer["body"]
     logged = capsys.readouterr()
-    assert "waiter registered" in logged.out and "waiter succeeded" in logged.out
-    assert TOKEN not in logged.out + logged.err
+    logged_text = logged.out + logged.err + caplog.text
+    assert "waiter registered" in logged_text and "waiter succeeded" in logged_text
+    assert TOKEN not in logged_text
 
 
 def test_a_waiter_on_a_finished_job_is_resumed_at_once() -> None:
