@@ -48,8 +48,13 @@ FUNCTIONS = (
     ("WebhookFunction", "webhook"),
     ("ReconcileFunction", "reconcile"),
     ("NotifyFunction", "notify"),
+    ("WaiterResumerFunction", "waiters"),
 )
-QUEUES = (("NotifyDeadLetterQueue", "notifier DLQ"), ("SchedulerDeadLetterQueue", "scheduler DLQ"))
+QUEUES = (
+    ("NotifyDeadLetterQueue", "notifier DLQ"),
+    ("SchedulerDeadLetterQueue", "scheduler DLQ"),
+    ("WaiterDeadLetterQueue", "waiters DLQ"),
+)
 
 
 # --- the dashboard -------------------------------------------------------------------------------

@@ -103,3 +103,29 @@ def resume_all(resumer: Resumer, names: Iterable[str]) -> dict[str, int]:
     if later:
         raise ResumeLaterError(f"{len(later)} waiter(s) to resume later: {', '.join(later)}")
     return totals
+
+
+_resumer: Resumer | None = None
+
+
+def default_resumer() -> Resumer:
+    """The resumer the Lambda uses, built once from ``settings()``."""
+    global _resumer
+    if _resumer is None:
+        from opstate.config import settings
+        from opstate.store import store_from_url
+
+        config = settings()
+        store = store_from_url(config.store_url, config)
+        waiters = waiter_store_for(store, config)
+        if waiters is None:
+            raise RuntimeError("OPSTATE_WAITERS_TABLE_NAME is not set: no waiters to resume")
+        _resumer = resumer_for(store, waiters)
+    return _resumer
+
+
+def handle(event: Mapping[str, Any], resumer: Resumer | None = None) -> dict[str, Any]:
+    """The resumer Lambda: resume the waiters of the names ``event`` is about."""
+    names = names_in(event)
+    totals = resume_all(resumer or default_resumer(), names)
+    return {"names": len(names), **totals}
