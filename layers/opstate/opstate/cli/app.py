@@ -7,7 +7,7 @@ import argparse
 import contextlib
 from collections.abc import Sequence
 
-from opstate.cli import reconcile, records, replay, serve, webhooks
+from opstate.cli import reconcile, records, replay, serve, wait, webhooks
 from opstate.cli.common import (
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     records.add_parsers(sub, store=store, as_json=as_json)
     replay.add_parser(sub, store=store, as_json=as_json)
     reconcile.add_parser(sub, store=store)
+    wait.add_parser(sub, store=store, as_json=as_json)
     webhooks.add_parser(sub, as_json=as_json)
     return parser
 

@@ -169,3 +169,35 @@ class Resumer:
             except CallbackRetryableError as exc:
                 code = str(exc)
         return "retry-later", code
+
+
+# ``opstate wait`` reads the store at most this often: a few times a second, never a busy loop.
+WAIT_POLL_INTERVAL_S = 0.25
+
+
+def wait_until(
+    status: Callable[[str, bool], Status],
+    name: str,
+    when: When,
+    *,
+    timeout_s: float | None,
+    interval_s: float = WAIT_POLL_INTERVAL_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[Verdict, Status] | None:
+    """Read ``name``'s status every ``interval_s`` until ``when``'s condition holds (the
+    verdict and the status it was decided on) or ``timeout_s`` passed (None). Any writer
+    (another process, the local server, a replay, the reconciler) is seen at the next read."""
+    deadline = None if timeout_s is None else clock() + timeout_s
+    while True:
+        current = status(name, when is When.ARCHIVED)
+        verdict = decide(when, current)
+        if verdict is not PENDING:
+            return verdict, current
+        if deadline is not None:
+            left = deadline - clock()
+            if left <= 0:
+                return None
+            sleep(min(interval_s, left))
+        else:
+            sleep(interval_s)
