@@ -311,3 +311,38 @@ def test_archived_resumes_after_none() -> None:
     resumer.resume("batches/a")
     assert callbacks.calls[0][0] == "succeed"
     assert callbacks.calls[0][2]["results"] == {"status": "none"}
+
+
+# -- the resumer Lambda's events ------------------------------------------------------------------
+
+
+def test_names_from_bus_events_and_waiter_stream_inserts() -> None:
+    from opstate.waiters.wiring import names_in
+
+    assert names_in({"detail-type": "Operation Lost", "detail": {"name": "batches/a"}}) == [
+        "batches/a"
+    ]
+    stream = {
+        "Records": [
+            {"eventName": "INSERT", "dynamodb": {"Keys": {"name": {"S": "batches/a"}}}},
+            {"eventName": "INSERT", "dynamodb": {"Keys": {"name": {"S": "batches/a"}}}},
+            {"eventName": "REMOVE", "dynamodb": {"Keys": {"name": {"S": "batches/r"}}}},
+            {"eventName": "INSERT", "dynamodb": {"Keys": {"name": {"S": "batches/b"}}}},
+        ]
+    }
+    assert names_in(stream) == ["batches/a", "batches/b"]
+    assert names_in({"detail": {}}) == [] and names_in({}) == []
+
+
+def test_the_handler_fails_the_invocation_when_a_resume_must_be_retried() -> None:
+    from opstate.waiters.wiring import ResumeLaterError, handle
+
+    callbacks = FakeCallbacks(*[CallbackRetryableError("ThrottlingException")] * 4, None)
+    store, waiters, resumer, _ = setup(callbacks)
+    store.put_if_absent(rec(State.SUCCEEDED))
+    waiters.add(Waiter("batches/a", Target.STEP_FUNCTIONS, TOKEN), 5)
+    event = {"detail-type": "Operation State Changed", "detail": {"name": "batches/a"}}
+    with pytest.raises(ResumeLaterError) as caught:
+        handle(event, resumer)
+    assert TOKEN not in str(caught.value)
+    assert handle(event, resumer)["succeeded"] == 1  # the retried delivery resumes it
