@@ -328,6 +328,10 @@ def test_names_from_bus_events_and_waiter_stream_inserts() -> None:
             {"eventName": "INSERT", "dynamodb": {"Keys": {"name": {"S": "batches/a"}}}},
             {"eventName": "REMOVE", "dynamodb": {"Keys": {"name": {"S": "batches/r"}}}},
             {"eventName": "INSERT", "dynamodb": {"Keys": {"name": {"S": "batches/b"}}}},
+            {
+                "eventName": "INSERT",
+                "dynamodb": {"Keys": {"name": {"S": "batches/c"}, "waiter_id": {"S": "#count"}}},
+            },
         ]
     }
     assert names_in(stream) == ["batches/a", "batches/b"]

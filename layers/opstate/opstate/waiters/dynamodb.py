@@ -21,10 +21,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from opstate.store.dynamodb_client import is_unavailable, make_client
 from opstate.times import NS_PER_SECOND
-from opstate.waiters.model import Target, Waiter, When
+from opstate.waiters.model import COUNTER_ID, Target, Waiter, When
 from opstate.waiters.port import TooManyWaitersError, WaiterStoreUnavailableError
 
-COUNTER_ID = "#count"
 TTL_SECONDS = 366 * 86_400
 _CANCELLED = "TransactionCanceledException"
 

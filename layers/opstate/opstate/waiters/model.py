@@ -44,6 +44,8 @@ MAX_CAUSE_LENGTH: Final = 32768
 RESULTS_DONE: Final = frozenset({"archived", "none"})
 RESULTS_EXPIRED: Final = "expired"
 LOST_ERROR: Final = "LOST"
+# The DynamoDB waiter store's per-operation counter item (its sort key; waiter ids are hex).
+COUNTER_ID: Final = "#count"
 RESULTS_EXPIRED_ERROR: Final = "RESULTS_EXPIRED"
 
 

@@ -23,6 +23,7 @@ from opstate.config import Settings
 from opstate.store import Store
 from opstate.store.port import RetryableError
 from opstate.waiters.memory import MemoryWaiterStore
+from opstate.waiters.model import COUNTER_ID
 from opstate.waiters.port import Callbacks, ResultsReader, WaiterStore
 from opstate.waiters.run import Registrar, Resumer, store_status
 
@@ -82,7 +83,10 @@ def names_in(event: Mapping[str, Any]) -> list[str]:
     for record in event.get("Records") or ():
         if not isinstance(record, Mapping) or record.get("eventName") != "INSERT":
             continue
-        key = ((record.get("dynamodb") or {}).get("Keys") or {}).get("name") or {}
+        keys = (record.get("dynamodb") or {}).get("Keys") or {}
+        if (keys.get("waiter_id") or {}).get("S") == COUNTER_ID:
+            continue  # the bound's counter, not a waiter
+        key = keys.get("name") or {}
         name = key.get("S") if isinstance(key, Mapping) else None
         if isinstance(name, str) and name not in names:
             names.append(name)
