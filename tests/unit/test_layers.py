@@ -36,6 +36,7 @@ DOMAIN = (
     "opstate.strict_json",
     "opstate.details",
     "opstate.routes",
+    "opstate.waiters.model",  # the waiters' pure part (issue 26)
 )
 # (layer name, module prefixes): "opstate.store" places opstate.store and opstate.store.*.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
