@@ -193,4 +193,6 @@ def test_the_cli_waits_until_archived_when_archiving_is_plugged_in(
     archive["status"] = "expired"
     settings.cache_clear()
     code = main(["wait", NAME, "--until", "archived", "--store", "sqlite:///ops.db"])
-    assert code == 1 and "ended RESULTS_EXPIRED" in capsys.readouterr().err
+    printed = capsys.readouterr()
+    assert code == 1 and "ended RESULTS_EXPIRED" in printed.err
+    assert 'results     {"status": "expired"}' in printed.out  # the text form shows the results

@@ -80,6 +80,8 @@ def cmd_wait(args: argparse.Namespace) -> int:
         for key, value in view.items():
             shown = dumps(value, sort_keys=True) if isinstance(value, dict) else value
             out(f"{key:<{width}}  {'-' if shown is None else shown}")
+        if status.results is not None:
+            out(f"{'results':<{width}}  {dumps(dict(status.results), sort_keys=True)}")
     if isinstance(verdict, Success):
         return EXIT_OK
     assert isinstance(verdict, Failure)
