@@ -163,3 +163,70 @@ def test_poll_state_reads_the_lost_mark(kind: str, tmp_path: Path) -> None:
         assert store.set_poll("batches/a", 1, PollState(lost_ns=T0 + 7, misses=3))
         poll = store.poll_state("batches/a")
         assert (poll.lost_ns, poll.misses) == (T0 + 7, 3)
+
+
+def test_a_previous_release_sqlite_file_gains_waiters_and_keeps_its_record(tmp_path: Path) -> None:
+    from opstate.store.sqlite import SQLiteStore
+    from tests.integration.test_store_polls import LEGACY_SCHEMA
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(LEGACY_SCHEMA)
+        conn.execute(
+            "INSERT INTO operations VALUES (?, 'RUNNING', 1, ?, 2, 'batch', 'poll', '{}', ?, ?, ?,"
+            " NULL)",
+            ("batches/a", str(T0).zfill(20), T0, T0, str(T0).zfill(20)),
+        )
+    waiters = SQLiteWaiterStore(path)  # the previous release's file, opened by waiters first
+    assert waiters.add(w("t"), 3) is True
+    store = SQLiteStore(path)
+    record = store.get("batches/a")
+    assert record is not None and (record.state, record.version) == (State.RUNNING, 2)
+    assert store.poll_state("batches/a") == PollState(due_ns=T0)
+    assert [x.token for x in waiters.list("batches/a")] == ["t"]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "dynamodb-mock"])
+def test_random_sequences_match_the_memory_store(kind: str, tmp_path: Path) -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from moto import mock_aws
+
+    ops = st.lists(
+        st.tuples(
+            st.sampled_from(["add", "remove"]),
+            st.sampled_from(["batches/a", "batches/b"]),
+            st.integers(min_value=0, max_value=4),
+        ),
+        max_size=25,
+    )
+
+    with mock_aws():
+        client = shared_client()
+
+        @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(sequence=ops)
+        def check(sequence: list[tuple[str, str, int]]) -> None:
+            if kind == "sqlite":
+                db = tmp_path / f"{uuid.uuid4().hex}.db"
+                real: WaiterStore = SQLiteWaiterStore(db)
+            else:
+                real = DynamoDBWaiterStore(create_waiters_table(client), client=client)
+            model = MemoryWaiterStore()
+            for op, name, i in sequence:
+                waiter = w(f"t{i}", name=name, t=T0 + i)
+                if op == "add":
+                    outcomes = []
+                    for store in (model, real):
+                        try:
+                            outcomes.append(store.add(waiter, 3))
+                        except TooManyWaitersError:
+                            outcomes.append("refused")
+                    assert outcomes[0] == outcomes[1], (op, name, i)
+                else:
+                    model.remove(name, waiter.waiter_id)
+                    real.remove(name, waiter.waiter_id)
+                for n in ("batches/a", "batches/b"):
+                    assert real.list(n) == model.list(n)
+
+        check()
