@@ -167,7 +167,13 @@ def test_the_cli_waits_until_archived_when_archiving_is_plugged_in(
     store = SQLiteStore(tmp_path / "ops.db")
     ingest(store, OpEvent(NAME, State.SUCCEEDED, T0, "report", {}), clock_ns=lambda: T0)
     archive: dict[str, Any] = {"status": "pending"}
-    monkeypatch.setattr(wiring, "RESULTS_READER", lambda name: dict(archive))
+    seen: list[Any] = []
+
+    def results_json(store: Any, name: str) -> dict[str, Any]:
+        seen.append((type(store).__name__, name))
+        return dict(archive)
+
+    monkeypatch.setattr(wiring, "RESULTS_JSON", results_json)
     timer = threading.Timer(0.6, lambda: archive.update(status="none"))
     timer.start()
     settings.cache_clear()
@@ -190,6 +196,7 @@ def test_the_cli_waits_until_archived_when_archiving_is_plugged_in(
         timer.cancel()
     assert code == 0
     assert json.loads(capsys.readouterr().out)["state"] == "SUCCEEDED"
+    assert seen[0] == ("SQLiteStore", NAME)  # results_json(store, name), the outcomes signature
     archive["status"] = "expired"
     settings.cache_clear()
     code = main(["wait", NAME, "--until", "archived", "--store", "sqlite:///ops.db"])

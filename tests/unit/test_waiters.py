@@ -350,3 +350,44 @@ def test_the_handler_fails_the_invocation_when_a_resume_must_be_retried() -> Non
         handle(event, resumer)
     assert TOKEN not in str(caught.value)
     assert handle(event, resumer)["succeeded"] == 1  # the retried delivery resumes it
+
+
+def test_the_results_port_turns_archived_on_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opstate.config import Settings
+    from opstate.waiters import wiring
+
+    store = MemoryStore()
+    waiters = wiring.waiter_store_for(store, Settings())
+    assert isinstance(waiters, MemoryWaiterStore)
+    registrar = wiring.registrar_for(waiters, Settings(max_waiters=4))
+    assert registrar is not None and (registrar.archiving, registrar.limit) == (False, 4)
+    assert wiring.results_reader_for(store) is None
+
+    calls: list[tuple[object, str]] = []
+
+    def results_json(s: object, name: str) -> dict[str, Any]:
+        calls.append((s, name))
+        return {"status": "none"}
+
+    monkeypatch.setattr(wiring, "RESULTS_JSON", results_json)
+    registrar = wiring.registrar_for(waiters, Settings())
+    assert registrar is not None and registrar.archiving is True
+    store.put_if_absent(rec(State.SUCCEEDED))
+    callbacks = FakeCallbacks()
+    waiters.add(Waiter("batches/a", Target.STEP_FUNCTIONS, "t", When.ARCHIVED), 4)
+    wiring.resumer_for(store, waiters, callbacks).resume("batches/a")
+    assert calls == [(store, "batches/a")]
+    assert callbacks.calls[0][2]["results"] == {"status": "none"}
+
+
+def test_a_dynamodb_store_without_a_waiters_table_has_no_waiters() -> None:
+    from opstate.config import Settings
+    from opstate.store.dynamodb import DynamoDBStore
+    from opstate.waiters import wiring
+    from opstate.waiters.dynamodb import DynamoDBWaiterStore
+
+    store = DynamoDBStore("ops", client=object())
+    assert wiring.waiter_store_for(store, Settings()) is None
+    assert wiring.registrar_for(None, Settings()) is None
+    kept = wiring.waiter_store_for(store, Settings(waiters_table_name="waiters"))
+    assert isinstance(kept, DynamoDBWaiterStore) and kept.table_name == "waiters"

@@ -57,13 +57,12 @@ def cmd_wait(args: argparse.Namespace) -> int:
     timeout = args.timeout
     if timeout is not None and (not math.isfinite(timeout) or timeout < 0):
         raise UsageError(f"--timeout must be a number of seconds >= 0, got {timeout:g}")
-    reader = wiring.RESULTS_READER
-    if when is When.ARCHIVED and reader is None:
+    if when is When.ARCHIVED and wiring.RESULTS_JSON is None:
         raise UsageError(f"--until archived: {ARCHIVING_UNAVAILABLE}")
     config = settings_for(args)
     name = name_arg(args.name)
     with open_store(config) as store:
-        read = store_status(store, reader)
+        read = store_status(store, wiring.results_reader_for(store))
         if read(name, False).record is None:
             err(f"opstate: {name} is not tracked (yet) in {config.store_url}; waiting")
         done = wait_until(read, name, when, timeout_s=timeout, interval_s=WAIT_POLL_INTERVAL_S)

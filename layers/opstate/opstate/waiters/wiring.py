@@ -16,7 +16,7 @@ delivers again; after that the DLQ holds it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from opstate.config import Settings
@@ -27,9 +27,19 @@ from opstate.waiters.model import COUNTER_ID
 from opstate.waiters.port import Callbacks, ResultsReader, WaiterStore
 from opstate.waiters.run import Registrar, Resumer, store_status
 
-# The results view (``opstate.outcomes.results_json`` bound to the store) is plugged in here
-# when results archiving is part of the build; None: ``when: archived`` is refused.
-RESULTS_READER: ResultsReader | None = None
+# The results view: ``results_json(store, name)`` -> the ``opstate results --json`` dict, or None
+# when no archive status is known (the outcomes work's function). Plugged in here when results
+# archiving is part of the build (``RESULTS_JSON = results_json``); None: ``when: archived`` is
+# refused (API 400, ``opstate wait --until archived`` exit 2).
+RESULTS_JSON: Callable[[Store, str], Mapping[str, Any] | None] | None = None
+
+
+def results_reader_for(store: Store) -> ResultsReader | None:
+    """The results port bound to ``store`` (None in a build without results archiving)."""
+    view = RESULTS_JSON
+    if view is None:
+        return None
+    return lambda name: view(store, name)
 
 
 class ResumeLaterError(RetryableError):
@@ -60,7 +70,7 @@ def waiter_store_for(store: Store, settings: Settings) -> WaiterStore | None:
 def registrar_for(waiters: WaiterStore | None, settings: Settings) -> Registrar | None:
     if waiters is None:
         return None
-    return Registrar(waiters, limit=settings.max_waiters, archiving=RESULTS_READER is not None)
+    return Registrar(waiters, limit=settings.max_waiters, archiving=RESULTS_JSON is not None)
 
 
 def resumer_for(store: Store, waiters: WaiterStore, callbacks: Callbacks | None = None) -> Resumer:
@@ -69,7 +79,7 @@ def resumer_for(store: Store, waiters: WaiterStore, callbacks: Callbacks | None 
         from opstate.waiters.callbacks import AwsCallbacks
 
         callbacks = AwsCallbacks()
-    return Resumer(waiters, store_status(store, RESULTS_READER), callbacks)
+    return Resumer(waiters, store_status(store, results_reader_for(store)), callbacks)
 
 
 def names_in(event: Mapping[str, Any]) -> list[str]:
