@@ -391,3 +391,15 @@ def test_a_dynamodb_store_without_a_waiters_table_has_no_waiters() -> None:
     assert wiring.registrar_for(None, Settings()) is None
     kept = wiring.waiter_store_for(store, Settings(waiters_table_name="waiters"))
     assert isinstance(kept, DynamoDBWaiterStore) and kept.table_name == "waiters"
+
+
+def test_waiter_settings() -> None:
+    from opstate.config import ConfigError, Settings
+
+    env = {"OPSTATE_WAITERS_TABLE_NAME": " waiters-prod ", "OPSTATE_MAX_WAITERS_PER_OPERATION": "3"}
+    settings = Settings.from_env(env)
+    assert (settings.waiters_table_name, settings.max_waiters) == ("waiters-prod", 3)
+    assert Settings.from_env({}).max_waiters == 10
+    for bad in ("0", "-1", "many", "1.5"):
+        with pytest.raises(ConfigError, match="OPSTATE_MAX_WAITERS_PER_OPERATION"):
+            Settings.from_env({"OPSTATE_MAX_WAITERS_PER_OPERATION": bad})
