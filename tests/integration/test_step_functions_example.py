@@ -170,7 +170,12 @@ def _rig(archiving: bool, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
     with mock_aws(config=config):
         store, waiters = MemoryStore(), MemoryWaiterStore()
         sfn = boto3.client("stepfunctions", region_name="us-east-1")
-        archive = {"status": "archived", "location": "s3://results-bucket/batches/example-1/"}
+        # The shape of the outcomes work's results_json (opstate results --json).
+        archive = {
+            "name": NAME,
+            "status": "archived",
+            "objects": [{"location": "s3://results-bucket/batches/example-1/out.jsonl"}],
+        }
         resumer = Resumer(
             waiters,
             store_status(store, (lambda n: archive) if archiving else None),
@@ -268,7 +273,9 @@ def test_archived_resumes_with_the_results_location(archiving_rig: Rig) -> None:
     done = rig.finished(execution)
     assert done["status"] == "SUCCEEDED", done
     output = json.loads(done["output"])
-    assert output["results"]["location"] == "s3://results-bucket/batches/example-1/"
+    assert output["results"]["objects"] == [
+        {"location": "s3://results-bucket/batches/example-1/out.jsonl"}
+    ]
     assert rig.waiters.list(NAME) == []
 
 
