@@ -48,8 +48,13 @@ FUNCTIONS = (
     ("WebhookFunction", "webhook"),
     ("ReconcileFunction", "reconcile"),
     ("NotifyFunction", "notify"),
+    ("WaiterResumerFunction", "waiters"),
 )
-QUEUES = (("NotifyDeadLetterQueue", "notifier DLQ"), ("SchedulerDeadLetterQueue", "scheduler DLQ"))
+QUEUES = (
+    ("NotifyDeadLetterQueue", "notifier DLQ"),
+    ("SchedulerDeadLetterQueue", "scheduler DLQ"),
+    ("WaiterDeadLetterQueue", "waiters DLQ"),
+)
 
 
 # --- the dashboard -------------------------------------------------------------------------------
@@ -174,6 +179,10 @@ PANELS: list[Panel] = [
             custom("ResultsAtRisk", label="at risk"),
             custom("ResultsBytes", label="bytes", right_axis=True),
         ],
+    ),
+    Panel(
+        "Waiters: registered, resumed by outcome",
+        [custom("WaitersRegistered", label="registered"), custom("WaitersResumed")],
     ),
     Panel(
         "Dead-letter queue depths",

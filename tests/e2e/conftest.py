@@ -23,7 +23,7 @@ from tests.e2e.harness import (
     start_function,
 )
 from tests.support.motoserver import MotoServer
-from tests.support.template import create_table_from_template
+from tests.support.template import create_table_from_template, table_properties
 from tests.support.webhooks import TEST_SECRET
 
 STACK_NAME = "gemini-opstate-e2e"
@@ -63,6 +63,7 @@ class Stack:
     google_credentials_secret_arn: str
     clients: dict[str, Any] = field(repr=False)
     results_bucket: str = ""
+    waiters_table: str = ""
 
     def client(self, service: str) -> Any:
         return self.clients[service]
@@ -72,6 +73,7 @@ class Stack:
         """How the template's Refs resolve in this test (logical id -> value)."""
         return {
             "OperationsTable": self.table,
+            "WaitersTable": self.waiters_table,
             "EventBus": self.bus,
             "WebhookQuarantineQueue": self.quarantine_queue_url,  # an SQS queue's Ref is its URL
             "WebhookSigningSecret": self.webhook_secret_arn,
@@ -100,6 +102,8 @@ def stack(moto_server: MotoServer) -> Stack:
     clients["s3"].create_bucket(Bucket=results_bucket)
     table = f"e2e-ops-{suffix}"
     create_table_from_template(clients["dynamodb"], table)
+    waiters_table = f"e2e-waiters-{suffix}"
+    create_waiters_table(clients["dynamodb"], waiters_table)
     bus = f"e2e-bus-{suffix}"
     clients["events"].create_event_bus(Name=bus)
     queue_url = clients["sqs"].create_queue(QueueName=f"e2e-consumer-{suffix}")["QueueUrl"]
@@ -142,6 +146,22 @@ def stack(moto_server: MotoServer) -> Stack:
         google_credentials_secret_arn=google_secret,
         clients=clients,
         results_bucket=results_bucket,
+        waiters_table=waiters_table,
+    )
+
+
+def create_waiters_table(client: Any, name: str) -> None:
+    """The waiters table as the template's ``WaitersTable`` shapes it."""
+    props = table_properties("WaitersTable")
+    client.create_table(
+        TableName=name,
+        AttributeDefinitions=props["AttributeDefinitions"],
+        KeySchema=props["KeySchema"],
+        BillingMode=props["BillingMode"],
+        StreamSpecification={
+            "StreamEnabled": True,
+            "StreamViewType": props["StreamSpecification"]["StreamViewType"],
+        },
     )
 
 

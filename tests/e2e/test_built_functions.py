@@ -598,3 +598,65 @@ def test_built_archiver_copies_a_batch_output_to_s3_and_it_is_announced(
     assert detail["name"] == name and detail["status"] == "archived"
     assert detail["rows"] == {"total": 501, "succeeded": 500, "failed": 1, "unreadable": 0}
     assert detail["errors"] == {"8": 1} and detail["usage"]["totalTokenCount"] == 1500
+
+
+# --- a waiter: registered through the built API, resumed by the built resumer ----------------
+
+
+def test_a_waiter_registered_through_the_api_is_resumed_by_the_built_resumer(
+    start: StartFunction, stack: Stack
+) -> None:
+    name = "batches/e2e-waiter"
+    token = "e2e-task-token-" + "t" * 40
+    webhook = start("WebhookFunction", overrides=WEBHOOK_OVERRIDES)
+    put = load_event("report-stale.json")
+    put["rawPath"] = f"/operations/{name}"
+    put["pathParameters"] = {"name": name}
+    put["isBase64Encoded"] = False
+    put["requestContext"]["http"]["path"] = f"/operations/{name}"
+    put["headers"].pop("content-length", None)
+    put["body"] = json.dumps({"state": "RUNNING", "waiter": {"stepFunctionsTaskToken": token}})
+    answer = webhook.invoke(put)
+    assert answer["statusCode"] == 200, answer
+    assert response_body(answer)["waiter"]["added"] is True
+    assert token not in answer["body"] and token not in webhook.log_text()
+    ddb = stack.client("dynamodb")
+    kept = ddb.query(
+        TableName=stack.waiters_table,
+        KeyConditionExpression="#n = :n",
+        ExpressionAttributeNames={"#n": "name"},
+        ExpressionAttributeValues={":n": {"S": name}},
+    )["Items"]
+    assert sorted(i["waiter_id"]["S"] for i in kept)[0] == "#count" and len(kept) == 2
+    record_before = get_item(stack, name)
+
+    resumer = start("WaiterResumerFunction")
+    # The registration's stream record: the job still runs, nothing to resume yet.
+    inserts = lambda_stream_records(ddb, stack.client("dynamodbstreams"), stack.waiters_table)
+    assert {r["eventName"] for r in inserts} == {"INSERT"}
+    assert resumer.invoke({"Records": inserts})["pending"] == 1
+    assert get_item(stack, name) == record_before  # the record is never written
+
+    # The job ends; the bus event reaches the resumer, which answers the token (moto's Step
+    # Functions accepts any token outside its interpreter) and removes the waiter.
+    done = dict(put, body=json.dumps({"state": "SUCCEEDED", "updateTime": "2030-01-01T00:00:00Z"}))
+    assert webhook.invoke(done)["statusCode"] == 200
+    event = {
+        "version": "0",
+        "source": "gemini-opstate",
+        "detail-type": DETAIL_TYPE,
+        "detail": {"name": name, "state": "SUCCEEDED"},
+    }
+    totals = resumer.invoke(event)
+    assert (totals["succeeded"], totals["gone"], totals["retry-later"]) == (1, 0, 0), totals
+    left = ddb.query(
+        TableName=stack.waiters_table,
+        KeyConditionExpression="#n = :n",
+        ExpressionAttributeNames={"#n": "name"},
+        ExpressionAttributeValues={":n": {"S": name}},
+    )["Items"]
+    assert [i["waiter_id"]["S"] for i in left] == ["#count"]
+    assert token not in resumer.log_text()
+    emitted = emf_metrics(resumer.log_text())
+    assert_metrics_as_catalogued(emitted)
+    assert {d.get("outcome") for _, m, d in emitted if m == "WaitersResumed"} == {"succeeded"}

@@ -49,9 +49,12 @@ def test_webhook_function_may_only_get_put_update_items_read_its_secret_and_quar
         frozenset({"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"}),
         frozenset({"secretsmanager:GetSecretValue"}),
         frozenset({"sqs:SendMessage"}),
+        # registering a waiter (issue 26): its put and the bound's counter, its own table
+        frozenset({"dynamodb:PutItem", "dynamodb:UpdateItem"}),
     }
     by_action = {next(iter(sorted(actions(s)))): s["Resource"] for s in stmts}
     assert by_action["dynamodb:GetItem"] == {"Fn::GetAtt": ["OperationsTable", "Arn"]}
+    assert by_action["dynamodb:PutItem"] == {"Fn::GetAtt": ["WaitersTable", "Arn"]}
     assert by_action["secretsmanager:GetSecretValue"] == {"Ref": "WebhookSigningSecret"}
     assert by_action["sqs:SendMessage"] == {"Fn::GetAtt": ["WebhookQuarantineQueue", "Arn"]}
     assert len(template["Resources"]["WebhookFunction"]["Properties"]["Policies"]) == 1
@@ -299,6 +302,38 @@ def _package_source() -> str:
     return "\n".join(p.read_text(encoding="utf-8") for p in sorted(PACKAGE.rglob("*.py")))
 
 
+def test_the_resumer_may_read_records_move_waiters_and_answer_only_the_allowed_tasks(
+    template: dict[str, Any],
+) -> None:
+    stmts = {s["Sid"]: s for s in statements(template, "WaiterResumerFunction")}
+    assert {sid: actions(s) for sid, s in stmts.items()} == {
+        "OperationsTableRead": {"dynamodb:GetItem"},
+        "WaitersTableResume": {"dynamodb:Query", "dynamodb:DeleteItem", "dynamodb:UpdateItem"},
+        "ResumeStepFunctionsTasks": {"states:SendTaskSuccess", "states:SendTaskFailure"},
+        "ResumeDurableCallbacks": {
+            "lambda:SendDurableExecutionCallbackSuccess",
+            "lambda:SendDurableExecutionCallbackFailure",
+        },
+        "WaiterDeadLetterSend": {"sqs:SendMessage"},
+    }
+    assert stmts["OperationsTableRead"]["Resource"] == {"Fn::GetAtt": ["OperationsTable", "Arn"]}
+    assert stmts["ResumeStepFunctionsTasks"]["Resource"] == {"Ref": "WaiterStateMachineArns"}
+    assert stmts["ResumeDurableCallbacks"]["Resource"] == {"Ref": "WaiterDurableFunctionArns"}
+    props = template["Resources"]["WaiterResumerFunction"]["Properties"]
+    bus, stream = props["Events"]["OperationEvents"], props["Events"]["WaiterRegistered"]
+    assert bus["Properties"]["Pattern"]["detail-type"] == [
+        "Operation State Changed",
+        "Operation Lost",
+        "Operation Results Archived",
+        "Operation Results Lost",
+    ]
+    assert stream["Properties"]["Stream"] == {"Fn::GetAtt": ["WaitersTable", "StreamArn"]}
+    dlq = {"Fn::GetAtt": ["WaiterDeadLetterQueue", "Arn"]}
+    assert stream["Properties"]["DestinationConfig"]["OnFailure"]["Destination"] == dlq
+    assert bus["Properties"]["DeadLetterConfig"]["Arn"] == dlq
+    assert props["EventInvokeConfig"]["DestinationConfig"]["OnFailure"]["Destination"] == dlq
+
+
 def test_alarms_watch_metrics_the_code_emits(template: dict[str, Any]) -> None:
     alarms = resources(template, "AWS::CloudWatch::Alarm")
     custom = {
@@ -326,6 +361,7 @@ def test_alarms_watch_metrics_the_code_emits(template: dict[str, Any]) -> None:
         "NotifyDeadLetterQueue",
         "SchedulerDeadLetterQueue",
         "ArchiverDeadLetterQueue",
+        "WaiterDeadLetterQueue",
     }
     assert any(
         a["Properties"].get("Namespace") is None

@@ -42,6 +42,7 @@ from opstate.notify import DETAIL_TYPE, SOURCE, Notifier
 from opstate.observability import metrics as obs_metrics
 from opstate.states import State
 from opstate.store.dynamodb import DynamoDBStore
+from tests.support.event_schemas import check_envelope
 from tests.support.template import create_table_from_template
 
 REGION = "us-east-1"
@@ -96,7 +97,8 @@ class Rig:
             out.extend(as_lambda_record(r, self.stream_arn) for r in page["Records"])
 
     def receive(self) -> list[dict[str, Any]]:
-        """Every event the bus forwarded to the queue (the full EventBridge envelope)."""
+        """Every event the bus forwarded to the queue (the full EventBridge envelope), each
+        checked against its detail's JSON Schema."""
         got: list[dict[str, Any]] = []
         while True:
             page = self.sqs.receive_message(
@@ -106,7 +108,10 @@ class Rig:
             if not messages:
                 return got
             for message in messages:
-                got.append(json.loads(message["Body"]))
+                envelope = json.loads(message["Body"])
+                # Every event a notifier test receives matches its schema (schemas/).
+                check_envelope(envelope)
+                got.append(envelope)
                 self.sqs.delete_message(
                     QueueUrl=self.queue_url, ReceiptHandle=message["ReceiptHandle"]
                 )

@@ -38,6 +38,7 @@ DOMAIN = (
     "opstate.routes",
     "opstate.outcomes.ledger",
     "opstate.outcomes.plan",
+    "opstate.waiters.model",  # the waiters' pure part (issue 26)
 )
 # (layer name, module prefixes): "opstate.store" places opstate.store and opstate.store.*.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
@@ -71,6 +72,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "opstate.reconcile",
             "opstate.replay",
             "opstate.outcomes",
+            "opstate.waiters",
         ),
     ),
     ("local, cli", ("opstate.local", "opstate.cli")),

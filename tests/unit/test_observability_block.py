@@ -260,12 +260,18 @@ def test_the_dashboard_covers_what_the_issue_asks(body: dict[str, Any]) -> None:
     by_namespace: dict[str, set[tuple[str, str]]] = {}
     for namespace, metric, dims in lines:
         by_namespace.setdefault(namespace, set()).add((metric, ",".join(sorted(dims.values()))))
-    functions = {"<WebhookFunction>", "<ReconcileFunction>", "<NotifyFunction>"}
+    functions = {
+        "<WebhookFunction>",
+        "<ReconcileFunction>",
+        "<NotifyFunction>",
+        "<WaiterResumerFunction>",
+    }
     for metric in ("Errors", "Duration", "Throttles"):
         assert {d for m, d in by_namespace["AWS/Lambda"] if m == metric} == functions
     assert {d for _, d in by_namespace["AWS/SQS"]} == {
         "<NotifyDeadLetterQueue.QueueName>",
         "<SchedulerDeadLetterQueue.QueueName>",
+        "<WaiterDeadLetterQueue.QueueName>",
     }
     titles = [w["properties"].get("title") for w in body["widgets"]]
     assert "Webhook deliveries by outcome" in titles

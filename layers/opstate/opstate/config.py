@@ -1,11 +1,11 @@
 """All configuration, read once, in one place, from documented environment variables.
 
 One frozen dataclass per part — ``StoreSettings``, ``WebhookSettings``, ``ReconcileSettings``,
-``ResultsSettings``, ``NotifySettings``, ``LocalSettings`` — each reading its own variables;
-``Settings`` is all of them at once. Every default is written once, as the field's default:
-``env_values`` returns only the variables that are set, so an unset one falls back to that same
-default. Secret values (webhook secrets, the Gemini API key, the API token) never appear in a
-``repr``.
+``ResultsSettings``, ``NotifySettings``, ``LocalSettings``, ``WaiterSettings`` — each reading
+its own variables; ``Settings`` is all of them at once. Every default is written once, as the
+field's default: ``env_values`` returns only the variables that are set, so an unset one falls
+back to that same default. Secret values (webhook secrets, the Gemini API key, the API token)
+never appear in a ``repr``.
 
 ``settings()`` reads ``os.environ`` on first use and caches the result; ``Settings.from_env``
 (or a part's ``from_env``) builds one from any mapping (tests). A bad value raises
@@ -429,6 +429,26 @@ class NotifySettings(_Part):
         return _given(event_bus_name=_str(env, "OPSTATE_EVENT_BUS_NAME"))
 
 
+DEFAULT_MAX_WAITERS = 10
+
+
+@dataclass(frozen=True, kw_only=True)
+class WaiterSettings(_Part):
+    """Waiters (docs/waiters.md): their DynamoDB table and the bound per operation."""
+
+    # The waiters table (DynamoDB stores only; SQLite keeps waiters in its own file). Unset
+    # with a DynamoDB store: waiters are not enabled and a waiter is refused.
+    waiters_table_name: str | None = None
+    max_waiters: int = DEFAULT_MAX_WAITERS
+
+    @classmethod
+    def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
+        return _given(
+            waiters_table_name=_str(env, "OPSTATE_WAITERS_TABLE_NAME"),
+            max_waiters=_int(env, "OPSTATE_MAX_WAITERS_PER_OPERATION", minimum=1),
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class LocalSettings(_Part):
     """The local server (``opstate serve``)."""
@@ -458,11 +478,13 @@ PARTS: tuple[type[_Part], ...] = (
     ResultsSettings,
     NotifySettings,
     LocalSettings,
+    WaiterSettings,
 )
 
 
 @dataclass(frozen=True, kw_only=True)
 class Settings(
+    WaiterSettings,
     LocalSettings,
     NotifySettings,
     ResultsSettings,

@@ -86,6 +86,8 @@ METRICS: Final[Mapping[str, MetricSpec]] = {
         _spec("ResultsLost", "archive", "results deleted by Gemini before they were archived"),
         _spec("ResultsAtRisk", "archive", "results not archived within the warning margin"),
         _spec("ResultsBytes", "archive", "bytes of results archived"),
+        _spec("WaitersRegistered", "webhook", "waiters newly registered"),
+        _spec("WaitersResumed", "waiters", "waiters resumed, by outcome", "outcome"),
     )
 }
 

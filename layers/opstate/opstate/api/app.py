@@ -23,6 +23,7 @@ from opstate.quarantine import LogQuarantine, Quarantine
 from opstate.routes import PUBSUB_PATH, WEBHOOK_PATH
 from opstate.signatures import Verifier, pubsub_verifier_from_settings
 from opstate.store.port import Store
+from opstate.waiters.run import Registrar
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -48,6 +49,8 @@ def create_app(
     quarantine: Quarantine | None = None,
     operations_auth: OperationsAuth = require_iam_caller,
     pubsub_verifier: Verifier | None = None,
+    registrar: Registrar | None = None,
+    on_waiter: Callable[[str], None] | None = None,
 ) -> APIGatewayHttpResolver:
     """The API's resolver over ``store``; ``on_decision`` sees every decision taken;
     ``operations_auth`` admits or refuses each operations request (default: AWS IAM); signed
@@ -78,6 +81,8 @@ def create_app(
         operations_auth=operations_auth,
         max_bytes=settings.max_body_bytes,
         clock_ns=clock_ns,
+        registrar=registrar,
+        on_waiter=on_waiter,
     )
     _add_routes(app, receiver, operations, pubsub)
     _add_error_answers(app)

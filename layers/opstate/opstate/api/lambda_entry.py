@@ -40,22 +40,27 @@ def _built_for_life() -> Iterator[None]:
 
 def default_app() -> APIGatewayHttpResolver:
     """The app the Lambda serves, built once from ``settings()``: the store named by
-    ``OPSTATE_STORE`` / ``OPSTATE_TABLE_NAME`` and the configured webhook verifier."""
+    ``OPSTATE_STORE`` / ``OPSTATE_TABLE_NAME``, the configured webhook verifier and the waiters
+    beside the store (``OPSTATE_WAITERS_TABLE_NAME`` for DynamoDB)."""
     global _app
     with _app_lock:
         if _app is None:
             from opstate.quarantine import quarantine_from_settings
             from opstate.signatures import verifier_from_settings
             from opstate.store import store_from_url
+            from opstate.waiters.wiring import registrar_for, waiter_store_for
 
             with _built_for_life():
                 config = settings()
+                store = store_from_url(config.store_url, config)
                 _app = create_app(
-                    store=store_from_url(config.store_url, config),
+                    store=store,
                     verifier=verifier_from_settings(config),
                     settings=config,
                     operations_auth=lambda_operations_auth(config),
                     quarantine=quarantine_from_settings(config.quarantine_queue_url),
+                    # Registration only: the resumer function resumes (the waiters stream).
+                    registrar=registrar_for(waiter_store_for(store, config), config),
                 )
         return _app
 

@@ -20,6 +20,9 @@ from opstate.outcomes.results import record_outcome
 from opstate.routes import OPERATIONS_PREFIX
 from opstate.store.port import RetryableError, Store
 from opstate.views import decision_to_json, record_to_json
+from opstate.waiters.model import InvalidWaiterError, Waiter, parse_waiter
+from opstate.waiters.port import TooManyWaitersError
+from opstate.waiters.run import ArchivingUnavailableError, Registrar
 
 # Powertools treats a route rule as a regular expression: ".+" is its documented catch-all,
 # here a greedy, slash-containing operation name.
@@ -30,7 +33,15 @@ class OperationsRoutes:
     """The operations routes over ``store``; ``path`` is the request's path as the resolver
     sees it (its stage removed)."""
 
-    __slots__ = ("clock_ns", "ingest", "max_bytes", "operations_auth", "store")
+    __slots__ = (
+        "clock_ns",
+        "ingest",
+        "max_bytes",
+        "on_waiter",
+        "operations_auth",
+        "registrar",
+        "store",
+    )
 
     def __init__(
         self,
@@ -40,12 +51,19 @@ class OperationsRoutes:
         operations_auth: OperationsAuth,
         max_bytes: int,
         clock_ns: Callable[[], int],
+        registrar: Registrar | None = None,
+        on_waiter: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
         self.ingest = ingest
         self.operations_auth = operations_auth
         self.max_bytes = max_bytes
         self.clock_ns = clock_ns
+        # Waiters (docs/waiters.md): None refuses a body's "waiter"; ``on_waiter(name)`` runs
+        # after a waiter was kept (the local server resumes at once; in AWS the waiters
+        # table's stream does).
+        self.registrar = registrar
+        self.on_waiter = on_waiter
 
     def get(self, event: Mapping[str, Any], path: str) -> Response[str]:
         """The record (``views.record_to_json``) or 404."""
@@ -68,7 +86,9 @@ class OperationsRoutes:
         return json_response(200, record_to_json(record, results, progress))
 
     def put(self, event: Mapping[str, Any], path: str) -> Response[str]:
-        """A report; no body = "track this job" (PENDING now)."""
+        """A report; no body = "track this job" (PENDING now); an optional ``waiter`` is
+        checked with the report before anything is written, then kept before the report is
+        ingested (so no change can slip between the two unseen)."""
         self.operations_auth(event)
         raw_name = _raw_path_name(path)
         raw = raw_body(event, self.max_bytes)
@@ -82,8 +102,40 @@ class OperationsRoutes:
         except UnsupportedEventError as exc:
             # The producer is the user's own code: an unknown state is its bug to fix.
             raise ApiError(400, "invalid-state", exc.message) from None
+        waiter = None if body is None or "waiter" not in body else self._waiter(op_event.name, body)
+        added = self._register(waiter) if waiter is not None else False
         decision = self.ingest(op_event)
-        return json_response(200, decision_to_json(decision))
+        answer = decision_to_json(decision)
+        if waiter is not None:
+            answer["waiter"] = {"id": waiter.waiter_id, "when": str(waiter.when), "added": added}
+            if self.on_waiter is not None:
+                self.on_waiter(waiter.name)
+        return json_response(200, answer)
+
+    def _waiter(self, name: str, body: Mapping[str, Any]) -> Waiter:
+        if self.registrar is None:
+            raise ApiError(400, "waiters-not-enabled", "waiters are not enabled in this deployment")
+        try:
+            waiter = parse_waiter(name, body["waiter"], now_ns=self.clock_ns())
+            self.registrar.check(waiter)
+        except InvalidWaiterError as exc:
+            raise ApiError(400, "invalid-waiter", str(exc)) from None
+        except ArchivingUnavailableError as exc:
+            raise ApiError(400, "archiving-not-available", str(exc)) from None
+        return waiter
+
+    def _register(self, waiter: Waiter) -> bool:
+        assert self.registrar is not None
+        try:
+            return self.registrar.register(waiter)
+        except TooManyWaitersError:
+            raise ApiError(
+                409,
+                "too-many-waiters",
+                f"{waiter.name} already has the most waiters allowed ({self.registrar.limit})",
+            ) from None
+        except RetryableError as exc:
+            raise unavailable(exc, name=waiter.name) from None
 
 
 def _raw_path_name(path: str) -> str:

@@ -7,7 +7,17 @@ import argparse
 import contextlib
 from collections.abc import Sequence
 
-from opstate.cli import quarantine, reconcile, records, refresh, replay, results, serve, webhooks
+from opstate.cli import (
+    quarantine,
+    reconcile,
+    records,
+    refresh,
+    replay,
+    results,
+    serve,
+    wait,
+    webhooks,
+)
 from opstate.cli.common import (
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -47,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     reconcile.add_parser(sub, store=store)
     refresh.add_parser(sub, store=store, as_json=as_json)
     results.add_parsers(sub, store=store, as_json=as_json)
+    wait.add_parser(sub, store=store, as_json=as_json)
     webhooks.add_parser(sub, as_json=as_json)
     return parser
 

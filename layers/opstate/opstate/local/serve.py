@@ -51,6 +51,7 @@ from opstate.times import format_time
 
 if TYPE_CHECKING:
     from opstate.local.http_server import LocalHTTPServer
+    from opstate.local.waiters import LocalWaiters
     from opstate.reconcile.tally import RunDecision
     from opstate.signatures import Verifier
     from opstate.store.port import Store
@@ -205,7 +206,10 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
     # The operations page (opstate.local.console) shows the decisions this server took.
     decisions = DecisionLog()
     # Built now: configuration errors surface before "listening".
-    apps = _local_app(store, verifier, settings, token, decisions, say)
+    from opstate.local.waiters import LocalWaiters
+
+    waiters = LocalWaiters(store, settings)
+    apps = _local_app(store, verifier, settings, token, decisions, say, waiters)
     httpd = _http_server(options, settings, apps, store, decisions, token, say)
     base_url = f"http://{httpd.host}:{httpd.port}"
     _print_start(say, options, store_url, source, token, base_url)
@@ -214,11 +218,28 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
 
     loop: ReconcileLoop | None = None
     if settings.gemini_api_key or settings.gemini_api_key_secret_arn:
-        loop = start_reconciler(store, settings, options.reconcile_every_s, say, also=decisions.add)
+        loop = start_reconciler(
+            store,
+            settings,
+            options.reconcile_every_s,
+            say,
+            also=_both(decisions.add, waiters.after),
+        )
     else:
         say("reconciler: off (set GEMINI_API_KEY to poll Gemini)")
-    _run_until_signalled(httpd, loop, store, say, base_url)
+    try:
+        _run_until_signalled(httpd, loop, store, say, base_url)
+    finally:
+        waiters.stop()
     return 0
+
+
+def _both(*hooks: Callable[[Any], None]) -> Callable[[Any], None]:
+    def each(decision: Any) -> None:
+        for hook in hooks:
+            hook(decision)
+
+    return each
 
 
 def _credentials(settings: Settings, secret_file: Path) -> tuple[SecretSource, ApiToken]:
@@ -287,12 +308,16 @@ def _local_app(
     token: ApiToken,
     decisions: DecisionLog,
     say: Callable[[str], None],
+    waiters: LocalWaiters | None = None,
 ) -> LocalApp:
-    """The API app: every decision goes to the page's log, every state change is printed."""
+    """The API app: every decision goes to the page's log, every state change is printed (and
+    may resume waiters)."""
     from opstate.api import create_app, require_bearer_token
 
     def on_decision(decision: Decision) -> None:
         decisions.add(decision)
+        if waiters is not None:
+            waiters.after(decision)
         line = change_line(decision)
         if line is not None:
             say(line)
@@ -309,6 +334,8 @@ def _local_app(
                 Bounds(settings.quarantine_max_entries, settings.quarantine_max_bytes),
             ),
             operations_auth=require_bearer_token(token.token),
+            registrar=waiters.registrar if waiters is not None else None,
+            on_waiter=waiters.soon if waiters is not None else None,
         )
     )
 

@@ -129,6 +129,17 @@ class DynamoDBStore:
         item = response.get("Item")
         return record_from_wire(item) if item else None
 
+    def poll_state(self, name: str) -> PollState | None:
+        """The poll state stored beside the record of ``name`` (consistent read), or None."""
+        try:
+            response = self.client.get_item(
+                TableName=self.table_name, Key={"name": {"S": name}}, ConsistentRead=True
+            )
+        except (ClientError, BotoCoreError) as exc:
+            fault(exc, "GetItem")
+        item = response.get("Item")
+        return poll_from_item(deserialize_item(item)) if item else None
+
     def put_if_absent(self, record: OpRecord) -> WriteOutcome:
         return self._put(record, condition="attribute_not_exists(#name)", names=_NAMES, values=None)
 

@@ -223,6 +223,14 @@ class SQLiteStore:
             self._raise(exc)
         return _record(row) if row else None
 
+    def poll_state(self, name: str) -> PollState | None:
+        """The poll state stored beside the record of ``name``, or None."""
+        try:
+            row = self._conn().execute(f"{_SELECT_DUE} WHERE name = ?", (name,)).fetchone()
+        except sqlite3.Error as exc:
+            self._raise(exc)
+        return _due(row).poll if row else None
+
     def put_if_absent(self, record: OpRecord) -> WriteOutcome:
         values = self._row(record)
         return self._write(

@@ -1,0 +1,203 @@
+"""Registering a waiter and resuming the waiters of one operation.
+
+``Registrar.register`` keeps a waiter (bounded, idempotent by its id). ``Resumer.resume(name)``
+reads the waiters of ``name``, decides each one's condition on the record as stored now, and
+resumes the ones whose condition holds: once per call, safe to repeat (a waiter is removed only
+after its task answered; a repeat finds the task already done, which ends the waiter as gone).
+Throttling and 5xx are retried with jittered exponential backoff, a few times; what still fails
+is left registered and reported in the tally (``retry_later``) so the trigger delivers again.
+Nothing here writes the record: the record store is only read.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from opstate.model import OpRecord
+from opstate.observability import count, log_fields, logger
+from opstate.store.port import Store
+from opstate.waiters.model import PENDING, Failure, Status, Success, Verdict, Waiter, When, decide
+from opstate.waiters.port import (
+    ARCHIVING_UNAVAILABLE,
+    CallbackGoneError,
+    CallbackRetryableError,
+    Callbacks,
+    ResultsReader,
+    WaiterStore,
+)
+
+# What a resume attempt ended as (the ``outcome`` dimension of ``WaitersResumed``).
+OUTCOMES = ("succeeded", "failed", "gone", "retry-later")
+DEFAULT_ATTEMPTS = 4
+DEFAULT_BASE_DELAY_S = 0.2
+
+
+class ArchivingUnavailableError(Exception):
+    """``when: archived`` in a build without results archiving."""
+
+    def __init__(self) -> None:
+        super().__init__(ARCHIVING_UNAVAILABLE)
+
+
+def store_status(store: Store, results: ResultsReader | None) -> Callable[[str, bool], Status]:
+    """A status reader over ``store``: the record (consistent read), its lost mark (when the
+    store keeps poll states: ``poll_state``) and, when asked and a reader is given, the
+    results view."""
+
+    def read(name: str, with_results: bool) -> Status:
+        record: OpRecord | None = store.get(name)
+        lost_ns = 0
+        if record is not None and not record.terminal:
+            poll_state = getattr(store, "poll_state", None)
+            poll = poll_state(name) if poll_state is not None else None
+            lost_ns = poll.lost_ns if poll is not None else 0
+        view = results(name) if with_results and results is not None and record else None
+        return Status(record=record, lost_ns=lost_ns, results=view)
+
+    return read
+
+
+class Registrar:
+    """Keeps waiters: at most ``limit`` per operation; ``archiving`` False refuses
+    ``when: archived`` (``ArchivingUnavailableError``) instead of keeping a waiter that could
+    never fire."""
+
+    __slots__ = ("archiving", "limit", "waiters")
+
+    def __init__(self, waiters: WaiterStore, *, limit: int, archiving: bool) -> None:
+        self.waiters = waiters
+        self.limit = limit
+        self.archiving = archiving
+
+    def check(self, waiter: Waiter) -> None:
+        """Refuse, before anything is written, a waiter this build cannot serve."""
+        if waiter.when is When.ARCHIVED and not self.archiving:
+            raise ArchivingUnavailableError
+
+    def register(self, waiter: Waiter) -> bool:
+        """Keep ``waiter``; False when it was already kept. Raises ``TooManyWaitersError``,
+        ``WaiterStoreUnavailableError`` or ``ArchivingUnavailableError``."""
+        self.check(waiter)
+        added = self.waiters.add(waiter, self.limit)
+        if added:
+            count("WaitersRegistered")
+        log_fields(
+            logger.info,
+            "waiter registered" if added else "waiter already registered",
+            {"name": waiter.name, "waiter_id": waiter.waiter_id, "when": str(waiter.when)},
+        )
+        return added
+
+
+@dataclass
+class ResumeTally:
+    """What one ``resume`` did: waiter ids by outcome, and how many are still pending."""
+
+    outcomes: dict[str, list[str]] = field(default_factory=lambda: {o: [] for o in OUTCOMES})
+    pending: int = 0
+
+    @property
+    def retry_later(self) -> list[str]:
+        return self.outcomes["retry-later"]
+
+
+class Resumer:
+    """Resumes the waiters of one operation whose condition holds (see the module docstring)."""
+
+    def __init__(
+        self,
+        waiters: WaiterStore,
+        status: Callable[[str, bool], Status],
+        callbacks: Callbacks,
+        *,
+        attempts: int = DEFAULT_ATTEMPTS,
+        base_delay_s: float = DEFAULT_BASE_DELAY_S,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.waiters = waiters
+        self.status = status
+        self.callbacks = callbacks
+        self.attempts = attempts
+        self.base_delay_s = base_delay_s
+        self.sleep = sleep
+
+    def resume(self, name: str) -> ResumeTally:
+        tally = ResumeTally()
+        waiting = self.waiters.list(name)
+        if not waiting:
+            return tally
+        status = self.status(name, any(w.when is When.ARCHIVED for w in waiting))
+        for waiter in waiting:
+            verdict = decide(waiter.when, status)
+            if verdict is PENDING:
+                tally.pending += 1
+                continue
+            outcome, code = self._deliver(waiter, verdict)
+            tally.outcomes[outcome].append(waiter.waiter_id)
+            if outcome != "retry-later":
+                self.waiters.remove(name, waiter.waiter_id)
+            count("WaitersResumed", outcome=outcome)
+            level = logger.warning if outcome in ("gone", "retry-later") else logger.info
+            log_fields(
+                level,
+                "waiter " + outcome,
+                {"name": name, "waiter_id": waiter.waiter_id, "code": code},
+            )
+        return tally
+
+    def _send(self, waiter: Waiter, verdict: Verdict) -> str:
+        if isinstance(verdict, Success):
+            self.callbacks.succeed(waiter, verdict.output)
+            return "succeeded"
+        assert isinstance(verdict, Failure)
+        self.callbacks.fail(waiter, verdict.error, verdict.cause)
+        return "failed"
+
+    def _deliver(self, waiter: Waiter, verdict: Verdict) -> tuple[str, str | None]:
+        """(outcome, the service's error code if any), after at most ``attempts`` calls."""
+        code: str | None = None
+        for attempt in range(self.attempts):
+            if attempt:
+                self.sleep(random.uniform(0, self.base_delay_s * 2 ** (attempt - 1)))
+            try:
+                return self._send(waiter, verdict), None
+            except CallbackGoneError as exc:
+                return "gone", exc.code
+            except CallbackRetryableError as exc:
+                code = str(exc)
+        return "retry-later", code
+
+
+# ``opstate wait`` reads the store at most this often: a few times a second, never a busy loop.
+WAIT_POLL_INTERVAL_S = 0.25
+
+
+def wait_until(
+    status: Callable[[str, bool], Status],
+    name: str,
+    when: When,
+    *,
+    timeout_s: float | None,
+    interval_s: float = WAIT_POLL_INTERVAL_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[Verdict, Status] | None:
+    """Read ``name``'s status every ``interval_s`` until ``when``'s condition holds (the
+    verdict and the status it was decided on) or ``timeout_s`` passed (None). Any writer
+    (another process, the local server, a replay, the reconciler) is seen at the next read."""
+    deadline = None if timeout_s is None else clock() + timeout_s
+    while True:
+        current = status(name, when is When.ARCHIVED)
+        verdict = decide(when, current)
+        if verdict is not PENDING:
+            return verdict, current
+        if deadline is not None:
+            left = deadline - clock()
+            if left <= 0:
+                return None
+            sleep(min(interval_s, left))
+        else:
+            sleep(interval_s)
