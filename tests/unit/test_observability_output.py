@@ -69,12 +69,28 @@ def test_count_prints_what_single_metric_prints(
     assert ours.getvalue().splitlines()[0] == ours.getvalue().splitlines()[0].strip()
 
 
-def test_count_honours_powertools_metrics_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
+@pytest.mark.parametrize(
+    ("environ", "printed"),
+    [
+        ({}, True),
+        ({"POWERTOOLS_METRICS_DISABLED": "true"}, False),
+        ({"POWERTOOLS_METRICS_DISABLED": "false"}, True),
+        ({"POWERTOOLS_DEV": "true"}, False),
+        ({"POWERTOOLS_DEV": "true", "POWERTOOLS_METRICS_DISABLED": "false"}, True),
+        ({"POWERTOOLS_DEV": "false"}, True),
+    ],
+)
+def test_count_honours_powertools_metrics_switches(
+    environ: dict[str, str], printed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
+    monkeypatch.delenv("POWERTOOLS_DEV", raising=False)
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
     out = io.StringIO()
     with redirect_stdout(out):
         count("WebhookDeliveries", outcome="applied")
-    assert out.getvalue() == ""
+    assert bool(out.getvalue()) is printed
 
 
 @pytest.fixture

@@ -207,6 +207,13 @@ def _blob(name: str, value: float, dimensions: tuple[tuple[str, str], ...]) -> t
     return parts
 
 
+def _metrics_switches() -> bool:
+    """Whether either variable of Powertools' metrics switch is set (``is_metrics_disabled``
+    decides then; with neither set metrics are on, and its parsing is skipped)."""
+    environ = os.environ
+    return "POWERTOOLS_METRICS_DISABLED" in environ or "POWERTOOLS_DEV" in environ
+
+
 def count(name: str, value: float = 1, **dimensions: str) -> None:
     """Emit one metric; with dimensions it goes out as its own EMF blob (what Powertools'
     ``single_metric`` prints: the dimensions ``service`` then ``dimensions``, one metric).
@@ -217,7 +224,7 @@ def count(name: str, value: float = 1, **dimensions: str) -> None:
     if not dimensions:
         metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
         return
-    if is_metrics_disabled():
+    if _metrics_switches() and is_metrics_disabled():
         return
     head, tail = _blob(name, value, tuple((k, str(v)) for k, v in dimensions.items()))
     print(f"{head}{time.time_ns() // 1_000_000}{tail}")
