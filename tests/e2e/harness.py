@@ -213,18 +213,18 @@ def stale_build_files() -> list[str]:
     if not BUILT_TEMPLATE.is_file():
         return ["(no build output)"]
     built_resources = BuiltTemplate.load().resources
-    source = load_template()
-    source_resources = source["Resources"]
+    source_template = load_template()
+    source_resources = source_template["Resources"]
     pairs: list[tuple[Path, Path]] = []
     for logical_id, resource in built_resources.items():
         props = resource.get("Properties", {})
         source_props = source_resources.get(logical_id, {}).get("Properties", {})
         if resource.get("Type") == "AWS::Serverless::Function":
-            code = source_uri(source, source_props["CodeUri"])
+            code = source_uri(source_template, source_props["CodeUri"])
             pairs.append((ROOT / code, BUILD_DIR / str(props["CodeUri"])))
         elif resource.get("Type") == "AWS::Serverless::LayerVersion":
             built = BUILD_DIR / str(props["ContentUri"]) / "python"
-            pairs.append((ROOT / source_uri(source, source_props["ContentUri"]), built))
+            pairs.append((ROOT / source_uri(source_template, source_props["ContentUri"]), built))
     stale: list[str] = []
     for source, built in pairs:
         for path in sorted(source.rglob("*.py")):

@@ -38,8 +38,9 @@ def elf_machines(root: Path) -> dict[str, int]:
         with path.open("rb") as handle:
             header = handle.read(20)
         if header[:4] == b"\x7fELF":
-            byteorder = "little" if header[5] == 1 else "big"
-            found[str(path.relative_to(root))] = int.from_bytes(header[18:20], byteorder)
+            little = header[5] == 1  # EI_DATA: 1 little-endian, 2 big-endian
+            machine = int.from_bytes(header[18:20], "little" if little else "big")
+            found[str(path.relative_to(root))] = machine
     return found
 
 
