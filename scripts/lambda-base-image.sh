@@ -36,7 +36,9 @@ esac
 REPO=public.ecr.aws/lambda/python
 PY_MINOR=3.13
 IMAGE="$REPO:$PY_MINOR-$ARCH"
-ALIAS="$REPO:$PY_MINOR"
+# The bare :3.13 tag names the x86_64 image (the default architecture) only.
+ALIAS=""
+if [ "$ARCH" = x86_64 ]; then ALIAS="$REPO:$PY_MINOR"; fi
 # Debian 13: its python3 is CPython 3.13, the runtime's minor version.
 SUITE=trixie
 MIRROR="${OPSTATE_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
@@ -131,7 +133,7 @@ EOF
 		--change "WORKDIR /var/task" \
 		--change 'CMD ["/var/runtime/bootstrap"]' \
 		- "$IMAGE")
-	docker tag "$IMAGE" "$ALIAS"
+	if [ -n "$ALIAS" ]; then docker tag "$IMAGE" "$ALIAS"; fi
 	say "built $IMAGE (${id#sha256:}) in $((SECONDS - start)) s"
 }
 
@@ -156,7 +158,7 @@ main() {
 		esac
 		if [ "${OPSTATE_BASE_IMAGE_PULL:-1}" != 0 ]; then
 			if timeout "$PULL_TIMEOUT_S" docker pull --quiet "$IMAGE" >/dev/null 2>&1; then
-				docker tag "$IMAGE" "$ALIAS"
+				if [ -n "$ALIAS" ]; then docker tag "$IMAGE" "$ALIAS"; fi
 				say "pulled $IMAGE (AWS's image)"
 				return 0
 			fi
