@@ -29,7 +29,7 @@ SAM := SAM_CLI_TELEMETRY=0 $(TOOLS_VENV)/bin/sam
 CFN_LINT := $(TOOLS_VENV)/bin/cfn-lint
 
 .PHONY: help run test unit lint typecheck pytest venv bench bench-quick clean \
-	tools rie-venv template-check build e2e dashboard mutate lambda-base-image \
+	tools rie-venv template-check build build-arm64 e2e dashboard mutate lambda-base-image \
 	lambda-base-image-if-docker samlocal
 
 help:
@@ -43,6 +43,7 @@ help:
 	@echo "              make test; slow: lists the surviving mutants)"
 	@echo "make template-check - sam validate --lint and cfn-lint (+ serverless rules) on template.yaml"
 	@echo "make build  - sam build (cached, parallel) into .aws-sam/build"
+	@echo "make build-arm64 - the same for Architecture=arm64 into .aws-sam/build-arm64"
 	@echo "make dashboard - regenerate template.yaml's dashboard and saved queries (scripts/)"
 	@echo "make e2e    - the built functions through the Lambda runtime interface (no Docker)"
 	@echo "make samlocal - sam local invoke / start-api on the build (needs Docker; part of make test)"
@@ -102,6 +103,15 @@ build: $(TOOLS_STAMP)
 	@test -n "$(PYTHON)" || exit 1
 	LAMBDA_PYTHON=$(PYTHON) $(SAM) build --cached --parallel
 
+# The same stack for arm64 (Architecture=arm64: the layer and the reconciler from their -arm64
+# code directories, aarch64 wheels) in a build directory of its own; tests/e2e/
+# test_architectures.py checks every shared object in it is aarch64.
+ARM64_BUILD := .aws-sam/build-arm64
+build-arm64: $(TOOLS_STAMP)
+	@test -n "$(PYTHON)" || exit 1
+	LAMBDA_PYTHON=$(PYTHON) $(SAM) build --cached --parallel --parameter-overrides Architecture=arm64 \
+		--build-dir $(ARM64_BUILD) --cache-dir .aws-sam/cache-arm64
+
 e2e: $(STAMP) build $(RIE_STAMP)
 	$(PY) -m pytest -m e2e tests/e2e $(PYTEST_ARGS)
 
@@ -144,7 +154,7 @@ unit: $(STAMP)
 
 # The template checks and the build come first: the e2e and sam local tests (part of pytest)
 # run the build.
-test: lint typecheck template-check build rie-venv lambda-base-image-if-docker pytest
+test: lint typecheck template-check build build-arm64 rie-venv lambda-base-image-if-docker pytest
 
 bench: $(STAMP) build lambda-base-image-if-docker
 	$(PY) benchmarks/run.py

@@ -1,7 +1,7 @@
 """``make bench``: every figure measured in one run next to its reference; writes results.json.
 
 Usage: ``python benchmarks/run.py [--quick] [--out PATH] [--skip SECTION ...]``.
-Sections: ingest, calls, contention, cold, cold-container, seed, reconcile, archive (see
+Sections: ingest, hotpath, calls, contention, cold, cold-container, seed, reconcile, archive (see
 benchmarks/README.md for every key).
 Never part of ``make test``: nothing here asserts a time.
 """
@@ -42,6 +42,7 @@ os.environ.pop("AWS_PROFILE", None)
 import bench_archive  # noqa: E402
 import bench_calls  # noqa: E402
 import bench_cold  # noqa: E402
+import bench_hotpath  # noqa: E402
 import bench_ingest  # noqa: E402
 import cold_container  # noqa: E402
 import reconcile_scale  # noqa: E402
@@ -49,6 +50,7 @@ import seed_compare  # noqa: E402
 
 TARGETS = {
     "ingest_ratio": 0.67,
+    "hotpath_ratio": bench_hotpath.TARGET_RATIO,
     "calls_new": 2,
     "calls_advancing": 2,
     "calls_duplicate": 1,
@@ -71,6 +73,7 @@ SIZES = {
         "contention": 1000,
         "contention_moto": 300,
         "cold_rounds": 7,
+        "hotpath_n": 500,
         "container_rounds": 3,
         "seed_ops": 120,
         "reconcile_ops": 1000,
@@ -84,6 +87,7 @@ SIZES = {
         "contention": 1000,
         "contention_moto": 1000,
         "cold_rounds": 11,
+        "hotpath_n": 2000,
         "container_rounds": 5,
         "seed_ops": 600,
         "reconcile_ops": 10_000,
@@ -190,6 +194,18 @@ def _ingest_rows(ing: dict[str, Any], row: Row) -> None:
                 r["ratio"],
                 f">= 0.67 {ok}",
             )
+
+
+def _hotpath_rows(hot: dict[str, Any], row: Row) -> None:
+    if "ratio" in hot:
+        ok = "ok" if hot["ratio"] >= TARGETS["hotpath_ratio"] else "MISSED"
+        row(
+            "webhook hot path: bare floor vs handler (us/delivery)",
+            hot["handler_us"],
+            hot["floor_us"],
+            hot["ratio"],
+            f">= {TARGETS['hotpath_ratio']} {ok}",
+        )
 
 
 def _calls_rows(calls: dict[str, Any], row: Row) -> None:
@@ -363,6 +379,7 @@ def table(results: dict[str, Any]) -> list[str]:
 
     ing = results.get("ingest", {})
     _ingest_rows(ing, row)
+    _hotpath_rows(results.get("hotpath", {}), row)
     _calls_rows(results.get("calls_per_event", {}), row)
     _contention_rows(results.get("contention", {}), row)
     _cold_rows(results.get("cold_start", {}), row)
@@ -415,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         choices=[
             "ingest",
+            "hotpath",
             "calls",
             "contention",
             "cold",
@@ -460,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
                 run("calls", "calls_per_event", lambda: section_calls(size, moto))
                 run("contention", "contention", lambda: section_contention(size, tmp, moto))
         run("seed", "seed_baseline", lambda: section_seed(size))
+    run("hotpath", "hotpath", lambda: bench_hotpath.measure(size["hotpath_n"], size["rounds"]))
     run("cold", "cold_start", lambda: bench_cold.measure(size["cold_rounds"]))
     # The same init under Lambda's CPU share, in a container (needs Docker; says so otherwise).
     run(

@@ -15,16 +15,30 @@
 # suite, architecture) and is rebuilt only when those change.
 #
 # Environment: OPSTATE_BASE_IMAGE_PULL=0 skips the pull attempt; OPSTATE_BASE_IMAGE_FORCE=1
-# rebuilds the stand-in even when current. Needs: docker (engine answering), and for the stand-in
+# rebuilds the stand-in even when current; OPSTATE_BASE_IMAGE_ARCH=arm64 makes the arm64 image
+# (public.ecr.aws/lambda/python:3.13-arm64) on an x86-64 host: debootstrap --arch arm64, its
+# second stage and the image's programs run through qemu-user-static, which needs binfmt_misc
+# with qemu-aarch64 registered (mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc;
+# update-binfmts --enable qemu-aarch64). Needs: docker (engine answering), and for the stand-in
 # debootstrap and a python3 with pip (any version: it only downloads wheels), run as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ARCH=x86_64
+ARCH="${OPSTATE_BASE_IMAGE_ARCH:-x86_64}"
+case "$ARCH" in
+x86_64) DEB_ARCH=amd64 WHEEL_PLATFORM=manylinux2014_x86_64 ;;
+arm64) DEB_ARCH=arm64 WHEEL_PLATFORM=manylinux2014_aarch64 ;;
+*)
+	echo "lambda-base-image: OPSTATE_BASE_IMAGE_ARCH is x86_64 or arm64, not $ARCH" >&2
+	exit 1
+	;;
+esac
 REPO=public.ecr.aws/lambda/python
 PY_MINOR=3.13
 IMAGE="$REPO:$PY_MINOR-$ARCH"
-ALIAS="$REPO:$PY_MINOR"
+# The bare :3.13 tag names the x86_64 image (the default architecture) only.
+ALIAS=""
+if [ "$ARCH" = x86_64 ]; then ALIAS="$REPO:$PY_MINOR"; fi
 # Debian 13: its python3 is CPython 3.13, the runtime's minor version.
 SUITE=trixie
 MIRROR="${OPSTATE_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
@@ -60,10 +74,14 @@ build_standin() {
 	case "$(uname -m)" in
 	x86_64 | amd64) ;;
 	*)
-		say "the stand-in can only be built for $ARCH on an $ARCH host (this is $(uname -m))"
+		say "the stand-in can only be built on an x86_64 host (this is $(uname -m))"
 		exit 1
 		;;
 	esac
+	if [ "$ARCH" = arm64 ] && ! grep -qs enabled /proc/sys/fs/binfmt_misc/qemu-aarch64; then
+		say "arm64 needs qemu-user-static with binfmt_misc (qemu-aarch64 not registered)"
+		exit 1
+	fi
 	command -v debootstrap >/dev/null || {
 		say "debootstrap is missing (apt-get install -y debootstrap)"
 		exit 1
@@ -75,16 +93,16 @@ build_standin() {
 	trap "rm -rf '$root'" EXIT
 	local start=$SECONDS
 	say "building the offline stand-in for $IMAGE (Debian $SUITE + CPython $PY_MINOR + awslambdaric)"
-	debootstrap --variant=minbase --include="python$PY_MINOR,ca-certificates" \
+	debootstrap --arch="$DEB_ARCH" --variant=minbase --include="python$PY_MINOR,ca-certificates" \
 		"$SUITE" "$root/rootfs" "$MIRROR" >"$root/debootstrap.log" 2>&1 || {
 		tail -n 30 "$root/debootstrap.log" >&2
 		exit 1
 	}
 	local rootfs="$root/rootfs"
-	# The runtime interface client, wheels for the image's CPython on x86_64 Linux.
+	# The runtime interface client, wheels for the image's CPython and architecture.
 	"$python" -m pip install --disable-pip-version-check --no-input --quiet \
 		--target "$rootfs/var/runtime" --only-binary=:all: \
-		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform "$WHEEL_PLATFORM" \
 		--implementation cp --python-version "$PY_MINOR" -r requirements-rie.txt
 	mkdir -p "$rootfs/var/task" "$rootfs/var/lang/bin" "$rootfs/opt"
 	test -x "$rootfs/usr/bin/python$PY_MINOR" || {
@@ -104,7 +122,7 @@ EOF
 	rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/* "$rootfs"/usr/share/doc \
 		"$rootfs"/usr/share/man "$rootfs"/usr/share/locale "$rootfs"/usr/share/info
 	local id
-	id=$(tar -C "$rootfs" --numeric-owner -c . | docker import \
+	id=$(tar -C "$rootfs" --numeric-owner -c . | docker import --platform "linux/$ARCH" \
 		--change "ENV PATH=/var/lang/bin:/usr/local/bin:/usr/bin:/bin:/opt/bin" \
 		--change "ENV LANG=C.UTF-8" \
 		--change "ENV TZ=:UTC" \
@@ -115,7 +133,7 @@ EOF
 		--change "WORKDIR /var/task" \
 		--change 'CMD ["/var/runtime/bootstrap"]' \
 		- "$IMAGE")
-	docker tag "$IMAGE" "$ALIAS"
+	if [ -n "$ALIAS" ]; then docker tag "$IMAGE" "$ALIAS"; fi
 	say "built $IMAGE (${id#sha256:}) in $((SECONDS - start)) s"
 }
 
@@ -140,7 +158,7 @@ main() {
 		esac
 		if [ "${OPSTATE_BASE_IMAGE_PULL:-1}" != 0 ]; then
 			if timeout "$PULL_TIMEOUT_S" docker pull --quiet "$IMAGE" >/dev/null 2>&1; then
-				docker tag "$IMAGE" "$ALIAS"
+				if [ -n "$ALIAS" ]; then docker tag "$IMAGE" "$ALIAS"; fi
 				say "pulled $IMAGE (AWS's image)"
 				return 0
 			fi

@@ -193,22 +193,38 @@ class BuiltTemplate:
         return {k: self.resolve(v, refs) for k, v in self.environment(logical_id).items()}
 
 
+def source_uri(template: Mapping[str, Any], uri: Any) -> str:
+    """A CodeUri/ContentUri of the source template as ``make build`` builds it: a
+    ``Fn::If [IsArm64, arm64 dir, x86_64 dir]`` resolved with the parameters' defaults."""
+    if isinstance(uri, dict) and "Fn::If" in uri:
+        condition, if_true, if_false = uri["Fn::If"]
+        test = template["Conditions"][condition]["Fn::Equals"]
+        values = [
+            str(template["Parameters"][v["Ref"]]["Default"]) if isinstance(v, dict) else str(v)
+            for v in test
+        ]
+        return str(if_true if values[0] == values[1] else if_false)
+    return str(uri)
+
+
 def stale_build_files() -> list[str]:
     """Source files whose built copy differs from (or is missing in) ``.aws-sam/build``:
     every ``.py`` of each function's ``CodeUri`` and of each layer's package."""
     if not BUILT_TEMPLATE.is_file():
         return ["(no build output)"]
     built_resources = BuiltTemplate.load().resources
-    source_resources = load_template()["Resources"]
+    source_template = load_template()
+    source_resources = source_template["Resources"]
     pairs: list[tuple[Path, Path]] = []
     for logical_id, resource in built_resources.items():
         props = resource.get("Properties", {})
         source_props = source_resources.get(logical_id, {}).get("Properties", {})
         if resource.get("Type") == "AWS::Serverless::Function":
-            pairs.append((ROOT / str(source_props["CodeUri"]), BUILD_DIR / str(props["CodeUri"])))
+            code = source_uri(source_template, source_props["CodeUri"])
+            pairs.append((ROOT / code, BUILD_DIR / str(props["CodeUri"])))
         elif resource.get("Type") == "AWS::Serverless::LayerVersion":
             built = BUILD_DIR / str(props["ContentUri"]) / "python"
-            pairs.append((ROOT / str(source_props["ContentUri"]), built))
+            pairs.append((ROOT / source_uri(source_template, source_props["ContentUri"]), built))
     stale: list[str] = []
     for source, built in pairs:
         for path in sorted(source.rglob("*.py")):

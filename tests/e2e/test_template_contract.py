@@ -397,7 +397,24 @@ def test_state_resources_are_encrypted_and_kept(template: dict[str, Any]) -> Non
 
 def test_layer_and_dependencies_are_where_the_design_says(template: dict[str, Any]) -> None:
     layer = template["Resources"]["OpstateLayer"]
-    assert layer["Properties"]["ContentUri"] == "layers/opstate"
+    # One code directory per architecture (sam build tells a makefile nothing else).
+    assert layer["Properties"]["ContentUri"] == {
+        "Fn::If": ["IsArm64", "layers/opstate-arm64", "layers/opstate"]
+    }
+    assert template["Resources"]["ReconcileFunction"]["Properties"]["CodeUri"] == {
+        "Fn::If": ["IsArm64", "functions/reconcile-arm64", "functions/reconcile"]
+    }
+    assert template["Conditions"]["IsArm64"] == {"Fn::Equals": [{"Ref": "Architecture"}, "arm64"]}
+    architecture = template["Parameters"]["Architecture"]
+    assert (architecture["Default"], architecture["AllowedValues"]) == (
+        "x86_64",
+        ["x86_64", "arm64"],
+    )
+    assert template["Globals"]["Function"]["Architectures"] == [{"Ref": "Architecture"}]
+    assert layer["Properties"]["CompatibleArchitectures"] == [{"Ref": "Architecture"}]
+    for resource in template["Resources"].values():  # no function pins its own architecture
+        if resource["Type"] == "AWS::Serverless::Function":
+            assert "Architectures" not in resource["Properties"]
     # layers/opstate/Makefile: pip install of the pins + opstate, compiled for python3.13.
     assert layer["Metadata"]["BuildMethod"] == "makefile"
     assert template["Globals"]["Function"]["Runtime"] == "python3.13"

@@ -14,17 +14,25 @@ the code really emits with those dimensions.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable, Mapping
-from typing import Any, Final, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, cast
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
-from aws_lambda_powertools.metrics import MetricUnit, single_metric
+from aws_lambda_powertools.logging.formatter import LambdaPowertoolsFormatter
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.metrics.base import SingleMetric
 from aws_lambda_powertools.metrics.functions import is_metrics_disabled
 
 from opstate.model import Decision, Reason
 from opstate.times import format_time
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.logging.types import PowertoolsLogRecord
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME", "gemini-opstate")
 NAMESPACE = os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "GeminiOpstate")
@@ -145,7 +153,27 @@ class LazyTracer:
         return getattr(self.get(), name)
 
 
-logger = Logger(service=SERVICE)
+# Keys the stdlib refuses in ``extra`` (LogRecord attributes, e.g. ``name``): passed under an
+# alias (``_ALIAS`` + key) and renamed back by the formatter, so the line still says
+# ``"name": ...``.
+_RESERVED = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+_ALIAS = "opstate_reserved."
+
+
+class _Formatter(LambdaPowertoolsFormatter):
+    """Powertools' JSON formatter (the same keys and order rules), which also writes the fields
+    whose names the stdlib reserves (``log_fields``). Per line, a rename of the aliased keys;
+    the alternative, Powertools' thread-safe appended keys added and removed around every line,
+    cost about a fifth of a webhook request (benchmarks/bench_hotpath.py)."""
+
+    def serialize(self, log: dict[str, Any] | PowertoolsLogRecord) -> str:
+        fields = cast("dict[str, Any]", log)
+        for key in [key for key in fields if key.startswith(_ALIAS)]:
+            fields[key.removeprefix(_ALIAS)] = fields.pop(key)
+        return super().serialize(log)
+
+
+logger = Logger(service=SERVICE, logger_formatter=_Formatter())
 metrics = Metrics(namespace=NAMESPACE, service=SERVICE)
 tracer: Tracer = cast(Tracer, LazyTracer(SERVICE))
 
@@ -153,31 +181,62 @@ tracer: Tracer = cast(Tracer, LazyTracer(SERVICE))
 MAX_LOGGED_TEXT = 200
 
 
-def count(name: str, value: float = 1, **dimensions: str) -> None:
-    """Emit one metric; with dimensions it goes out as its own EMF blob.
+# A dimensioned metric's EMF text, as Powertools' ``SingleMetric`` serialises it, split around
+# its timestamp, by (name, value, dimensions): Powertools builds each distinct blob once and
+# every later one is that text with the current time. ``single_metric()`` per metric built a new
+# metrics object each time (reading the environment, listing the unit enums, validating,
+# serialising): about a fifth of a webhook request (benchmarks/bench_hotpath.py).
+_BLOBS: dict[tuple[str, float, tuple[tuple[str, str], ...]], tuple[str, str]] = {}
+_BLOBS_MAX = 1024  # dimension values are small closed sets (outcomes, reasons)
+_STAMP = 1  # the placeholder timestamp of a cached blob
+_BLOBS_LOCK = threading.Lock()
 
-    ``single_metric`` prints its blob even where Powertools' metrics are disabled
+
+def _blob(name: str, value: float, dimensions: tuple[tuple[str, str], ...]) -> tuple[str, str]:
+    """The EMF text of one metric before and after its timestamp (built by Powertools)."""
+    key = (name, value, dimensions)
+    parts = _BLOBS.get(key)
+    if parts is not None:
+        return parts
+    metric = SingleMetric(namespace=NAMESPACE, service=SERVICE)
+    metric.add_metric(name=name, unit=MetricUnit.Count, value=value)
+    metric.add_dimension(name="service", value=SERVICE)
+    for dim_name, dim_value in dimensions:
+        metric.add_dimension(name=dim_name, value=dim_value)
+    metric.timestamp = _STAMP  # a placeholder (set_timestamp would warn: 1970)
+    text = json.dumps(metric.serialize_metric_set(), separators=(",", ":"))
+    marker = f'"Timestamp":{_STAMP},'
+    head, found, tail = text.partition(marker)
+    if not found:  # pragma: no cover - Powertools' layout changed: no reuse
+        raise RuntimeError("unexpected EMF layout")
+    parts = (head + '"Timestamp":', "," + tail)
+    with _BLOBS_LOCK:
+        if len(_BLOBS) < _BLOBS_MAX:
+            _BLOBS[key] = parts
+    return parts
+
+
+def _metrics_switches() -> bool:
+    """Whether either variable of Powertools' metrics switch is set (``is_metrics_disabled``
+    decides then; with neither set metrics are on, and its parsing is skipped)."""
+    environ = os.environ
+    return "POWERTOOLS_METRICS_DISABLED" in environ or "POWERTOOLS_DEV" in environ
+
+
+def count(name: str, value: float = 1, **dimensions: str) -> None:
+    """Emit one metric; with dimensions it goes out as its own EMF blob (what Powertools'
+    ``single_metric`` prints: the dimensions ``service`` then ``dimensions``, one metric).
+
+    Powertools prints a single metric's blob even where its metrics are disabled
     (``POWERTOOLS_METRICS_DISABLED``, ``POWERTOOLS_DEV``), so that rule is applied here too.
     """
-    if dimensions:
-        if is_metrics_disabled():
-            return
-        with single_metric(
-            name=name,
-            unit=MetricUnit.Count,
-            value=value,
-            namespace=NAMESPACE,
-            default_dimensions={"service": SERVICE},
-        ) as metric:
-            for key, dim in dimensions.items():
-                metric.add_dimension(name=key, value=dim)
-    else:
+    if not dimensions:
         metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
-
-
-# Keys the stdlib refuses in ``extra`` (LogRecord attributes, e.g. ``name``): logged through
-# Powertools' thread-safe appended keys instead, so the line still says ``"name": ...``.
-_RESERVED = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+        return
+    if _metrics_switches() and is_metrics_disabled():
+        return
+    head, tail = _blob(name, value, tuple((k, str(v)) for k, v in dimensions.items()))
+    print(f"{head}{time.time_ns() // 1_000_000}{tail}")
 
 
 def log_fields(
@@ -186,16 +245,13 @@ def log_fields(
     """Log ``message`` with ``fields`` as structured keys at ``level`` (``logger.info``, ...),
     even the ones the stdlib reserves (``name``). ``stacklevel`` 3: the line's location is the
     caller of this function."""
-    reserved = {k: v for k, v in fields.items() if k in _RESERVED}
-    extra = {k: v for k, v in fields.items() if k not in _RESERVED}
-    if not reserved:
-        level(message, extra=extra, stacklevel=stacklevel)
-        return
-    logger.thread_safe_append_keys(**reserved)
-    try:
-        level(message, extra=extra, stacklevel=stacklevel)
-    finally:
-        logger.thread_safe_remove_keys(list(reserved))
+    extra = {(_ALIAS + k if k in _RESERVED else k): v for k, v in fields.items()}
+    level(message, extra=extra, stacklevel=stacklevel)
+
+
+def _enabled(level: int) -> bool:
+    """Whether a line at ``level`` would be written (checked before its fields are built)."""
+    return logger._logger.isEnabledFor(level)
 
 
 def _clip(value: object) -> object:
@@ -237,13 +293,16 @@ def log_decision(
     """One structured line for a decision, by the one rule of the API and the reconciler:
     ``event applied`` at INFO; ``event dropped`` at WARNING for a ``terminal-conflict`` (two
     sources disagree on how the operation ended), at INFO for any other drop."""
+    conflict = not decision.applied and decision.reason == Reason.TERMINAL_CONFLICT
+    if not _enabled(logging.WARNING if conflict else logging.INFO):
+        return
     fields = {
         **decision_fields(decision, attempts=attempts, conflicts=conflicts),
         **_context(context),
     }
     if decision.applied:
         log_fields(logger.info, "event applied", fields, stacklevel=4)
-    elif decision.reason == Reason.TERMINAL_CONFLICT:
+    elif conflict:
         log_fields(logger.warning, "event dropped", fields, stacklevel=4)
     else:
         log_fields(logger.info, "event dropped", fields, stacklevel=4)

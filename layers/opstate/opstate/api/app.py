@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
@@ -26,17 +26,64 @@ from opstate.store.port import Store
 from opstate.waiters.run import Registrar
 
 if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEventV2
     from aws_lambda_powertools.utilities.typing import LambdaContext
-
-# Powertools keeps the current event on the router class, shared by every resolver instance:
-# resolve() is serialised so a threaded local server cannot mix two requests up.
-_RESOLVE_LOCK = threading.Lock()
 
 
 class _Resolver(APIGatewayHttpResolver):
+    """Powertools' HTTP API resolver, its per-request state kept per thread.
+
+    Powertools keeps the request being resolved on the router *class* (``BaseRouter.
+    current_event`` and ``lambda_context``, shared by every resolver) and its routing context on
+    the instance, so two threads resolving at once would read each other's request. Here the
+    three live in a ``threading.local`` and ``resolve`` does what Powertools' does (no debug
+    print, which is off) with them: ``opstate serve``'s worker threads resolve requests in
+    parallel, with no process-wide lock, so a read never waits behind a write that waits on
+    the store (tests/integration/test_serve_parallel.py). In Lambda one request at a time is
+    resolved, as before.
+    """
+
+    def __init__(self) -> None:
+        self._request = threading.local()
+        super().__init__()
+
+    @property  # type: ignore[override]
+    def current_event(self) -> APIGatewayProxyEventV2:
+        event: APIGatewayProxyEventV2 = self._request.event
+        return event
+
+    @current_event.setter
+    def current_event(self, value: APIGatewayProxyEventV2) -> None:
+        self._request.event = value
+
+    @property
+    def lambda_context(self) -> LambdaContext:
+        context: LambdaContext = self._request.lambda_context
+        return context
+
+    @lambda_context.setter
+    def lambda_context(self, value: LambdaContext) -> None:
+        self._request.lambda_context = value
+
+    @property
+    def context(self) -> dict[str, Any]:
+        request = self._request
+        if not hasattr(request, "context"):
+            request.context = {}
+        routing: dict[str, Any] = request.context
+        return routing
+
+    @context.setter
+    def context(self, value: dict[str, Any]) -> None:
+        self._request.context = value
+
     def resolve(self, event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
-        with _RESOLVE_LOCK:
-            return super().resolve(event, context)
+        self.current_event = cast("APIGatewayProxyEventV2", self._to_proxy_event(dict(event)))
+        self.lambda_context = context
+        try:
+            return self._build_response(self._resolve())
+        finally:
+            self.context.clear()
 
 
 def create_app(

@@ -63,8 +63,8 @@ DEFAULT_PORT = 3000
 class LocalApp:
     """The API app behind the local server.
 
-    ``opstate.api`` serialises ``resolve`` itself (Powertools keeps the current event on the
-    router class), so one app instance serves every request thread.
+    ``opstate.api``'s resolver keeps each request's state per thread, so one app instance
+    serves every request thread in parallel.
     """
 
     def __init__(self, app: Any) -> None:

@@ -2,10 +2,13 @@
 
 - WAL journal, ``busy_timeout``, ``synchronous=NORMAL``; one connection per thread
   (``threading.local``), all tracked so ``close()`` closes them. Several processes may share one
-  file: every write takes the database's write lock first (``BEGIN IMMEDIATE``).
+  file: every write is one statement, its own transaction (autocommit), which takes the
+  database's write lock (waiting up to ``busy_timeout``) before it reads the row it tests.
 - put-if-absent: ``INSERT ... ON CONFLICT(name) DO NOTHING``; replace:
-  ``UPDATE ... WHERE name = ? AND version = ?``. When the write changes no row, the current row
-  is re-selected in the same transaction and returned (the record that beat us).
+  ``UPDATE ... WHERE name = ? AND version = ?``: the condition and the write are one atomic
+  statement. When it changes no row, the current row is selected and returned (the record that
+  beat us, or a later one: either is newer than what the caller read). A new record costs two
+  statements (the read, the insert), not four (``BEGIN IMMEDIATE`` and ``COMMIT`` around it).
 - Open listing: ``open_ns`` is set only while the operation is open and not lost (NULL when
   terminal or lost) and a partial index on ``(open_ns, name) WHERE open_ns IS NOT NULL`` serves
   ``list_open`` and ``iter_due``. ``open_ns`` is when the operation is next due for a poll
@@ -481,24 +484,12 @@ class SQLiteStore:
     def _write(self, sql: str, params: Sequence[Any], name: str) -> WriteOutcome:
         conn = self._conn()
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            if conn.execute(sql, params).rowcount:
+                return WRITTEN
+            row = conn.execute(f"{_SELECT} WHERE name = ?", (name,)).fetchone()
         except sqlite3.Error as exc:
             self._raise(exc)
-        try:
-            changed = conn.execute(sql, params).rowcount
-            current: OpRecord | None = None
-            if changed == 0:
-                row = conn.execute(f"{_SELECT} WHERE name = ?", (name,)).fetchone()
-                current = _record(row) if row else None
-            conn.execute("COMMIT")
-        except BaseException as exc:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.Error):
-                self._raise(exc)
-            raise
-        return WRITTEN if changed else WriteOutcome(ok=False, current=current)
+        return WriteOutcome(ok=False, current=_record(row) if row else None)
 
 
 def _due(row: Sequence[Any]) -> Due:
