@@ -33,6 +33,10 @@ DEFAULT_INGEST_MAX_ATTEMPTS = 8
 DEFAULT_WEBHOOK_TOLERANCE_S = 300
 DEFAULT_JWT_MAX_LIFETIME_S = 3600
 DEFAULT_JWT_LEEWAY_S = 30
+# How far ahead of the receiver's clock an event's time may be (reports 400, webhooks are
+# quarantined, polls skipped beyond it): a time far in the future would freeze a record.
+DEFAULT_MAX_FUTURE_SKEW_S = 3600.0
+MAX_FUTURE_SKEW_LIMIT_S = 7 * 86400.0
 
 
 class ConfigError(ValueError):
@@ -198,6 +202,8 @@ class StoreSettings(_Part):
     open_index_shards: int = DEFAULT_OPEN_INDEX_SHARDS
     retention_days: int = DEFAULT_RETENTION_DAYS
     ingest_max_attempts: int = DEFAULT_INGEST_MAX_ATTEMPTS
+    # Every input path (reports, webhooks, polls) refuses an event time further ahead.
+    max_future_skew_s: float = DEFAULT_MAX_FUTURE_SKEW_S
 
     @classmethod
     def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
@@ -207,6 +213,12 @@ class StoreSettings(_Part):
             open_index_shards=_int(env, "OPSTATE_OPEN_INDEX_SHARDS", minimum=1),
             retention_days=_int(env, "OPSTATE_RETENTION_DAYS", minimum=1),
             ingest_max_attempts=_int(env, "OPSTATE_INGEST_MAX_ATTEMPTS", minimum=1),
+            max_future_skew_s=_float(
+                env,
+                "OPSTATE_MAX_FUTURE_SKEW_SECONDS",
+                minimum=1.0,
+                maximum=MAX_FUTURE_SKEW_LIMIT_S,
+            ),
         )
 
 

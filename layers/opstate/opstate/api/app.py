@@ -58,6 +58,7 @@ def create_app(
         quarantine=quarantine if quarantine is not None else LogQuarantine(),
         max_bytes=settings.max_body_bytes,
         clock_ns=clock_ns,
+        max_future_skew_s=settings.max_future_skew_s,
     )
     operations = OperationsRoutes(
         store=store,
@@ -65,6 +66,7 @@ def create_app(
         operations_auth=operations_auth,
         max_bytes=settings.max_body_bytes,
         clock_ns=clock_ns,
+        max_future_skew_s=settings.max_future_skew_s,
     )
     _add_routes(app, receiver, operations)
     _add_error_answers(app)

@@ -13,6 +13,7 @@ from opstate.api.auth import OperationsAuth
 from opstate.api.errors import ApiError, json_response, unavailable
 from opstate.api.ingesting import Ingester
 from opstate.api.request import parse_json, raw_body
+from opstate.config import DEFAULT_MAX_FUTURE_SKEW_S
 from opstate.events import InvalidEventError, UnsupportedEventError, from_report
 from opstate.ingest import find_record
 from opstate.names import VIDEO_DETAIL, InvalidNameError, ParsedName, parse_name
@@ -29,7 +30,7 @@ class OperationsRoutes:
     """The operations routes over ``store``; ``path`` is the request's path as the resolver
     sees it (its stage removed)."""
 
-    __slots__ = ("clock_ns", "ingest", "max_bytes", "operations_auth", "store")
+    __slots__ = ("clock_ns", "ingest", "max_bytes", "max_future_skew_s", "operations_auth", "store")
 
     def __init__(
         self,
@@ -39,7 +40,9 @@ class OperationsRoutes:
         operations_auth: OperationsAuth,
         max_bytes: int,
         clock_ns: Callable[[], int],
+        max_future_skew_s: float = DEFAULT_MAX_FUTURE_SKEW_S,
     ) -> None:
+        self.max_future_skew_s = max_future_skew_s
         self.store = store
         self.ingest = ingest
         self.operations_auth = operations_auth
@@ -71,7 +74,9 @@ class OperationsRoutes:
         if body is not None and not isinstance(body, Mapping):
             raise ApiError(400, "invalid-body", "the report body must be a JSON object")
         try:
-            op_event = from_report(raw_name, body, now_ns=self.clock_ns())
+            op_event = from_report(
+                raw_name, body, now_ns=self.clock_ns(), max_future_skew_s=self.max_future_skew_s
+            )
         except InvalidEventError as exc:
             raise ApiError(400, exc.code, exc.message) from None
         except UnsupportedEventError as exc:

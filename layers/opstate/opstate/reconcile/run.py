@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from opstate.config import Settings, parse_overdue
-from opstate.events import EventError, UnsupportedEventError
+from opstate.events import EventError, InvalidEventError, UnsupportedEventError, check_future_skew
 from opstate.ingest import Ingested, ingest_counted
 from opstate.model import Decision, OpEvent, OpRecord
 from opstate.observability import (
@@ -164,6 +164,16 @@ class _Run:
         record_unsupported(exc.reason, exc.message, name=name, phase=phase)
         self.tally.unsupported(exc.reason)
 
+    def skewed(self, event: OpEvent) -> OpEvent | EventError:
+        """``event``, or the ``invalid-time`` refusal of a time too far ahead of our clock (the
+        answer is logged and skipped: applied, it would freeze the record)."""
+        try:
+            return check_future_skew(
+                event, now_ns=self.clock.now_ns(), max_skew_s=self.settings.max_future_skew_s
+            )
+        except InvalidEventError as exc:
+            return exc
+
     # --- 1. webhook health --------------------------------------------------------------------
 
     def check_webhooks(self) -> None:
@@ -227,6 +237,8 @@ class _Run:
         if isinstance(answer, UnsupportedEventError):
             self.unsupported(answer, raw_name, "discover")
             return None, None
+        if not isinstance(answer, EventError):
+            answer = self.skewed(answer)
         if isinstance(answer, EventError):
             self.error("batch job refused", name=raw_name, code=answer.code, error=answer.message)
             return None, None
@@ -275,11 +287,18 @@ class _Run:
         )
         self.writer.write(record, entry.poll, poll, marks)
 
+    def fetch(self, record: OpRecord) -> OpEvent:
+        """The gateway's answer for ``record``; ``invalid-time`` if it is too far ahead."""
+        checked = self.skewed(self.gateway.fetch(record))
+        if isinstance(checked, EventError):
+            raise checked
+        return checked
+
     def poll_one(self, entry: Due) -> None:
         record = entry.record
         found = True
         try:
-            event = self.gateway.fetch(record)
+            event = self.fetch(record)
         except UnsupportedEventError as exc:
             self.throttle.success()
             self.unsupported(exc, record.name, "poll")
