@@ -33,6 +33,10 @@ DEFAULT_INGEST_MAX_ATTEMPTS = 8
 DEFAULT_WEBHOOK_TOLERANCE_S = 300
 DEFAULT_JWT_MAX_LIFETIME_S = 3600
 DEFAULT_JWT_LEEWAY_S = 30
+# The JWKS fetch: connect and per-read timeout (twice that in all); how long past its TTL the
+# last good key set is still served while fetches fail.
+DEFAULT_JWKS_TIMEOUT_S = 2.0
+DEFAULT_JWKS_MAX_STALE_S = 6 * 3600.0
 # How far ahead of the receiver's clock an event's time may be (reports 400, webhooks are
 # quarantined, polls skipped beyond it): a time far in the future would freeze a record.
 DEFAULT_MAX_FUTURE_SKEW_S = 3600.0
@@ -236,6 +240,8 @@ class WebhookSettings(_Part):
     quarantine_queue_url: str | None = None
     # Dynamic (JWT) webhooks: off unless OPSTATE_PUBLIC_URL is set.
     jwks_url: str = DEFAULT_JWKS_URL
+    jwks_timeout_s: float = DEFAULT_JWKS_TIMEOUT_S
+    jwks_max_stale_s: float = DEFAULT_JWKS_MAX_STALE_S
     public_url: str | None = None
     jwt_header: str = "authorization"
     # Expected JWT issuers (OPSTATE_JWT_ISSUER, comma-separated; required with public_url), the
@@ -261,6 +267,10 @@ class WebhookSettings(_Part):
             secrets_cache_s=_int(env, "OPSTATE_SECRETS_CACHE_SECONDS", minimum=0),
             quarantine_queue_url=_str(env, "OPSTATE_QUARANTINE_QUEUE_URL"),
             jwks_url=_str(env, "OPSTATE_JWKS_URL"),
+            jwks_timeout_s=_float(env, "OPSTATE_JWKS_TIMEOUT_SECONDS", minimum=0.1, maximum=10.0),
+            jwks_max_stale_s=_float(
+                env, "OPSTATE_JWKS_MAX_STALE_SECONDS", minimum=0.0, maximum=7 * 86400.0
+            ),
             public_url=public_url,
             jwt_header=header.lower() if header else None,
             jwt_issuers=_jwt_issuers(env, public_url=public_url) or None,

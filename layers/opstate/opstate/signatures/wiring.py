@@ -25,14 +25,30 @@ if TYPE_CHECKING:
 
 class WebhookVerifier:
     """Standard Webhooks when the request carries ``webhook-signature``; else, when dynamic
-    webhooks are configured, the JWT; else refuse."""
+    webhooks are configured, the JWT; else refuse.
 
-    def __init__(self, standard: Verifier, jwt_verifier: JwtVerifier | None = None) -> None:
+    ``hmac_configured`` False (no secret source at all) with JWTs on is a JWT-only deployment:
+    a request with only Standard Webhooks headers is refused (401), not answered "retry later"
+    (no secret will ever appear to verify it)."""
+
+    def __init__(
+        self,
+        standard: Verifier,
+        jwt_verifier: JwtVerifier | None = None,
+        *,
+        hmac_configured: bool = True,
+    ) -> None:
         self.standard = standard
         self.jwt = jwt_verifier
+        self.hmac_configured = hmac_configured
 
     def verify(self, raw_body: bytes, headers: Mapping[str, str]) -> None:
         lowered = lower_headers(headers)
+        if self.jwt is not None and not self.hmac_configured:
+            if not lowered.get(self.jwt.header):
+                raise SignatureError()
+            self.jwt.verify(raw_body, lowered)
+            return
         if HEADER_SIGNATURE in lowered or self.jwt is None:
             self.standard.verify(raw_body, lowered)
             return
@@ -52,6 +68,7 @@ def verifier_from_settings(
     accepted only with ``public_url`` set, and then ``jwt_issuers`` must be set too.
     """
     standard: Verifier
+    hmac_configured = True
     if settings.webhook_secret_arn:
         standard = SecretsProviderVerifier(
             secrets_manager_provider(settings.webhook_secret_arn, settings.secrets_cache_s),
@@ -63,6 +80,7 @@ def verifier_from_settings(
         parsed = parse_stored(settings.webhook_secrets)
         log_ignored_entries(parsed, "OPSTATE_WEBHOOK_SECRETS")
         standard = StaticSecretsVerifier(parsed.keys, settings.webhook_tolerance_s, clock_s=clock_s)
+        hmac_configured = bool(settings.webhook_secrets)
     jwt_verifier = None
     if settings.public_url:
         if not settings.jwt_issuers:
@@ -73,7 +91,11 @@ def verifier_from_settings(
         from opstate.signatures.jwt_tokens import JwksCache, JwtVerifier
 
         jwt_verifier = JwtVerifier(
-            JwksCache(settings.jwks_url),
+            JwksCache(
+                settings.jwks_url,
+                timeout_s=settings.jwks_timeout_s,
+                max_stale_s=settings.jwks_max_stale_s,
+            ),
             audience=settings.public_url,
             issuers=settings.jwt_issuers,
             header=settings.jwt_header,
@@ -82,4 +104,4 @@ def verifier_from_settings(
             subject=settings.jwt_subject,
             email=settings.jwt_email,
         )
-    return WebhookVerifier(standard, jwt_verifier)
+    return WebhookVerifier(standard, jwt_verifier, hmac_configured=hmac_configured)
