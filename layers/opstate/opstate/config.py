@@ -29,6 +29,8 @@ DEFAULT_JWKS_URL = "https://generativelanguage.googleapis.com/.well-known/jwks.j
 DEFAULT_OPEN_INDEX_SHARDS = 4
 DEFAULT_RETENTION_DAYS = 90
 DEFAULT_RECONCILE_EVERY_S = 300.0
+# `opstate reconcile --once --budget`: the whole pass, Retry-After pauses included, ends by then.
+DEFAULT_RECONCILE_BUDGET_S = 120.0
 DEFAULT_INGEST_MAX_ATTEMPTS = 8
 DEFAULT_WEBHOOK_TOLERANCE_S = 300
 DEFAULT_JWT_MAX_LIFETIME_S = 3600
