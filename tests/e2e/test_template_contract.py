@@ -95,9 +95,28 @@ def test_reconciler_may_query_the_open_index_and_read_only_the_api_key(
     assert len(stmts) == 2
 
 
-def test_notifier_may_only_put_events_on_its_bus(template: dict[str, Any]) -> None:
-    policies = template["Resources"]["NotifyFunction"]["Properties"]["Policies"]
-    assert policies == [{"EventBridgePutEventsPolicy": {"EventBusName": {"Ref": "EventBus"}}}]
+def test_notifier_may_only_read_its_stream_put_events_on_its_bus_and_dead_letter(
+    template: dict[str, Any],
+) -> None:
+    # Issue 24: an explicit role (SAM's DynamoDB event would add a policy reading every stream
+    # in the account); tests/e2e/test_template_roles.py checks the translated role too.
+    function = template["Resources"]["NotifyFunction"]["Properties"]
+    assert "Policies" not in function
+    assert function["Role"] == {"Fn::GetAtt": ["NotifyFunctionRole", "Arn"]}
+    role = template["Resources"]["NotifyFunctionRole"]["Properties"]
+    (policy,) = role["Policies"]
+    resources = {
+        frozenset(actions(s)): s["Resource"] for s in policy["PolicyDocument"]["Statement"]
+    }
+    read = frozenset(
+        {"dynamodb:DescribeStream", "dynamodb:GetRecords", "dynamodb:GetShardIterator"}
+    )
+    assert resources == {
+        read: {"Fn::GetAtt": ["OperationsTable", "StreamArn"]},
+        frozenset({"dynamodb:ListStreams"}): {"Fn::Sub": "${OperationsTable.Arn}/stream/*"},
+        frozenset({"events:PutEvents"}): {"Fn::GetAtt": ["EventBus", "Arn"]},
+        frozenset({"sqs:SendMessage"}): {"Fn::GetAtt": ["NotifyDeadLetterQueue", "Arn"]},
+    }
 
 
 def test_the_open_index_named_in_the_policy_is_the_tables_gsi(template: dict[str, Any]) -> None:
