@@ -241,12 +241,19 @@ def test_state_resources_are_encrypted_and_kept(template: dict[str, Any]) -> Non
     assert table["DeletionPolicy"] == table["UpdateReplacePolicy"] == "Retain"
     props = table["Properties"]
     assert props["BillingMode"] == "PAY_PER_REQUEST"
-    assert props["SSESpecification"] == {"SSEEnabled": True}
+    # The AWS-managed key, or the customer-managed KmsKeyArn when one is given (issue 24).
+    assert props["SSESpecification"] == {
+        "SSEEnabled": True,
+        "SSEType": {"Fn::If": ["HasKmsKey", "KMS", {"Ref": "AWS::NoValue"}]},
+        "KMSMasterKeyId": {"Fn::If": ["HasKmsKey", {"Ref": "KmsKeyArn"}, {"Ref": "AWS::NoValue"}]},
+    }
     assert props["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
     assert props["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
     assert props["StreamSpecification"] == {"StreamViewType": "NEW_AND_OLD_IMAGES"}
     for queue in resources(template, "AWS::SQS::Queue").values():
-        assert queue["Properties"]["SqsManagedSseEnabled"] is True
+        # SSE-KMS with the AWS-managed SQS key (checkov's CKV_AWS_27; issue 24).
+        assert queue["Properties"]["KmsMasterKeyId"] == "alias/aws/sqs"
+        assert "SqsManagedSseEnabled" not in queue["Properties"]
     secrets = resources(template, "AWS::SecretsManager::Secret")
     assert set(secrets) == {"WebhookSigningSecret", "GeminiApiKeySecret"}
     for secret in secrets.values():
