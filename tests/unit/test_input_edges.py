@@ -161,6 +161,22 @@ def test_a_far_future_webhook_is_quarantined_and_later_observations_still_apply(
     assert record is not None and record.state is State.REQUIRES_ACTION
 
 
+def test_a_far_future_webhook_stays_quarantined_on_replay_until_the_clocks_agree() -> None:
+    from opstate.replay import replay
+
+    store, quarantine = MemoryStore(), MemoryQuarantine()
+    app = _app(store, quarantine)
+    body = {"type": "batch.cancelled", "timestamp": FROZEN_FUTURE, "data": {"id": "batches/f"}}
+    assert json.loads(_webhook(app, body, "msg_far")["body"])["reason"] == "quarantined"
+    result = replay(quarantine, store, clock_ns=lambda: NOW_NS)
+    assert (result.applied, result.unreadable) == (0, 1)
+    assert [p[1] for p in result.problems] == ["invalid-time"]
+    assert store.get("batches/f") is None and len(quarantine.all()) == 1
+    # The same delivery once our clock has caught up with it: applied.
+    later = replay(quarantine, store, clock_ns=lambda: parse_time(FROZEN_FUTURE))
+    assert later.applied == 1 and quarantine.all() == []
+
+
 class _Gateway:
     """Answers every poll with ``answer`` and lists ``listed`` as one page of batch jobs."""
 

@@ -21,7 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from opstate.events import InvalidEventError, UnsupportedEventError, from_webhook
+from opstate.config import DEFAULT_MAX_FUTURE_SKEW_S
+from opstate.events import (
+    InvalidEventError,
+    UnsupportedEventError,
+    check_future_skew,
+    from_webhook,
+)
 from opstate.ingest import DEFAULT_MAX_ATTEMPTS, ingest
 from opstate.model import Decision
 from opstate.quarantine import Kept, Quarantine
@@ -83,7 +89,10 @@ def _replay_one(
     delivery = kept.delivery
     try:
         body = json.loads(delivery.body, parse_constant=_reject_constant)
-        event = from_webhook(body)
+        # Kept for a time too far ahead of our clock: still refused until the clocks agree.
+        event = check_future_skew(
+            from_webhook(body), now_ns=clock_ns(), max_skew_s=DEFAULT_MAX_FUTURE_SKEW_S
+        )
     except UnsupportedEventError:
         result.dropped += 1
         if not dry_run:
