@@ -2,12 +2,22 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-PYTHON ?= python3
+# Lambda's runtime (template.yaml: python3.13) and the development environment run one minor
+# version. scripts/find-python.sh finds its interpreter (PATH, then pyenv's versions, then
+# Debian's) or says in one sentence how to get one; PYTHON=/path/to/python3.13 overrides it.
+# Searched once, on first use (not for `make help`).
+LAMBDA_MINOR := 3.13
+PYTHON ?= $(eval PYTHON := $(shell scripts/find-python.sh $(LAMBDA_MINOR)))$(PYTHON)
+# aws-sam-cli and cfn-lint run on any interpreter they support (the machine's python3).
+TOOLS_PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEPS := pyproject.toml layers/opstate/requirements.txt functions/reconcile/requirements.txt
 PIP_FLAGS := --disable-pip-version-check --no-input --quiet
+# The project's own install shows pip's progress (what it collects, downloads and installs), so
+# that a first `make run` / `make test` never looks hung.
+PIP_PROGRESS_FLAGS := --disable-pip-version-check --no-input
 # Build/lint tools (aws-sam-cli, cfn-lint) live in their own virtualenv so that their pins never
 # shape the runtime environment; the e2e tests' runtime interface client lives in another one
 # that holds nothing else.
@@ -41,39 +51,46 @@ help:
 	@echo "make dashboard - regenerate template.yaml's dashboard and saved queries (scripts/)"
 	@echo "make e2e    - the built functions through the Lambda runtime interface (no Docker)"
 	@echo "make samlocal - sam local invoke / start-api on the build (needs Docker; part of make test)"
-	@echo "make lambda-base-image - AWS's Lambda Python 3.11 image, or its offline stand-in"
+	@echo "make lambda-base-image - AWS's Lambda Python 3.13 image, or its offline stand-in"
 
 # The environment: recreated when missing or built by another python, refreshed when the
 # dependency files change.
 $(STAMP): $(DEPS)
-	@if [ ! -x $(PY) ] || ! $(PY) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)'; then \
+	@echo "make: installing $(VENV), the Python environment of opstate and its tests, from PyPI" \
+		"(first time: every dependency is downloaded; pip's progress follows)"
+	@if [ ! -x $(PY) ] || ! $(PY) -c 'import sys; sys.exit(0 if "%d.%d" % sys.version_info[:2] == "$(LAMBDA_MINOR)" else 1)'; then \
+		test -n "$(PYTHON)" || exit 1; \
 		rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); \
 	fi
 	$(PY) -m pip install $(PIP_FLAGS) --upgrade pip
-	$(PY) -m pip install $(PIP_FLAGS) -c layers/opstate/requirements.txt \
+	$(PY) -m pip install $(PIP_PROGRESS_FLAGS) -c layers/opstate/requirements.txt \
 		-c functions/reconcile/requirements.txt -e '.[dev]'
 	@touch $(STAMP)
+	@echo "make: $(VENV) is ready"
 
 venv: $(STAMP)
 
-# A virtualenv is (re)created when missing or built by another python, refreshed when its
-# requirements change.
+# A virtualenv (1) is (re)created with interpreter (4) when missing or, given a minor version
+# (5), built by another python; refreshed when its requirements (2) change.
 define make_venv
-	@if [ ! -x $(1)/bin/python ] || ! $(1)/bin/python -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)'; then \
-		rm -rf $(1) && $(PYTHON) -m venv $(1); \
+	@if [ ! -x $(1)/bin/python ] || { [ -n "$(5)" ] && ! $(1)/bin/python -c 'import sys; sys.exit(0 if "%d.%d" % sys.version_info[:2] == "$(5)" else 1)'; }; then \
+		test -n "$(4)" || exit 1; \
+		rm -rf $(1) && $(4) -m venv $(1); \
 	fi
 	$(1)/bin/python -m pip install $(PIP_FLAGS) -r $(2)
 	@touch $(3)
 endef
 
 $(TOOLS_STAMP): requirements-tools.txt
-	$(call make_venv,$(TOOLS_VENV),requirements-tools.txt,$(TOOLS_STAMP))
+	$(call make_venv,$(TOOLS_VENV),requirements-tools.txt,$(TOOLS_STAMP),$(TOOLS_PYTHON),)
 
+# The runtime interface client runs the built functions: on the runtime's minor version.
 $(RIE_STAMP): requirements-rie.txt
-	$(call make_venv,$(RIE_VENV),requirements-rie.txt,$(RIE_STAMP))
+	$(call make_venv,$(RIE_VENV),requirements-rie.txt,$(RIE_STAMP),$(PYTHON),$(LAMBDA_MINOR))
 
+# Checkov, like the tools, runs on the machine's python3.
 $(CHECKOV_STAMP): requirements-checkov.txt
-	$(call make_venv,$(CHECKOV_VENV),requirements-checkov.txt,$(CHECKOV_STAMP))
+	$(call make_venv,$(CHECKOV_VENV),requirements-checkov.txt,$(CHECKOV_STAMP),$(TOOLS_PYTHON),)
 
 tools: $(TOOLS_STAMP)
 
@@ -93,14 +110,17 @@ dashboard: $(STAMP)
 	$(PY) scripts/observability_block.py --write
 
 # Always run: with --cached SAM itself rebuilds only what changed (about 8 s when nothing did).
+# The functions' and the layer's Makefiles compile with $(LAMBDA_PYTHON) (found the same way
+# when `sam build` is run directly).
 build: $(TOOLS_STAMP)
-	$(SAM) build --cached --parallel
+	@test -n "$(PYTHON)" || exit 1
+	LAMBDA_PYTHON=$(PYTHON) $(SAM) build --cached --parallel
 
 e2e: $(STAMP) build $(RIE_STAMP)
 	$(PY) -m pytest -m e2e tests/e2e $(PYTEST_ARGS)
 
 # The image `sam local` builds its containers on: AWS's when present or pullable, else an offline
-# stand-in (Debian + CPython 3.11 + awslambdaric), rebuilt only when its inputs change.
+# stand-in (Debian trixie + CPython 3.13 + awslambdaric), rebuilt only when its inputs change.
 lambda-base-image:
 	scripts/lambda-base-image.sh
 
@@ -115,6 +135,8 @@ samlocal: $(STAMP) build lambda-base-image
 	$(PY) -m pytest -m samlocal tests/samlocal $(PYTEST_ARGS)
 
 run: $(STAMP)
+	@echo "make run: the opstate command is $(VENV)/bin/opstate; to type plain 'opstate' in another" \
+		"shell, run 'source $(VENV)/bin/activate' there first"
 	$(VENV)/bin/opstate serve
 
 lint: $(STAMP)

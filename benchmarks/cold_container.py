@@ -42,7 +42,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / ".aws-sam" / "build"
-IMAGE = "public.ecr.aws/lambda/python:3.11-x86_64"
+# The functions' runtime (template.yaml) and the base image SAM runs it on.
+RUNTIME = "python3.13"
+IMAGE = f"public.ecr.aws/lambda/python:{RUNTIME.removeprefix('python')}-x86_64"
 FULL_VCPU_MB = 1769
 MEMORY_SIZES = (256, 512, 1024, 1769)
 # Lambda x86_64 price per GB-second (us-east-1); the init phase is billed like the handler.
@@ -66,7 +68,15 @@ FUNCTIONS: dict[str, dict[str, Any]] = {
     },
 }
 
+# The import path Lambda's bootstrap builds (the function, then the layer's two directories). Set
+# by the probe itself: AWS's base image sets no PYTHONPATH (its bootstrap builds sys.path), so a
+# probe that relied on the image's environment found app.py (the working directory) but not
+# the layer: ``ModuleNotFoundError: aws_lambda_powertools``.
+LAMBDA_PATH = ("/var/task", f"/opt/python/lib/{RUNTIME}/site-packages", "/opt/python")
+
 PROBE = """
+import sys
+sys.path[:0] = {path!r}
 import time
 _t0 = time.perf_counter()
 _c0 = time.process_time()
@@ -77,7 +87,7 @@ print("INIT_MS", (time.perf_counter() - _t0) * 1000.0, (time.process_time() - _c
 
 ENV = {
     # What Lambda sets (Tracing: Active makes Powertools import the X-Ray SDK), fake AWS.
-    "AWS_EXECUTION_ENV": "AWS_Lambda_python3.11",
+    "AWS_EXECUTION_ENV": f"AWS_Lambda_{RUNTIME}",
     "AWS_LAMBDA_FUNCTION_NAME": "bench",
     "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "512",
     "AWS_REGION": "us-east-1",
@@ -142,12 +152,18 @@ def configured_memory() -> dict[str, int]:
 @contextlib.contextmanager
 def builds_without_bytecode() -> Iterator[Path]:
     """A temporary copy of .aws-sam/build (the layer and the measured functions) without any
-    ``.pyc``: the build as it was before it compiled."""
-    with tempfile.TemporaryDirectory(prefix="opstate-no-pyc-") as tmp:
+    ``.pyc``: the build as it was before it compiled.
+
+    Made beside the build (in ``.aws-sam``), not in the system's temporary folder: an engine
+    that can mount the build can mount it (a daemon with its own /tmp, or one running as
+    another user, cannot read a private 0700 temporary folder), and opened to 0755 like the
+    build. Symlinks are followed, so nothing in it points outside the mount."""
+    with tempfile.TemporaryDirectory(prefix="bench-no-pyc-", dir=BUILD.parent) as tmp:
         root = Path(tmp)
+        root.chmod(0o755)
         skip = shutil.ignore_patterns("__pycache__", "*.pyc")
         for logical_id in ["OpstateLayer", *(spec["logical_id"] for spec in FUNCTIONS.values())]:
-            shutil.copytree(BUILD / logical_id, root / logical_id, ignore=skip, symlinks=True)
+            shutil.copytree(BUILD / logical_id, root / logical_id, ignore=skip)
         yield root
 
 
@@ -181,7 +197,8 @@ def probe_once(
     ]
     for key, value in env.items():
         command += ["-e", f"{key}={value}"]
-    command += ["--entrypoint", "python3.11", IMAGE, "-c", PROBE.format(init=spec["init"])]
+    probe = PROBE.format(path=list(LAMBDA_PATH), init=spec["init"])
+    command += ["--entrypoint", RUNTIME, IMAGE, "-c", probe]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     for line in proc.stdout.splitlines():
         if line.startswith("INIT_MS "):

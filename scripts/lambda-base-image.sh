@@ -1,30 +1,32 @@
 #!/usr/bin/env bash
 # Make the Lambda Python base image that `sam local` builds its invoke image on available to the
-# local Docker engine: public.ecr.aws/lambda/python:3.11-x86_64 (the tag SAM asks for a python3.11
-# x86_64 function; also tagged :3.11).
+# local Docker engine: public.ecr.aws/lambda/python:3.13-x86_64 (the tag SAM asks for a python3.13
+# x86_64 function; also tagged :3.13).
 #
 #   1. the image is already there (the real one, or a current stand-in): nothing to do;
 #   2. otherwise `docker pull` the real image (users with registry access get AWS's image);
-#   3. otherwise build an offline stand-in: Debian bookworm (debootstrap --variant=minbase) with
-#      its CPython 3.11 and the pinned awslambdaric (requirements-rie.txt) as the runtime
+#   3. otherwise build an offline stand-in: Debian trixie (debootstrap --variant=minbase) with
+#      its CPython 3.13 and the pinned awslambdaric (requirements-rie.txt) as the runtime
 #      interface client, `docker import`ed with Lambda's directory layout and environment.
 #
-# The stand-in is NOT Amazon Linux: it is Debian + CPython 3.11 + awslambdaric, and it has no
+# The stand-in is NOT Amazon Linux: it is Debian + CPython 3.13 + awslambdaric, and it has no
 # boto3 of its own (our layer ships its pinned boto3 anyway). It carries the label
 # org.gemini-opstate.standin-inputs = a hash of its inputs (this script, requirements-rie.txt,
 # suite, architecture) and is rebuilt only when those change.
 #
 # Environment: OPSTATE_BASE_IMAGE_PULL=0 skips the pull attempt; OPSTATE_BASE_IMAGE_FORCE=1
 # rebuilds the stand-in even when current. Needs: docker (engine answering), and for the stand-in
-# debootstrap and python3.11 with pip, run as root.
+# debootstrap and a python3 with pip (any version: it only downloads wheels), run as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ARCH=x86_64
 REPO=public.ecr.aws/lambda/python
-IMAGE="$REPO:3.11-$ARCH"
-ALIAS="$REPO:3.11"
-SUITE=bookworm
+PY_MINOR=3.13
+IMAGE="$REPO:$PY_MINOR-$ARCH"
+ALIAS="$REPO:$PY_MINOR"
+# Debian 13: its python3 is CPython 3.13, the runtime's minor version.
+SUITE=trixie
 MIRROR="${OPSTATE_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 LABEL=org.gemini-opstate.standin-inputs
 PULL_TIMEOUT_S=60
@@ -34,7 +36,7 @@ say() { echo "lambda-base-image: $*" >&2; }
 inputs_hash() {
 	{
 		cat "$0" requirements-rie.txt
-		echo "$SUITE $ARCH"
+		echo "$SUITE $ARCH $PY_MINOR"
 	} | sha256sum | cut -c1-16
 }
 
@@ -66,32 +68,36 @@ build_standin() {
 		say "debootstrap is missing (apt-get install -y debootstrap)"
 		exit 1
 	}
-	local python="${PYTHON:-python3.11}"
+	local python="${PYTHON:-python3}"
 	local root
 	root=$(mktemp -d /tmp/lambda-base-image.XXXXXX)
 	# shellcheck disable=SC2064
 	trap "rm -rf '$root'" EXIT
 	local start=$SECONDS
-	say "building the offline stand-in for $IMAGE (Debian $SUITE + CPython 3.11 + awslambdaric)"
-	debootstrap --variant=minbase --include=python3.11,ca-certificates \
+	say "building the offline stand-in for $IMAGE (Debian $SUITE + CPython $PY_MINOR + awslambdaric)"
+	debootstrap --variant=minbase --include="python$PY_MINOR,ca-certificates" \
 		"$SUITE" "$root/rootfs" "$MIRROR" >"$root/debootstrap.log" 2>&1 || {
 		tail -n 30 "$root/debootstrap.log" >&2
 		exit 1
 	}
 	local rootfs="$root/rootfs"
-	# The runtime interface client, wheels for the image's CPython 3.11 on x86_64 Linux.
+	# The runtime interface client, wheels for the image's CPython on x86_64 Linux.
 	"$python" -m pip install --disable-pip-version-check --no-input --quiet \
 		--target "$rootfs/var/runtime" --only-binary=:all: \
 		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
-		--implementation cp --python-version 3.11 -r requirements-rie.txt
+		--implementation cp --python-version "$PY_MINOR" -r requirements-rie.txt
 	mkdir -p "$rootfs/var/task" "$rootfs/var/lang/bin" "$rootfs/opt"
-	ln -sf /usr/bin/python3.11 "$rootfs/var/lang/bin/python3.11"
-	ln -sf python3.11 "$rootfs/var/lang/bin/python3"
-	ln -sf python3.11 "$rootfs/var/lang/bin/python"
+	test -x "$rootfs/usr/bin/python$PY_MINOR" || {
+		say "Debian $SUITE has no python$PY_MINOR"
+		exit 1
+	}
+	ln -sf "/usr/bin/python$PY_MINOR" "$rootfs/var/lang/bin/python$PY_MINOR"
+	ln -sf "python$PY_MINOR" "$rootfs/var/lang/bin/python3"
+	ln -sf "python$PY_MINOR" "$rootfs/var/lang/bin/python"
 	# aws-lambda-rie (added by SAM) starts /var/runtime/bootstrap; _HANDLER is set by SAM.
-	cat >"$rootfs/var/runtime/bootstrap" <<'EOF'
+	cat >"$rootfs/var/runtime/bootstrap" <<EOF
 #!/bin/sh
-exec /var/lang/bin/python3.11 -m awslambdaric "$_HANDLER"
+exec /var/lang/bin/python$PY_MINOR -m awslambdaric "\$_HANDLER"
 EOF
 	chmod 755 "$rootfs/var/runtime/bootstrap"
 	# Smaller image: no apt lists, docs or caches.
@@ -104,7 +110,7 @@ EOF
 		--change "ENV TZ=:UTC" \
 		--change "ENV LAMBDA_TASK_ROOT=/var/task" \
 		--change "ENV LAMBDA_RUNTIME_DIR=/var/runtime" \
-		--change "ENV PYTHONPATH=/var/task:/opt/python/lib/python3.11/site-packages:/opt/python:/var/runtime" \
+		--change "ENV PYTHONPATH=/var/task:/opt/python/lib/python$PY_MINOR/site-packages:/opt/python:/var/runtime" \
 		--change "LABEL $LABEL=$hash" \
 		--change "WORKDIR /var/task" \
 		--change 'CMD ["/var/runtime/bootstrap"]' \

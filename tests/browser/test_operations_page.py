@@ -1,17 +1,16 @@
 """The operations page of ``opstate serve`` in a real browser (headless chromium).
 
-One ``opstate serve`` process (SQLite in a temporary directory) for the module; the page is
-opened with the token ``serve`` prints. Webhooks are signed with ``standardwebhooks`` at the
-current time, as Gemini would.
+One ``opstate serve`` process (SQLite in a temporary directory, its API token generated into
+the token file, a Gemini API key pointing at the fake Gemini server) for the module; the page is
+opened with the link ``serve`` prints, as printed. Webhooks are signed with
+``standardwebhooks`` at the current time, as Gemini would.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import os
 import re
-import shutil
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -33,26 +32,44 @@ if _LACKING is not None:
 
 from playwright.sync_api import expect  # noqa: E402
 
+from tests.support.fake_gemini import FakeGemini  # noqa: E402
 from tests.support.serve_process import (  # noqa: E402
-    TEST_API_TOKEN,
     ServeProcess,
     http,
     start_serve,
 )
 
 SECRET = "whsec_" + base64.b64encode(b"opstate-browser-test-secret-32by").decode()
-DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "operations-page.png"
 # The page polls every second; the issue's bound for a webhook to show up without a reload.
 APPEARS_WITHIN_MS = 2000
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, chromium: Any) -> Iterator[ServeProcess]:
-    home = tmp_path_factory.mktemp("serve")
+def fake_gemini() -> Iterator[FakeGemini]:
+    fake = FakeGemini().start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("serve")
+
+
+@pytest.fixture(scope="module")
+def server(home: Path, chromium: Any, fake_gemini: FakeGemini) -> Iterator[ServeProcess]:
     proc = start_serve(
-        ["--store", f"sqlite:///{home / 'ops.db'}"],
+        # One reconciler pass at the start (nothing to do then), none during the tests.
+        ["--store", f"sqlite:///{home / 'ops.db'}", "--reconcile-every", "3600"],
         cwd=home,
-        env={"OPSTATE_WEBHOOK_SECRETS": SECRET},  # OPSTATE_API_TOKEN: TEST_API_TOKEN
+        env={
+            "OPSTATE_WEBHOOK_SECRETS": SECRET,
+            "OPSTATE_API_TOKEN": None,  # generated into .opstate/api-token, as for a newcomer
+            "GEMINI_API_KEY": "test-key",
+            "GOOGLE_GEMINI_BASE_URL": fake_gemini.base_url,
+        },
     )
     try:
         yield proc
@@ -61,16 +78,17 @@ def server(tmp_path_factory: pytest.TempPathFactory, chromium: Any) -> Iterator[
 
 
 @pytest.fixture(scope="module")
-def page_url(server: ServeProcess) -> str:
-    """The page with the API token in its fragment, as serve's hint builds it."""
-    line = server.wait_for_line(r"operations page: http://\S+/$")
-    assert line.split(": ", 1)[1].strip() == server.url + "/"
-    return f"{server.url}/#token={TEST_API_TOKEN}"
+def token(home: Path, server: ServeProcess) -> str:
+    return (home / ".opstate" / "api-token").read_text().strip()
 
 
 @pytest.fixture(scope="module")
-def token() -> str:
-    return TEST_API_TOKEN
+def page_url(server: ServeProcess, token: str) -> str:
+    """The page link exactly as serve prints it: the token in its fragment."""
+    line = server.wait_for_line(r"^operations page: http://\S+")
+    printed = line.split(": ", 1)[1].strip()
+    assert printed == f"{server.url}/#token={token}"
+    return printed
 
 
 def webhook(server: ServeProcess, event_type: str, name: str, when: str, **data: Any) -> dict:
@@ -113,22 +131,32 @@ def open_page(page: Any, url: str) -> None:
     page.wait_for_selector("#status:has-text('Live')")
 
 
-def test_the_page_loads_and_keeps_the_token_out_of_the_url(page: Any, page_url: str) -> None:
-    open_page(page, page_url)
+def test_the_printed_link_opens_the_page_and_the_token_never_goes_into_a_url(
+    page: Any, page_url: str, token: str
+) -> None:
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    open_page(page, page_url)  # the link as printed: no paste, no prompt
+    assert page.locator("#token-form").is_hidden()
     assert page.title() == "opstate · operations"
     assert "token" not in page.url  # taken from the fragment, kept in sessionStorage
+    assert requested and all(token not in url for url in requested), requested
     headers = [h.strip() for h in page.locator("#operations thead th").all_inner_texts()]
     assert headers == ["Name", "Kind", "State", "Version", "Last server time", "Age"]
 
 
 def test_without_a_valid_token_the_page_asks_for_one_and_shows_no_data(
-    page: Any, server: ServeProcess, page_url: str
+    page: Any, server: ServeProcess, page_url: str, home: Path
 ) -> None:
     webhook(server, "batch.succeeded", "batches/secret-one", "2026-11-30T10:00:00Z")
     page.goto(server.url + "/#token=not-the-token")
     page.wait_for_selector("#token-form:not([hidden])")
     assert page.locator("#main").is_hidden()
     assert "secret-one" not in page.content()
+    # It says where the token is, and no longer that serve printed it.
+    token_file = str((home / ".opstate" / "api-token").resolve())
+    expect(page.locator("#token-where")).to_contain_text(f"in the file {token_file}")
+    assert "printed by" not in page.locator("#token-form").inner_text()
     # Pasting the right token shows the data.
     page.fill("#token-input", page_url.split("#token=", 1)[1])
     page.keyboard.press("Enter")
@@ -241,29 +269,63 @@ def test_keyboard_only(page: Any, page_url: str, stale_one: str) -> None:
     assert page.evaluate("document.activeElement.textContent") == "batches/stale-1"
 
 
-def test_screenshot(
-    page: Any, server: ServeProcess, token: str, page_url: str, stale_one: str
+def test_the_poll_now_button_polls_gemini_through_ingest(
+    page: Any, server: ServeProcess, token: str, page_url: str, fake_gemini: FakeGemini
 ) -> None:
-    """The page with a few operations and one detail open, saved as a test artifact
-    (``OPSTATE_WRITE_DOCS_SCREENSHOT=1`` also refreshes the README's copy)."""
-    video = "models/veo-3.1-generate-preview/operations/demo-video"
-    report(server, token, video, "RUNNING", "2026-11-30T12:30:00Z")
-    report(server, token, "batches/nightly-embeddings", "PENDING", "2026-11-30T12:40:00Z")
-    webhook(server, "batch.failed", "batches/eval-run-7", "2026-11-30T11:20:00Z", error_code=3)
-    webhook(
-        server, "interaction.requires_action", "interactions/support-42", "2026-11-30T12:45:00Z"
-    )
-    page.set_viewport_size({"width": 1280, "height": 860})
+    name = "batches/refresh-me"
+    report(server, token, name, "PENDING", "2026-11-30T09:00:00Z")
+    fake_gemini.put_batch(name, "BATCH_STATE_RUNNING", update_time="2026-11-30T09:05:00Z")
     open_page(page, page_url)
-    page.get_by_role("button", name="Show batches/stale-1").click()
+    page.get_by_role("button", name=f"Show {name}").click()
     page.locator("#detail").wait_for()
+    button = page.get_by_role("button", name="Poll Gemini now")
+    expect(button).to_be_enabled()
+    button.click()
+    result = page.locator("#refresh-result")
+    expect(result).to_have_text(f"{name}: advanced, now RUNNING (version 2)")
+    assert fake_gemini.hits(name) == 1
+    # The record and the page moved on: the row's badge and the decision, from the poll.
+    row = page.locator(f"tr[data-name='{name}']")
+    expect(row.locator(".badge")).to_have_text("RUNNING", timeout=APPEARS_WITHIN_MS)
+    newest = page.locator("#decision-rows tr").nth(0).locator("td").all_inner_texts()
+    assert newest[1:5] == ["applied", "advanced", "RUNNING", "poll"]
+    status, _, record = http("GET", f"{server.url}/operations/{name}", token=token)
+    assert (status, record["state"], record["source"]) == (200, "RUNNING", "poll")
+    # The same answer again: dropped, said so, nothing written.
+    button.click()
+    expect(result).to_have_text(
+        f"{name}: dropped (stale-or-equal-update-time), stays RUNNING (version 2)"
+    )
+    server.wait_for_line(rf"{name}  PENDING -> RUNNING  v2  \(poll\)")
+
+
+def test_the_poll_now_route_needs_the_token_and_a_post(server: ServeProcess, token: str) -> None:
+    url = f"{server.url}/ui/api/refresh?name=batches/refresh-me"
+    assert http("POST", url, b"", token=None)[0] == 401
+    assert http("POST", url, b"", token="wrong-token-wrong-token-wrong-token")[0] == 401
+    assert http("GET", url, token=token)[0] == 405
+    status, _, body = http("POST", url.replace("refresh-me", "never-tracked"), b"", token=token)
+    assert (status, body["error"]) == (404, "not-found")
+
+
+def test_the_docs_screenshot_script_shows_every_state_and_the_stored_video_key(
+    chromium: Any,
+) -> None:
+    """``scripts/operations_page_screenshot.py`` (what made docs/img/operations-page.png): its
+    own server, a record per state, the video under the key the store uses, a stale
+    redelivery's drop open in the detail."""
+    from scripts.operations_page_screenshot import take_screenshot
+
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "operations-page.png"
-    page.screenshot(path=str(shot), full_page=True)
+    shown = take_screenshot(shot, context=chromium)
     assert shot.stat().st_size > 10_000
-    if os.environ.get("OPSTATE_WRITE_DOCS_SCREENSHOT") == "1":
-        DOCS_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(shot, DOCS_SCREENSHOT)
+    states = {state for _, state in shown.rows}
+    assert states == {"PENDING", "RUNNING", "REQUIRES_ACTION", "SUCCEEDED", "FAILED", "CANCELLED"}
+    names = [name for name, _ in shown.rows]
+    assert any(n.startswith("models/-/operations/") for n in names), names
+    assert not any(n.startswith("models/veo") for n in names), names
+    assert shown.detail_reasons[:2] == ["stale-or-equal-update-time", "created"]
 
 
 def _luminance(rgb: str) -> float:

@@ -117,6 +117,11 @@ class BuiltTemplate:
         merged.update(self.function(logical_id).get("Environment", {}).get("Variables", {}))
         return merged
 
+    @property
+    def runtime(self) -> str:
+        """The functions' runtime, e.g. ``python3.13`` (Globals)."""
+        return str(self.data["Globals"]["Function"]["Runtime"])
+
     def code_dir(self, logical_id: str) -> Path:
         return BUILD_DIR / str(self.function(logical_id)["CodeUri"])
 
@@ -296,8 +301,8 @@ def lambda_environment(
     code_dir = template.code_dir(logical_id)
     python_path = [str(code_dir)]
     for layer in template.layer_dirs(logical_id):
-        # Lambda puts /opt/python/lib/python3.11/site-packages and /opt/python on the path.
-        site = layer / "python" / "lib" / "python3.11" / "site-packages"
+        # Lambda puts /opt/python/lib/<runtime>/site-packages and /opt/python on the path.
+        site = layer / "python" / "lib" / template.runtime / "site-packages"
         if site.is_dir():
             python_path.append(str(site))
         python_path.append(str(layer / "python"))
@@ -310,7 +315,7 @@ def lambda_environment(
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONNOUSERSITE": "1",
         "LAMBDA_TASK_ROOT": str(code_dir),
-        "AWS_EXECUTION_ENV": "AWS_Lambda_python3.11",
+        "AWS_EXECUTION_ENV": f"AWS_Lambda_{template.runtime}",
         "AWS_LAMBDA_FUNCTION_NAME": logical_id,
         "AWS_LAMBDA_FUNCTION_TIMEOUT": str(template.function_setting(logical_id, "Timeout") or 3),
         # MemorySize may be a Ref to a template parameter (its default here).

@@ -2,7 +2,7 @@
 usable .pyc is compiled from source on every cold start.
 
 For each built function: every ``.py`` of its code and of its layers has a
-``__pycache__/<name>.cpython-311.pyc`` written by CPython 3.11 (the magic number) in
+``__pycache__/<name>.cpython-313.pyc`` written by CPython 3.13 (the magic number) in
 ``unchecked-hash`` mode (used whatever the files' mtimes); and every module the function imports
 at init (plus what its first request imports: the ``opstate`` package, google-genai for the
 reconciler; the CLI and the local server, never loaded in Lambda, aside) comes from such a file.
@@ -27,6 +27,8 @@ FUNCTIONS = ("WebhookFunction", "ReconcileFunction", "NotifyFunction")
 FIRST_REQUEST = {"ReconcileFunction": ["google.genai", "google.genai.types"]}
 # PEP 552 flags: bit 0 = hash-based, bit 1 = check_source. unchecked-hash = 0b01.
 UNCHECKED_HASH = 0b01
+# Lambda's python3.13 runtime reads __pycache__/<name>.cpython-313.pyc.
+CACHE_TAG = "cpython-313"
 
 PROBE = """
 import importlib, json, pkgutil, sys
@@ -44,7 +46,7 @@ print(json.dumps(sorted({m.__file__ for m in list(sys.modules.values())
 
 
 def pyc_problem(source: Path) -> str | None:
-    """Why ``source`` has no usable 3.11 unchecked-hash .pyc (None: it has one)."""
+    """Why ``source`` has no usable 3.13 unchecked-hash .pyc (None: it has one)."""
     cached = Path(importlib.util.cache_from_source(str(source)))
     if not cached.is_file():
         return "no .pyc"
@@ -63,12 +65,14 @@ def code_dirs(template: BuiltTemplate, logical_id: str) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def template(built_template: BuiltTemplate) -> BuiltTemplate:
-    assert sys.version_info[:2] == (3, 11)  # the magic number checked is this interpreter's
+    # The magic number and cache tag checked are this interpreter's: the runtime's (python3.13).
+    assert sys.implementation.cache_tag == CACHE_TAG, sys.version
+    assert built_template.runtime == "python3.13"
     return built_template
 
 
 @pytest.mark.parametrize("logical_id", FUNCTIONS)
-def test_every_built_source_file_has_its_311_unchecked_hash_pyc(
+def test_every_built_source_file_has_its_313_unchecked_hash_pyc(
     template: BuiltTemplate, logical_id: str
 ) -> None:
     problems = []
@@ -77,7 +81,7 @@ def test_every_built_source_file_has_its_311_unchecked_hash_pyc(
             problem = pyc_problem(source)
             if problem:
                 problems.append(f"{source.relative_to(root)}: {problem}")
-        others = [p.name for p in root.rglob("*.pyc") if ".cpython-311" not in p.name]
+        others = [p.name for p in root.rglob("*.pyc") if f".{CACHE_TAG}." not in p.name]
         assert not others, f"bytecode of another Python in {root}: {others[:5]}"
     assert not problems, f"{len(problems)} files, e.g. {problems[:10]}"
 

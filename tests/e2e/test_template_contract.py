@@ -264,9 +264,9 @@ def test_state_resources_are_encrypted_and_kept(template: dict[str, Any]) -> Non
 def test_layer_and_dependencies_are_where_the_design_says(template: dict[str, Any]) -> None:
     layer = template["Resources"]["OpstateLayer"]
     assert layer["Properties"]["ContentUri"] == "layers/opstate"
-    # layers/opstate/Makefile: pip install of the pins + opstate, compiled for python3.11.
+    # layers/opstate/Makefile: pip install of the pins + opstate, compiled for python3.13.
     assert layer["Metadata"]["BuildMethod"] == "makefile"
-    assert template["Globals"]["Function"]["Runtime"] == "python3.11"
+    assert template["Globals"]["Function"]["Runtime"] == "python3.13"
     assert template["Globals"]["Function"]["Tracing"] == "Active"
     layer_reqs = (ROOT / "layers/opstate/requirements.txt").read_text(encoding="utf-8").lower()
     assert "google-genai" not in layer_reqs

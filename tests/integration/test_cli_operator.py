@@ -467,7 +467,7 @@ class Misconfiguration:
     argv: tuple[str, ...]
     code: int
     mentions: tuple[str, ...]
-    env: tuple[tuple[str, str], ...] = ()
+    env: tuple[tuple[str, str | None], ...] = ()  # None: unset in the child
     setup: Callable[[Path], None] | None = None
 
 
@@ -478,6 +478,25 @@ def _corrupt_db(tmp_path: Path) -> None:
 def _file_in_the_way(tmp_path: Path) -> None:
     (tmp_path / "plain-file").write_text("x")
 
+
+# A machine with no AWS credentials anywhere (and no instance metadata to ask).
+NO_AWS_CREDENTIALS: tuple[tuple[str, str | None], ...] = (
+    ("AWS_ACCESS_KEY_ID", None),
+    ("AWS_SECRET_ACCESS_KEY", None),
+    ("AWS_SESSION_TOKEN", None),
+    ("AWS_SECURITY_TOKEN", None),
+    ("AWS_PROFILE", None),
+    ("AWS_DEFAULT_PROFILE", None),
+    ("AWS_ENDPOINT_URL", None),
+    ("AWS_ENDPOINT_URL_DYNAMODB", None),
+    ("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials"),
+    ("AWS_CONFIG_FILE", "/nonexistent/config"),
+    ("AWS_EC2_METADATA_DISABLED", "true"),
+    ("AWS_CONTAINER_CREDENTIALS_FULL_URI", None),
+    ("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", None),
+    ("AWS_WEB_IDENTITY_TOKEN_FILE", None),
+    ("AWS_DEFAULT_REGION", "us-east-1"),
+)
 
 MISCONFIGURATIONS = [
     Misconfiguration(
@@ -557,6 +576,24 @@ MISCONFIGURATIONS = [
         2,
         ("AWS_REGION",),
         env=(("AWS_REGION", ""), ("AWS_DEFAULT_REGION", "")),
+    ),
+    Misconfiguration(
+        "table-name-without-credentials",
+        ("list",),
+        1,
+        ("dynamodb://ops", "chosen by OPSTATE_TABLE_NAME", "no AWS credentials"),
+        env=(*NO_AWS_CREDENTIALS, ("OPSTATE_TABLE_NAME", "ops")),
+    ),
+    Misconfiguration(
+        "serve-store-without-credentials",
+        ("serve", "--port", "0"),
+        1,
+        ("dynamodb://ops", "chosen by OPSTATE_STORE", "no AWS credentials"),
+        env=(
+            *NO_AWS_CREDENTIALS,
+            ("OPSTATE_STORE", "dynamodb://ops"),
+            ("OPSTATE_WEBHOOK_SECRETS", "whsec_" + "A" * 32),
+        ),
     ),
     Misconfiguration(
         "float-nan",

@@ -302,6 +302,8 @@ def test_serve_operations_need_the_api_token(tmp_path: Path) -> None:
         assert http("GET", url)[0] == 200
         assert "from OPSTATE_API_TOKEN" in server.output()
         assert TEST_API_TOKEN not in server.output()
+        assert f"operations page: {server.url}/\n" in server.output()
+        assert "paste the value of OPSTATE_API_TOKEN" in server.output()
         assert server.terminate() == 0
     finally:
         server.kill()
@@ -317,7 +319,10 @@ def test_serve_generates_the_token_file_and_its_curl_example_works(tmp_path: Pat
         assert len(token) >= 32
         out = server.output()
         assert f"generated, saved in {token_file}" in out
-        assert token not in out
+        # Printed once, in the page link's fragment (as notebook servers do), nowhere else.
+        assert [x for x in out.splitlines() if token in x] == [
+            f"operations page: {server.url}/#token={token}"
+        ]
         assert http("PUT", f"{server.url}/operations/batches/t-2", token=None)[0] == 401
         if shutil.which("curl") and shutil.which("bash"):
             line = next(x for x in out.splitlines() if x.startswith("track a job: "))
@@ -336,6 +341,7 @@ def test_serve_generates_the_token_file_and_its_curl_example_works(tmp_path: Pat
     try:
         assert token_file.read_text().strip() == token  # reused
         assert f"from {token_file}" in again.output()
+        assert f"operations page: {again.url}/#token={token}" in again.output()
         assert http("GET", f"{again.url}/operations/batches/x", token=token)[0] == 404
         assert again.terminate() == 0
     finally:

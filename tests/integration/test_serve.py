@@ -257,6 +257,17 @@ def test_sigterm_during_a_burst_loses_no_acknowledged_event(serve, tmp_path, sto
     assert again.terminate() == 0
 
 
+def printed_block(lines: list[str], header: str) -> list[str]:
+    """The indented lines serve printed under the line starting with ``header``."""
+    start = next(i for i, line in enumerate(lines) if line.startswith(header)) + 1
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("  "):
+            break
+        block.append(line)
+    return block
+
+
 def test_without_secrets_one_is_generated_once_with_mode_0600(tmp_path, store_url):
     server = start_serve(["--store", store_url], cwd=tmp_path)
     try:
@@ -276,14 +287,34 @@ def test_without_secrets_one_is_generated_once_with_mode_0600(tmp_path, store_ur
         assert (status, answer["state"]) == (200, "SUCCEEDED")
 
         if shutil.which("curl") and shutil.which("openssl") and shutil.which("bash"):
-            # The printed snippet is ready to paste: run it as printed.
+            # The printed snippets are ready to paste: run them as printed, the redelivery in
+            # the same shell, and get the answers they announce.
             lines = out.splitlines()
-            start = next(i for i, line in enumerate(lines) if "paste into a shell" in line) + 1
-            snippet = []
-            for line in lines[start:]:
-                if not line.startswith("  "):
-                    break
-                snippet.append(line)
+            snippet = printed_block(lines, "signed test webhook (paste into a shell):")
+            again = printed_block(lines, "the same signed delivery again, as Gemini retries it")
+            assert any("answers" in line and "created" in line for line in snippet)
+            assert any("stale-or-equal-update-time" in line for line in again)
+            result = subprocess.run(
+                ["bash", "-c", "\n".join(snippet + again)],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                cwd=tmp_path,
+            )
+            assert result.returncode == 0, result.stderr
+            first, second = (json.loads(line) for line in result.stdout.splitlines())
+            assert (first["name"], first["applied"], first["reason"]) == (
+                "batches/demo-1",
+                True,
+                "created",
+            )
+            assert (second["applied"], second["reason"], second["version"]) == (
+                False,
+                "stale-or-equal-update-time",
+                first["version"],
+            )
+            # Pasted again a second later: a new body time, so "refreshed" (as printed).
+            time.sleep(1.1)
             result = subprocess.run(
                 ["bash", "-c", "\n".join(snippet)],
                 capture_output=True,
@@ -291,8 +322,7 @@ def test_without_secrets_one_is_generated_once_with_mode_0600(tmp_path, store_ur
                 timeout=20,
                 cwd=tmp_path,
             )
-            assert result.returncode == 0, result.stderr
-            assert json.loads(result.stdout)["name"] == "batches/demo-1"
+            assert json.loads(result.stdout)["reason"] == "refreshed", result.stdout
         assert server.terminate() == 0
     finally:
         server.kill()
@@ -364,6 +394,21 @@ def test_reconciler_runs_on_a_timer_when_a_key_is_set(serve, fake_gemini):
     assert server.terminate() == 0
 
 
+def test_a_reconciler_pass_with_errors_says_the_first_as_a_sentence(serve, fake_gemini):
+    fake_gemini.fail("webhooks", 403, message="API key not valid")
+    server = serve(
+        "--reconcile-every",
+        "3600",
+        env={"GEMINI_API_KEY": "test-key", "GOOGLE_GEMINI_BASE_URL": fake_gemini.base_url},
+    )
+    line = server.wait_for_line(r"reconcile: 1 error\(s\); the first: ", 30)
+    assert line.strip().endswith(
+        "webhook listing failed (HTTP 403): PERMISSION_DENIED: API key not valid"
+    )
+    server.wait_for_line(r"reconcile: .*errors=1", 10)
+    assert server.terminate() == 0
+
+
 def test_shutdown_still_works_when_stdout_went_away(tmp_path, store_url):
     # e.g. `opstate serve | head -n 20`: printing fails, serving and stopping must not.
     process = subprocess.Popen(
@@ -398,6 +443,30 @@ def test_shutdown_still_works_when_stdout_went_away(tmp_path, store_url):
         assert http("GET", f"{again.url}/operations/batches/pipe-2")[0] == 200
     finally:
         again.kill()
+
+
+def test_serve_ignores_the_table_name_and_says_what_chose_its_store(tmp_path):
+    """OPSTATE_TABLE_NAME (the deployed table, the other commands' default) never makes the
+    local server write DynamoDB: the store is --store, else OPSTATE_STORE, else SQLite."""
+    env = {"OPSTATE_WEBHOOK_SECRETS": SECRET, "OPSTATE_TABLE_NAME": "ops-deployed"}
+    server = start_serve([], cwd=tmp_path, env=env)
+    try:
+        first = server.output().splitlines()[0]
+        assert first == "opstate serve: store sqlite:///.opstate/ops.db (chosen by the default)"
+        raw, headers = signed(webhook_body("batches/local-1"))
+        assert http("POST", f"{server.url}/gemini/webhook", raw, headers)[0] == 200
+        assert (tmp_path / ".opstate" / "ops.db").exists()
+        assert server.terminate() == 0
+    finally:
+        server.kill()
+    env["OPSTATE_STORE"] = f"sqlite:///{tmp_path / 'chosen.db'}"
+    server = start_serve([], cwd=tmp_path, env=env)
+    try:
+        assert server.output().splitlines()[0] == (
+            f"opstate serve: store {env['OPSTATE_STORE']} (chosen by OPSTATE_STORE)"
+        )
+    finally:
+        server.kill()
 
 
 def test_terminal_records_past_their_retention_are_purged_at_start(serve, store_url):

@@ -23,10 +23,19 @@ def test_serve_prints_the_page_url_and_guards_its_data(tmp_path: Path) -> None:
     )
     try:
         line = proc.wait_for_line(r"operations page: ")
+        # A token from OPSTATE_API_TOKEN is never echoed: the plain link, and what to paste.
         assert line.strip() == f"operations page: {proc.url}/"
-        hint = proc.wait_for_line(r"it asks for the API token")
-        assert f'"{proc.url}/#token=${{OPSTATE_API_TOKEN}}"' in hint
-        assert TEST_API_TOKEN not in proc.output()  # the token itself is never printed
+        hint = proc.wait_for_line(r"the page asks for the API token")
+        assert "paste the value of OPSTATE_API_TOKEN" in hint
+        assert TEST_API_TOKEN not in proc.output()
+        status, _, help_body = http("GET", proc.url + "/ui/api/token-help", token=None)
+        assert (status, help_body) == (
+            200,
+            {"file": None, "variable": "OPSTATE_API_TOKEN", "refresh": False},
+        )
+        # Without a Gemini key the page's poll-now route says what is missing.
+        status, _, refused = http("POST", proc.url + "/ui/api/refresh?name=batches/b1", b"")
+        assert (status, refused["error"]) == (409, "no-gemini-key")
 
         status, headers, page = http("GET", proc.url + "/", token=None)
         assert status == 200 and "<title>opstate · operations</title>" in page

@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SAM = ROOT / ".tools-venv" / "bin" / "sam"
 EVENTS_DIR = ROOT / "events"
 ENV_FILE = EVENTS_DIR / "env.json"
-# The image SAM builds its invoke image on for a python3.11 x86_64 function.
-BASE_IMAGE = "public.ecr.aws/lambda/python:3.11-x86_64"
+# The image SAM builds its invoke image on for a python3.13 x86_64 function.
+BASE_IMAGE = "public.ecr.aws/lambda/python:3.13-x86_64"
 REGION = "us-east-1"
 
 

@@ -71,3 +71,46 @@ def test_run_result_dict_has_exactly_the_documented_fields() -> None:
         "remaining_due": 10,
         "stopped_early": True,
     }
+
+
+def test_a_run_failed_only_when_errors_left_it_nothing_done() -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    counts = st.integers(min_value=0, max_value=3)
+
+    @given(
+        st.tuples(counts, counts, counts, counts, counts, counts, counts, counts, counts, counts)
+    )
+    def check(values: tuple[int, ...]) -> None:
+        result = RunResult(*values)
+        done = result.applied + result.dropped + result.not_found + result.lost + result.overdue
+        assert result.failed == (result.errors > 0 and done == 0)
+        assert "first_error" not in result.as_dict()  # not a metric, not in the JSON
+
+    check()
+    assert RunResult(discovered=5, polled=5, errors=5).failed  # listed jobs it could not store
+    assert not RunResult(polled=5, errors=4, not_found=1).failed
+    assert not RunResult().failed  # nothing due, no error: nothing to fail
+
+
+def test_the_tally_keeps_the_first_error_sentence() -> None:
+    from opstate.reconcile.tally import Tally
+
+    tally = Tally()
+    tally.error("poll failed for batches/a (HTTP 403): PERMISSION_DENIED: no", throttled=0)
+    tally.error("poll failed for batches/b (HTTP 429): slow down", throttled=1)
+    assert tally.result.errors == 2 and tally.result.throttled == 1
+    assert tally.result.first_error == "poll failed for batches/a (HTTP 403): PERMISSION_DENIED: no"
+
+
+def test_classify_keeps_what_the_server_said_for_the_sentence() -> None:
+    from google.genai import errors
+
+    failure = classify(
+        errors.ClientError(
+            403, {"error": {"message": "API key not valid", "status": "PERMISSION_DENIED"}}
+        )
+    )
+    assert failure.sentence == "PERMISSION_DENIED: API key not valid"
+    assert failure.message.startswith("ClientError: 403")  # the logged text is unchanged

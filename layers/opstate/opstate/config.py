@@ -388,3 +388,11 @@ class Settings(LocalSettings, NotifySettings, ReconcileSettings, WebhookSettings
 def settings() -> Settings:
     """The process's settings, read from the environment once."""
     return Settings.from_env(os.environ)
+
+
+def serve_store_url(env: Mapping[str, str] | None = None) -> str:
+    """The store ``opstate serve`` uses without ``--store``: ``OPSTATE_STORE``, else the local
+    SQLite file. ``OPSTATE_TABLE_NAME`` (the deployed table, which the other commands default
+    to) is not used: a local server writes a deployed table only when told to with ``--store``
+    or ``OPSTATE_STORE``."""
+    return _str(os.environ if env is None else env, "OPSTATE_STORE") or DEFAULT_LOCAL_STORE

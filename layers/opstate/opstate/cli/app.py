@@ -7,7 +7,7 @@ import argparse
 import contextlib
 from collections.abc import Sequence
 
-from opstate.cli import reconcile, records, replay, serve, webhooks
+from opstate.cli import reconcile, records, refresh, replay, serve, webhooks
 from opstate.cli.common import (
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -26,8 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     store.add_argument(
         "--store",
         metavar="URL",
-        help="dynamodb://TABLE, sqlite:///PATH or memory:// "
-        "(default: OPSTATE_STORE, else sqlite:///.opstate/ops.db)",
+        help="dynamodb://TABLE, sqlite:///PATH or memory:// (default: OPSTATE_STORE, else "
+        "dynamodb://$OPSTATE_TABLE_NAME, else sqlite:///.opstate/ops.db; serve: OPSTATE_STORE, "
+        "else sqlite:///.opstate/ops.db)",
     )
     as_json = Parser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON (see docs/cli.md)")
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     records.add_parsers(sub, store=store, as_json=as_json)
     replay.add_parser(sub, store=store, as_json=as_json)
     reconcile.add_parser(sub, store=store)
+    refresh.add_parser(sub, store=store, as_json=as_json)
     webhooks.add_parser(sub, as_json=as_json)
     return parser
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
-from opstate.config import ConfigError, Settings, settings
+from opstate.config import DEFAULT_LOCAL_STORE, ConfigError, Settings, settings
 from opstate.model import Decision, OpEvent
 from opstate.names import InvalidNameError, canonical_name
 from opstate.store.port import RetryableError
@@ -195,35 +195,65 @@ def store_error(url: str, exc: BaseException, *, opened: bool = False) -> CliErr
             f"{path} is not an SQLite database ({_first_line(exc)}): move it away or name "
             "another file with --store or OPSTATE_STORE"
         )
+    aws = _aws_store_error(url, exc)
+    if aws is not None:
+        return aws
+    if isinstance(exc, sqlite3.Error):
+        return CliError(f"cannot use the SQLite store {path or url}: {_first_line(exc)}")
+    if not opened and isinstance(exc, ValueError):
+        return UsageError(f"{exc} (the store URL comes from {store_origin(url)})")
+    return None
+
+
+def _aws_store_error(url: str, exc: BaseException) -> CliError | None:
+    """The sentence for a store fault, a missing region or credentials, a refused AWS call;
+    each names what chose the store (``store_origin``)."""
+    chosen = f"{url} (chosen by {store_origin(url)})"
+    first = _first_line(exc)
+    if _no_credentials(exc):
+        return CliError(
+            f"no AWS credentials for the store {chosen}: configure them (AWS_PROFILE, "
+            f"AWS_ACCESS_KEY_ID, ...) or name another store with --store or OPSTATE_STORE "
+            f"[{first}]"
+        )
     if isinstance(exc, RetryableError):
-        return CliError(f"the store {url} is unavailable, try again later: {_first_line(exc)}")
-    module = type(exc).__module__
+        return CliError(f"the store {chosen} is unavailable, try again later: {first}")
     if url.startswith("dynamodb://") and (
         type(exc).__name__ == "NoRegionError" or "Invalid endpoint" in str(exc)
     ):
         return UsageError(
-            f"no usable AWS region for {url} ({_first_line(exc)}): set AWS_REGION "
-            "(or AWS_DEFAULT_REGION), and check AWS_ENDPOINT_URL_DYNAMODB if you set it"
+            f"no usable AWS region for the store {chosen}: set AWS_REGION (or "
+            f"AWS_DEFAULT_REGION), and check AWS_ENDPOINT_URL_DYNAMODB if you set it [{first}]"
         )
-    if module.startswith(("botocore", "boto3")):
+    if type(exc).__module__.startswith(("botocore", "boto3")):
         return CliError(
-            f"the store {url} refused the call ({_first_line(exc)}): check the AWS credentials, "
-            "the table and its permissions"
+            f"the store {chosen} refused the call ({first}): check the AWS credentials, the "
+            "table and its permissions, or name another store with --store"
         )
-    if isinstance(exc, sqlite3.Error):
-        return CliError(f"cannot use the SQLite store {path or url}: {_first_line(exc)}")
-    if not opened and isinstance(exc, ValueError):
-        return UsageError(f"{exc} (the store URL comes from {_store_origin(url)})")
     return None
 
 
-def _store_origin(url: str) -> str:
-    """Where the store URL in use was set, for the error that names it."""
-    if (os.environ.get("OPSTATE_STORE") or "").strip() == url:
+def _no_credentials(exc: BaseException) -> bool:
+    """botocore found no credentials (raised as is, or wrapped by a store as a fault)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if type(seen).__name__ == "NoCredentialsError":
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "Unable to locate credentials" in str(exc)
+
+
+def store_origin(url: str) -> str:
+    """What chose the store URL in use, for the error (and serve's line) that names it:
+    ``OPSTATE_STORE``, ``OPSTATE_TABLE_NAME``, ``the default`` or ``--store``."""
+    store_env = (os.environ.get("OPSTATE_STORE") or "").strip()
+    if store_env == url:
         return "OPSTATE_STORE"
     table = (os.environ.get("OPSTATE_TABLE_NAME") or "").strip()
-    if table and url == f"dynamodb://{table}":
+    if not store_env and table and url == f"dynamodb://{table}":
         return "OPSTATE_TABLE_NAME"
+    if url == DEFAULT_LOCAL_STORE:
+        return "the default"
     return "--store"
 
 

@@ -10,8 +10,11 @@ from dataclasses import replace
 from typing import Any
 
 from opstate.cli.common import (
+    EXIT_FAILURE,
     EXIT_OK,
+    PROG,
     UsageError,
+    err,
     print_json,
     require_gemini_key,
     settings_for,
@@ -76,4 +79,14 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
             raise
         raise error from None
     print_json(result.as_dict())
+    if result.first_error is None:
+        return EXIT_OK
+    # The reasons are in the JSON log lines too; the first one is said here as a sentence.
+    if result.failed:
+        err(
+            f"{PROG}: error: the pass did no useful work: {result.errors} error(s); "
+            f"the first: {result.first_error}"
+        )
+        return EXIT_FAILURE
+    err(f"{PROG}: warning: {result.errors} error(s) in the pass; the first: {result.first_error}")
     return EXIT_OK

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
-from opstate.cli.common import CliError, UsageError, settings_for, store_error
+from opstate.cli.common import CliError, UsageError, settings_for, store_error, store_origin
 
 
 def add_parser(sub: Any, *, store: argparse.ArgumentParser) -> None:
@@ -14,7 +15,15 @@ def add_parser(sub: Any, *, store: argparse.ArgumentParser) -> None:
     from opstate.local.secret_file import DEFAULT_SECRET_FILE
     from opstate.local.serve import DEFAULT_HOST, DEFAULT_PORT
 
-    p = sub.add_parser("serve", parents=[store], help="serve the API locally")
+    p = sub.add_parser(
+        "serve",
+        parents=[store],
+        help="serve the API locally",
+        description="Serve the API app, the operations page and (with GEMINI_API_KEY) the "
+        "reconciler on this machine. The store is --store, else OPSTATE_STORE, else "
+        "sqlite:///.opstate/ops.db; unlike the other commands, serve does not use "
+        "OPSTATE_TABLE_NAME.",
+    )
     p.add_argument("--host", default=DEFAULT_HOST, help=f"default {DEFAULT_HOST}")
     p.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
     p.add_argument(
@@ -37,9 +46,12 @@ def add_parser(sub: Any, *, store: argparse.ArgumentParser) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from opstate.config import serve_store_url
     from opstate.local.serve import ServeError, ServeOptions, serve
 
     config = settings_for(args)
+    # Not OPSTATE_TABLE_NAME: a local server writes a deployed table only when told to.
+    config = dataclasses.replace(config, store_url=args.store or serve_store_url())
     options = ServeOptions(
         host=args.host,
         port=args.port,
@@ -49,6 +61,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ),
         secret_file=Path(args.secret_file),
         verbose=args.verbose,
+        store_chosen_by=store_origin(config.store_url),
     )
     try:
         return serve(options, config)

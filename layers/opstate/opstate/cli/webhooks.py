@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from opstate.cli.common import (
     EXIT_OK,
@@ -37,8 +37,6 @@ DEFAULT_WEBHOOK_EVENTS = (
 )
 REVOKE_AFTER_24H = "revoke_previous_secrets_after_h24"
 REVOKE_NOW = "revoke_previous_secrets_immediately"
-
-T = TypeVar("T")
 
 
 def add_parser(sub: Any, *, as_json: argparse.ArgumentParser) -> None:
@@ -97,7 +95,7 @@ def _gemini(config: Settings) -> Any:
         raise CliError(f"cannot build the Gemini client: {exc}") from None
 
 
-def _call(what: str, fn: Callable[[], T]) -> T:
+def _call[T](what: str, fn: Callable[[], T]) -> T:
     try:
         return fn()
     except CliError:

@@ -13,8 +13,13 @@ page polls, and hands every other request to the API unchanged.
   decisions this server has taken) only ``{"changed": false}``, without reading the store.
 - ``GET /ui/api/operation?name=<name>``: one record with its details and the decisions this
   server has taken for it (``DecisionLog``: applied and dropped, with reasons).
+- ``POST /ui/api/refresh?name=<name>``: poll that operation at Gemini now (``refresh``: the
+  reconciler's ``refresh_one``, wired by serve when a Gemini API key is set; 409 otherwise).
+- ``GET /ui/api/token-help``: where the token is (``token_help``: the token file's path or the
+  variable's name) and whether refresh is available. No data, so no token: the page shows it
+  when it asks for the token.
 
-Both data endpoints require what the operations routes require: ``authorized(headers)`` is the
+The other endpoints require what the operations routes require: ``authorized(headers)`` is the
 one check (the serve wiring passes ``opstate.api_token.bearer_token_ok`` with the API token).
 Answers are ``no-store`` and the page is served with a strict Content-Security-Policy (same
 origin only, no inline script).
@@ -41,11 +46,15 @@ from opstate.views import record_to_json
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 Authorizer = Callable[[Mapping[str, str]], bool]
+# Polls one operation now: (HTTP status, JSON body). Raises RetryableError on a store fault.
+Refresher = Callable[[str], tuple[int, dict[str, Any]]]
 
 PAGE_PATH = "/"
 STATIC_PREFIX = "/ui/static/"
 OPERATIONS_PATH = "/ui/api/operations"
 OPERATION_PATH = "/ui/api/operation"
+REFRESH_PATH = "/ui/api/refresh"
+TOKEN_HELP_PATH = "/ui/api/token-help"
 STATIC_FILES = {
     "console.css": "text/css; charset=utf-8",
     "console.js": "text/javascript; charset=utf-8",
@@ -173,8 +182,12 @@ class Console:
         authorized: Authorizer,
         clock_ns: Callable[[], int] = time.time_ns,
         max_operations: int = DEFAULT_MAX_OPERATIONS,
+        token_help: Mapping[str, Any] | None = None,
+        refresh: Refresher | None = None,
     ) -> None:
         self._inner = inner
+        self._token_help = {**(token_help or {}), "refresh": refresh is not None}
+        self._refresh = refresh
         self._store = store
         self._decisions = decisions
         self._authorized = authorized
@@ -185,7 +198,8 @@ class Console:
         path = str(environ.get("PATH_INFO") or "/")
         method = str(environ.get("REQUEST_METHOD", "GET"))
         if path == PAGE_PATH or path.startswith("/ui/"):
-            if method not in ("GET", "HEAD"):
+            allowed = ("POST",) if path == REFRESH_PATH else ("GET", "HEAD")
+            if method not in allowed:
                 return self._json(start_response, 405, _error("method-not-allowed", method))
             status, headers, body = self._answer(environ, path)
             start_response(_status(status), [*headers, ("Content-Length", str(len(body)))])
@@ -205,7 +219,9 @@ class Console:
             if content_type is None:
                 return self._data(404, _error("not-found", f"no page file {name!r}"))
             return self._file(name, content_type)
-        if path not in (OPERATIONS_PATH, OPERATION_PATH):
+        if path == TOKEN_HELP_PATH:
+            return self._data(200, self._token_help)
+        if path not in (OPERATIONS_PATH, OPERATION_PATH, REFRESH_PATH):
             return self._data(404, _error("not-found", f"no page route {path}"))
         if not self._authorized(_headers(environ)):
             status, headers, body = self._data(
@@ -220,6 +236,8 @@ class Console:
         try:
             if path == OPERATIONS_PATH:
                 return self._data(200, self._operations(query.get("since", [""])[0]))
+            if path == REFRESH_PATH:
+                return self._refresh_one(query.get("name", [""])[0])
             return self._operation(query.get("name", [""])[0])
         except RetryableError:
             return self._data(503, _error("unavailable", "the store is unavailable; retry later"))
@@ -260,6 +278,22 @@ class Console:
         }
         return self._data(200, body)
 
+    def _refresh_one(self, raw_name: str) -> tuple[int, list[tuple[str, str]], bytes]:
+        if self._refresh is None:
+            return self._data(
+                409,
+                _error(
+                    "no-gemini-key",
+                    "polling Gemini needs an API key: start opstate serve with GEMINI_API_KEY",
+                ),
+            )
+        try:
+            name = canonical_name(raw_name)
+        except InvalidNameError as exc:
+            return self._data(400, _error("invalid-name", str(exc)))
+        status, body = self._refresh(name)
+        return self._data(status, body)
+
     # --- responses --------------------------------------------------------------------------
 
     def _file(self, name: str, content_type: str) -> tuple[int, list[tuple[str, str]], bytes]:
@@ -292,6 +326,7 @@ _REASONS = {
     401: "Unauthorized",
     404: "Not Found",
     405: "Method Not Allowed",
+    409: "Conflict",
     503: "Service Unavailable",
 }
 

@@ -129,6 +129,8 @@ def start_reconciler(
             remaining_ms=remaining_ms,
             on_decision=on_decision,
         )
+        if result.first_error is not None:
+            say(f"reconcile: {result.errors} error(s); the first: {result.first_error}")
         summary: Mapping[str, Any] = result.as_dict()
         return summary
 

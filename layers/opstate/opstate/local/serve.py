@@ -29,11 +29,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
+from urllib.parse import quote
 
 from opstate.api_token import API_TOKEN_ENV, ApiToken, bearer_token_ok
 from opstate.config import DEFAULT_RECONCILE_EVERY_S, Settings
 from opstate.local.console import Console, DecisionLog
 from opstate.local.reconcile_loop import ReconcileLoop, start_reconciler
+from opstate.local.reconcile_loop import decision_line as reconcile_decision_line
 from opstate.local.secret_file import (
     DEFAULT_SECRET_FILE,
     SecretFileReader,
@@ -48,6 +50,7 @@ from opstate.times import format_time
 
 if TYPE_CHECKING:
     from opstate.local.http_server import LocalHTTPServer
+    from opstate.reconcile.tally import RunDecision
     from opstate.signatures import Verifier
     from opstate.store.port import Store
 
@@ -155,6 +158,8 @@ class ServeOptions:
     reconcile_every_s: float = DEFAULT_RECONCILE_EVERY_S
     secret_file: Path = DEFAULT_SECRET_FILE
     verbose: bool = False
+    # What chose the store (``OPSTATE_STORE``, ``--store``, ``the default``), for its line.
+    store_chosen_by: str | None = None
 
 
 class ServeError(Exception):
@@ -190,15 +195,16 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
     verifier = _verifier(source, settings)
 
     store = store_from_url(store_url, settings)
+    _check_store(store)
     _purge_expired(store, say)
 
     # The operations page (opstate.local.console) shows the decisions this server took.
     decisions = DecisionLog()
     # Built now: configuration errors surface before "listening".
     apps = _local_app(store, verifier, settings, token, decisions, say)
-    httpd = _http_server(options, apps, store, decisions, token, say)
+    httpd = _http_server(options, apps, store, decisions, token, say, settings)
     base_url = f"http://{httpd.host}:{httpd.port}"
-    _print_start(say, store_url, source, token, base_url)
+    _print_start(say, options, store_url, source, token, base_url)
 
     loop: ReconcileLoop | None = None
     if settings.gemini_api_key or settings.gemini_api_key_secret_arn:
@@ -233,6 +239,19 @@ def _verifier(source: SecretSource, settings: Settings) -> Verifier:
             where=f"the webhook secret file {source.path}",
         )
     return StaticSecretsVerifier(source.secrets, tolerance_s=settings.webhook_tolerance_s)
+
+
+def _check_store(store: Store) -> None:
+    """One read before serving, so that a store that cannot be used (no credentials, no
+    table) fails the start with one sentence instead of every request later."""
+    try:
+        store.get(_PROBE_NAME)
+    except BaseException:
+        store.close()
+        raise
+
+
+_PROBE_NAME = "batches/opstate-serve-start-check"
 
 
 def _purge_expired(store: Store, say: Callable[[str], None]) -> None:
@@ -282,6 +301,7 @@ def _http_server(
     decisions: DecisionLog,
     token: ApiToken,
     say: Callable[[str], None],
+    settings: Settings,
 ) -> LocalHTTPServer:
     """The HTTP server (not started yet) with the page in front of the API; on failure the
     store is closed and a ``ServeError`` says why."""
@@ -304,6 +324,8 @@ def _http_server(
         store=store,
         decisions=decisions,
         authorized=lambda headers: bearer_token_ok(headers.get("authorization"), token.token),
+        token_help=_token_help(token),
+        refresh=_refresher(store, settings, decisions, say),
     )
     try:
         return LocalHTTPServer(options.host, options.port, page)
@@ -314,15 +336,52 @@ def _http_server(
         ) from None
 
 
+def _token_help(token: ApiToken) -> dict[str, str | None]:
+    """Where the page says the token is: the file's path, or the variable."""
+    if token.origin == "file" and token.path is not None:
+        return {"file": str(token.path), "variable": None}
+    return {"file": None, "variable": API_TOKEN_ENV}
+
+
+def _refresher(
+    store: Store, settings: Settings, decisions: DecisionLog, say: Callable[[str], None]
+) -> Callable[[str], tuple[int, dict[str, Any]]] | None:
+    """The page's "poll now" button: ``opstate.reconcile.refresh_with`` on this server's
+    store, its decision kept for the page and printed like the reconciler's (None without a
+    Gemini API key)."""
+    if not (settings.gemini_api_key or settings.gemini_api_key_secret_arn):
+        return None
+
+    def on_decision(decision: RunDecision) -> None:
+        decisions.add(decision)
+        line = reconcile_decision_line(decision, time.time_ns())
+        if line is not None:
+            say(line)
+
+    def refresh(name: str) -> tuple[int, dict[str, Any]]:
+        from opstate.reconcile.wiring import refresh_with
+        from opstate.store.port import PollingStore
+
+        record = store.get(name)
+        if record is None or not isinstance(store, PollingStore):
+            return 404, {"error": "not-found", "message": f"no operation named {name!r} is tracked"}
+        refreshed = refresh_with(store, settings, record, on_decision=on_decision)
+        return 200, {**refreshed.as_dict(), "message": refreshed.sentence()}
+
+    return refresh
+
+
 def _print_start(
     say: Callable[[str], None],
+    options: ServeOptions,
     store_url: str,
     source: SecretSource,
     token: ApiToken,
     base_url: str,
 ) -> None:
     """Where things are: the store, the secret and token origins, the URLs, paste-ready tries."""
-    say(f"opstate serve: store {store_url}")
+    chosen = f" (chosen by {options.store_chosen_by})" if options.store_chosen_by else ""
+    say(f"opstate serve: store {store_url}{chosen}")
     _print_secret_origin(say, source)
     _print_token_origin(say, token)
     say(f"webhook URL: {base_url}{WEBHOOK_PATH}")
@@ -330,9 +389,52 @@ def _print_start(
     say(f"  opstate webhooks register --url https://<your-tunnel>{WEBHOOK_PATH}")
     say("signed test webhook (paste into a shell):")
     say(curl_example(base_url, source))
+    say(f"  # {FIRST_ANSWER}")
+    say("the same signed delivery again, as Gemini retries it (paste into the same shell):")
+    say(f"  {redeliver_example(base_url)}")
+    say(f"  # {REDELIVERY_ANSWER}")
     say(f"track a job: {track_example(base_url, token)}")
-    say(f"operations page: {base_url}/")
-    say(f'  it asks for the API token; or open "{base_url}/#token={token_expression(token)}"')
+    say(f"operations page: {page_link(base_url, token)}")
+    say(f"  {page_hint(token)}")
+
+
+# What the printed tries answer (the tests run them and check these).
+FIRST_ANSWER = (
+    'answers "applied":true, "reason":"created" (on later pastes "refreshed": '
+    "its body time is new each time)"
+)
+REDELIVERY_ANSWER = (
+    'answers "applied":false, "reason":"stale-or-equal-update-time": the redelivery is '
+    "dropped, the record keeps its version"
+)
+
+
+def redeliver_example(base_url: str) -> str:
+    """The ``curl`` that posts the delivery ``curl_example`` signed again, byte for byte (its
+    ``$id``, ``$ts``, ``$sig`` and ``$body``), as Gemini's retry would."""
+    return (
+        f"curl -sS -X POST {base_url}{WEBHOOK_PATH} -H 'content-type: application/json' "
+        '-H "webhook-id: $id" -H "webhook-timestamp: $ts" -H "webhook-signature: v1,$sig" '
+        '-d "$body"; echo'
+    )
+
+
+def page_link(base_url: str, token: ApiToken) -> str:
+    """The page's URL, with a generated (file) token in its fragment, as notebook servers
+    print theirs: a browser never sends the fragment to a server. A token from
+    ``OPSTATE_API_TOKEN`` is never echoed: the page asks for it."""
+    if token.origin == "file":
+        return f"{base_url}/#token={quote(token.token, safe='')}"
+    return f"{base_url}/"
+
+
+def page_hint(token: ApiToken) -> str:
+    if token.origin == "file":
+        return (
+            f"the link carries the API token from {token.path} (the part after # stays in "
+            "the browser, never sent to the server); the page says where the file is"
+        )
+    return f"the page asks for the API token: paste the value of {API_TOKEN_ENV}"
 
 
 def _print_secret_origin(say: Callable[[str], None], source: SecretSource) -> None:

@@ -8,11 +8,12 @@ One module per concern:
   inside functions), the API key and ``make_client``;
 - ``pacing``: clock, token-bucket rate limit, shared backoff and breaker, time budget;
 - ``schedule``: when an operation is next due, and when it is lost or overdue (pure);
-- ``run``: one run, ``reconcile_once``, reporting through ``on_decision``;
+- ``run``: one run, ``reconcile_once``, reporting through ``on_decision``; one operation's
+  poll now, ``refresh_one`` (the same poll code, without the schedule);
 - ``poll_writer``: writing what a poll decided (the next ``PollState``, each lost / overdue
   mark in its own write);
 - ``tally``: what a run reports: ``RunResult``, ``MarkDecision``, its counters and metrics;
-- ``wiring``: ``run_from_settings``.
+- ``wiring``: ``run_from_settings``, ``refresh_with``.
 
 Owns: the reconciler, one module per concern as above. May import the domain, ``config``,
 ``observability``, the store port and ``ingest``, and google-genai (``genai_gateway`` only);
@@ -30,10 +31,10 @@ if TYPE_CHECKING:
     from opstate.reconcile.gateway import Gateway, GatewayError, WebhookInfo
     from opstate.reconcile.genai_gateway import GenaiGateway, api_key, classify, make_client
     from opstate.reconcile.pacing import Backoff, Clock, SystemClock, TokenBucket
-    from opstate.reconcile.run import reconcile_once
+    from opstate.reconcile.run import Refreshed, reconcile_once, refresh_one
     from opstate.reconcile.schedule import Mark, Schedule
     from opstate.reconcile.tally import MarkDecision, RunDecision, RunResult
-    from opstate.reconcile.wiring import run_from_settings
+    from opstate.reconcile.wiring import refresh_with, run_from_settings
 
 _WHERE = {
     "Gateway": "gateway",
@@ -51,6 +52,9 @@ _WHERE = {
     "RunDecision": "tally",
     "RunResult": "tally",
     "reconcile_once": "run",
+    "Refreshed": "run",
+    "refresh_one": "run",
+    "refresh_with": "wiring",
     "Mark": "schedule",
     "Schedule": "schedule",
     "run_from_settings": "wiring",
@@ -64,6 +68,7 @@ __all__ = [
     "GenaiGateway",
     "Mark",
     "MarkDecision",
+    "Refreshed",
     "RunDecision",
     "RunResult",
     "Schedule",
@@ -74,6 +79,8 @@ __all__ = [
     "classify",
     "make_client",
     "reconcile_once",
+    "refresh_one",
+    "refresh_with",
     "run_from_settings",
 ]
 

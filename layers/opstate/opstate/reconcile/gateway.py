@@ -19,7 +19,8 @@ from opstate.model import OpEvent, OpRecord
 class GatewayError(Exception):
     """A request failed. ``status`` is the HTTP status (None: no answer, e.g. a timeout);
     ``transient``: the same request may succeed later; ``retry_after_s``: the server's
-    ``Retry-After``, when it sent one."""
+    ``Retry-After``, when it sent one; ``said``: what the server said, for a person to read
+    (``sentence`` falls back to ``message``, the technical text that is logged)."""
 
     def __init__(
         self,
@@ -28,12 +29,18 @@ class GatewayError(Exception):
         status: int | None = None,
         transient: bool = False,
         retry_after_s: float | None = None,
+        said: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.transient = transient
         self.retry_after_s = retry_after_s
+        self.said = said
+
+    @property
+    def sentence(self) -> str:
+        return self.said or self.message
 
     @property
     def not_found(self) -> bool:

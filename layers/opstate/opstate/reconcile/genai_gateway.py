@@ -85,6 +85,11 @@ def retry_after_s(headers: Any, now_s: float | None = None) -> float | None:
     return max(0.0, when.timestamp() - now)
 
 
+def _said(status: object, message: object) -> str | None:
+    """``PERMISSION_DENIED: API key not valid``: what the server said, for the sentence."""
+    return ": ".join(str(part) for part in (status, message) if part) or None
+
+
 def classify(exc: BaseException) -> GatewayError:
     """An SDK exception as a ``GatewayError``."""
     message = f"{type(exc).__name__}: {exc}"[:300]
@@ -96,18 +101,25 @@ def classify(exc: BaseException) -> GatewayError:
 
     status: object
     headers: Any = None
+    said: str | None = None
     if isinstance(exc, genai_errors.APIError):
         status = exc.code
         headers = getattr(exc.response, "headers", None)
+        said = _said(exc.status, exc.message)
     else:
         status = getattr(exc, "status_code", None)
         headers = getattr(getattr(exc, "response", None), "headers", None)
+        error = getattr(exc, "body", None)
+        error = error.get("error") if isinstance(error, dict) else None
+        if isinstance(error, dict):
+            said = _said(error.get("status"), error.get("message"))
     if isinstance(status, int) and not isinstance(status, bool):
         return GatewayError(
             message,
             status=status,
             transient=status in TRANSIENT_STATUSES,
             retry_after_s=retry_after_s(headers) if status in TRANSIENT_STATUSES else None,
+            said=said,
         )
     return GatewayError(message, status=None, transient=False)
 

@@ -47,7 +47,9 @@ class PollWriter:
                 written = self.store.set_poll(record.name, record.version, step)
             except RetryableError as exc:
                 record_retry_later("unavailable", str(exc), name=record.name, phase="schedule")
-                self.tally.add(errors=1)
+                self.tally.error(
+                    f"the store did not take the poll schedule of {record.name}: {exc}"
+                )
                 return
             if not written:
                 return  # the record moved on meanwhile: the next run sees it afresh
@@ -57,7 +59,9 @@ class PollWriter:
                 self.store.set_poll(record.name, record.version, poll)
             except RetryableError as exc:
                 record_retry_later("unavailable", str(exc), name=record.name, phase="schedule")
-                self.tally.add(errors=1)
+                self.tally.error(
+                    f"the store did not take the poll schedule of {record.name}: {exc}"
+                )
 
     def marked(self, mark: Mark, record: OpRecord, poll: PollState) -> None:
         if mark is Mark.LOST:

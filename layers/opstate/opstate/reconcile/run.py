@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from opstate.config import Settings, parse_overdue
 from opstate.events import EventError, InvalidEventError, UnsupportedEventError, check_future_skew
@@ -117,9 +118,13 @@ class _Run:
             name = decision.record.name if decision.record is not None else None
             logger.exception("on_decision hook failed", extra={"operation": name})
 
-    def error(self, message: str, **context: object) -> None:
+    def error(self, message: str, said: str | None = None, **context: object) -> None:
+        """Log and count one error; ``said`` (what the server said) replaces the logged
+        ``error`` in the sentence kept for the operator."""
         log_fields(logger.error, message, context)
-        self.tally.add(errors=1)
+        self.tally.error(
+            error_sentence(message, {**context, "error": said or context.get("error")})
+        )
 
     def pace(self) -> bool:
         """Wait for the rate limit and any backoff pause; False: do not start (stopped)."""
@@ -149,7 +154,7 @@ class _Run:
         except RetryableError as exc:
             kind = "unavailable" if isinstance(exc, StoreUnavailableError) else "gave-up"
             record_retry_later(kind, str(exc), name=event.name, phase=phase)
-            self.tally.add(errors=1)
+            self.tally.error(f"the store did not take the event for {event.name}: {exc}")
             return None
         self.settle(done, phase)
         return done.decision
@@ -183,7 +188,7 @@ class _Run:
         try:
             webhooks = self.gateway.webhooks()
         except GatewayError as exc:
-            self.error("webhook listing failed", status=exc.status, error=exc.message)
+            self.error("webhook listing failed", exc.sentence, status=exc.status, error=exc.message)
             return
         disabled = 0
         for webhook in webhooks:
@@ -226,7 +231,7 @@ class _Run:
                     self.stop("budget")
                     break
         except GatewayError as exc:
-            self.error("batch discovery failed", status=exc.status, error=exc.message)
+            self.error("batch discovery failed", exc.sentence, status=exc.status, error=exc.message)
         return seen
 
     def ingest_job(
@@ -287,7 +292,7 @@ class _Run:
         )
         self.writer.write(record, entry.poll, poll, marks)
 
-    def fetch(self, record: OpRecord) -> OpEvent:
+    def fetch_checked(self, record: OpRecord) -> OpEvent:
         """The gateway's answer for ``record``; ``invalid-time`` if it is too far ahead."""
         checked = self.skewed(self.gateway.fetch(record))
         if isinstance(checked, EventError):
@@ -295,18 +300,55 @@ class _Run:
         return checked
 
     def poll_one(self, entry: Due) -> None:
-        record = entry.record
-        found = True
+        polled = self.poll_record(entry.record)
+        if polled.current is None:
+            return  # left for the next run, or terminal now: nothing to schedule
+        poll, marks = self.schedule.after_poll(
+            polled.current, entry.poll, found=polled.found, now_ns=self.clock.now_ns()
+        )
+        self.writer.write(polled.current, entry.poll, poll, marks)
+
+    def poll_record(self, record: OpRecord) -> Polled:
+        """One request for ``record``'s operation and its answer through ingest (a run's poll
+        and ``refresh_one``); scheduling is the caller's."""
         try:
             event = self.fetch(record)
+        except GatewayError as exc:
+            if not exc.not_found:
+                return Polled(None, True, None)  # counted by fetch; the entry stays due
+            self.throttle.success()
+            self.tally.add(not_found=1)
+            log_fields(logger.warning, "operation not found; record kept", {"name": record.name})
+            return Polled(record, False, None)
+        if event is None:
+            return Polled(record, True, None)  # refused or unsupported: counted by fetch
+        # Reduced against the listed record first: a drop there is a drop against any newer
+        # record too (records only move forward), so it needs no store read.
+        probe = apply_event(record, event, now_ns=self.clock.now_ns())
+        if not probe.applied:
+            self.settle(Ingested(probe), "poll")
+            return Polled(record, True, probe)
+        decision = self.ingest(event, "poll")
+        if decision is None:
+            return Polled(None, True, None)  # store fault: the entry stays due
+        current = decision.record
+        if current is not None and current.terminal:
+            current = None  # it left the open index: nothing to schedule
+        return Polled(current, True, decision)
+
+    def fetch(self, record: OpRecord) -> OpEvent | None:
+        """The answer as an event; None when refused or unsupported (counted). A 404 is
+        raised as is; any other ``GatewayError`` is counted, fed to the backoff and raised."""
+        try:
+            event = self.fetch_checked(record)
         except UnsupportedEventError as exc:
             self.throttle.success()
             self.unsupported(exc, record.name, "poll")
-            event = None
+            return None
         except EventError as exc:
             self.throttle.success()
             self.error("answer refused", name=record.name, code=exc.code, error=exc.message)
-            event = None
+            return None
         except GatewayError as exc:
             if not exc.not_found:
                 self.throttle.failure(transient=exc.transient, retry_after_s=exc.retry_after_s)
@@ -315,36 +357,46 @@ class _Run:
                     "poll failed; left for the next run",
                     {"name": record.name, "status": exc.status, "error": exc.message},
                 )
-                self.tally.add(errors=1, throttled=int(exc.status == 429))
-                return
-            self.throttle.success()
-            self.tally.add(not_found=1)
-            log_fields(logger.warning, "operation not found; record kept", {"name": record.name})
-            found = False
-            event = None
-        else:
-            self.throttle.success()
-        current = record
-        if event is not None:
-            # Reduced against the listed record first: a drop there is a drop against any
-            # newer record too (records only move forward), so it needs no store read.
-            probe = apply_event(record, event, now_ns=self.clock.now_ns())
-            if probe.applied:
-                decision = self.ingest(event, "poll")
-                if decision is None:
-                    return  # store fault: the entry stays due
-                if decision.record is None or decision.record.terminal:
-                    return
-                current = decision.record
-            else:
-                self.settle(Ingested(probe), "poll")
-        poll, marks = self.schedule.after_poll(
-            current, entry.poll, found=found, now_ns=self.clock.now_ns()
-        )
-        self.writer.write(current, entry.poll, poll, marks)
+                self.tally.error(
+                    error_sentence("poll failed", {"name": record.name, "status": exc.status})
+                    + f": {exc.sentence}",
+                    throttled=int(exc.status == 429),
+                )
+            raise
+        self.throttle.success()
+        return event
 
     def emit(self) -> RunResult:
         return self.tally.emit(self.stop_reason, self.clock.now_ns())
+
+
+@dataclass(frozen=True, slots=True)
+class Polled:
+    """What one poll came to: ``current``, the record to schedule next (None: nothing to
+    schedule, it is terminal now or the poll is left for the next run); ``found``: False for a
+    404; ``decision``: the decision on the answer, if there was one."""
+
+    current: OpRecord | None
+    found: bool
+    decision: Decision | None
+
+
+def error_sentence(message: str, context: Mapping[str, object]) -> str:
+    """``poll failed for batches/x (HTTP 403): API key not valid``: one error as a sentence."""
+    text = message
+    name = context.get("name")
+    if name:
+        text += f" for {name}"
+    status = context.get("status")
+    if status is not None:
+        text += f" (HTTP {status})"
+    code = context.get("code")
+    if code:
+        text += f" ({code})"
+    error = context.get("error")
+    if error:
+        text += f": {error}"
+    return text
 
 
 class _DueQueue:
@@ -435,11 +487,92 @@ def reconcile_once(
     return run.emit()
 
 
+@dataclass(frozen=True, slots=True)
+class Refreshed:
+    """What ``refresh_one`` did: the record before, the decision on Gemini's answer (None when
+    there was none), ``found`` (False: Gemini answered 404) and the error as a sentence."""
+
+    record: OpRecord
+    decision: Decision | None
+    found: bool
+    error: str | None
+
+    def sentence(self) -> str:
+        """One line for a person: the decision (as ``opstate report`` prints one), the 404,
+        or why there was no answer."""
+        record = self.record
+        stays = f"stays {record.state} (version {record.version})"
+        if self.error is not None:
+            return f"{record.name}: not refreshed, {stays}: {self.error}"
+        if not self.found:
+            return f"{record.name}: Gemini answered 404 (not found); the record is kept, {stays}"
+        decision = self.decision
+        if decision is None:
+            return f"{record.name}: Gemini's answer was not an event this version reads; {stays}"
+        now = decision.record if decision.record is not None else record
+        if decision.applied:
+            return f"{record.name}: {decision.reason}, now {now.state} (version {now.version})"
+        return (
+            f"{record.name}: dropped ({decision.reason}), stays {now.state} (version {now.version})"
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        decision = self.decision
+        now = decision.record if decision is not None and decision.record else self.record
+        return {
+            "name": self.record.name,
+            "found": self.found,
+            "applied": decision.applied if decision is not None else False,
+            "reason": str(decision.reason) if decision is not None else None,
+            "state": str(now.state),
+            "version": now.version,
+            "error": self.error,
+        }
+
+
+def refresh_one(
+    store: PollingStore,
+    gateway: Gateway,
+    record: OpRecord,
+    *,
+    settings: Settings,
+    clock: Clock = SYSTEM_CLOCK,
+    on_decision: DecisionHook | None = None,
+) -> Refreshed:
+    """Poll ``record``'s operation once now, whether it is due or not (``opstate refresh``, the
+    page's button): the run's own poll (``gateway.fetch``, then ``ingest`` unless the answer
+    drops against ``record``), reported to ``on_decision``.
+
+    The poll schedule is left alone: an applied answer resets what ingest resets (not-found
+    streak, lost mark), a 404 is reported but not counted towards ``lost``, and the next run
+    polls it when it is due as before. No rate limit, budget or metrics: it is one request.
+    """
+    run = _Run(
+        store,
+        gateway,
+        settings,
+        schedule_from_settings(settings),
+        Budget(None, settings.reconcile_safety_margin_s),
+        clock,
+        DEFAULT_BACKOFF,
+        on_decision,
+        1,
+    )
+    try:
+        polled = run.poll_record(record)
+    except Exception as exc:  # the store or the answer's ingest failed unexpectedly
+        run.error("refresh failed", name=record.name, error=f"{type(exc).__name__}: {exc}")
+        polled = Polled(None, True, None)
+    return Refreshed(record, polled.decision, polled.found, run.tally.result.first_error)
+
+
 __all__ = [
     "DecisionHook",
     "MarkDecision",
+    "Refreshed",
     "RunDecision",
     "RunResult",
     "reconcile_once",
+    "refresh_one",
     "schedule_from_settings",
 ]

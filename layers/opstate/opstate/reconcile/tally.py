@@ -44,6 +44,8 @@ class RunResult:
     - ``remaining_due``: due entries this run did not get to, counted up to one more index
       page (a lower bound: the index is not read to its end to count them).
     - ``stopped_early``: the run stopped starting work before it was done.
+    - ``first_error``: the first error, as a sentence (None: no error). Not a metric and not
+      in ``as_dict``: the CLI prints it.
     """
 
     discovered: int = 0
@@ -57,9 +59,24 @@ class RunResult:
     throttled: int = 0
     remaining_due: int = 0
     stopped_early: bool = False
+    first_error: str | None = None
 
     def as_dict(self) -> dict[str, int | bool]:
-        return dict(asdict(self))
+        fields: dict[str, int | bool] = {
+            k: v for k, v in asdict(self).items() if k != "first_error"
+        }
+        return fields
+
+    @property
+    def answers(self) -> int:
+        """Outcomes that are useful work: events decided (applied or dropped, discovered or
+        polled), not-found answers counted towards lost, lost / overdue marks written."""
+        return self.applied + self.dropped + self.not_found + self.lost + self.overdue
+
+    @property
+    def failed(self) -> bool:
+        """The run did no useful work because of errors (``opstate reconcile --once`` exits 1)."""
+        return self.errors > 0 and self.answers == 0
 
 
 @dataclass(slots=True)
@@ -88,6 +105,14 @@ class Tally:
         with self.lock:
             self.result.dropped += 1
             self.dropped_reasons[reason] += 1
+
+    def error(self, sentence: str, throttled: int = 0) -> None:
+        """Count one error; the first one is kept as ``RunResult.first_error``."""
+        with self.lock:
+            self.result.errors += 1
+            self.result.throttled += throttled
+            if self.result.first_error is None:
+                self.result.first_error = sentence
 
     def add(self, **fields: int) -> None:
         with self.lock:

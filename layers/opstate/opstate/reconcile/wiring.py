@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from opstate.config import Settings
+from opstate.model import OpRecord
 from opstate.reconcile.genai_gateway import GenaiGateway, make_client
-from opstate.reconcile.run import DecisionHook, RunResult, reconcile_once
+from opstate.reconcile.run import DecisionHook, Refreshed, RunResult, reconcile_once, refresh_one
 from opstate.store.port import PollingStore
 
 
@@ -35,3 +36,18 @@ def run_from_settings(
             gateway.close()
     finally:
         store.close()
+
+
+def refresh_with(
+    store: PollingStore,
+    settings: Settings,
+    record: OpRecord,
+    on_decision: DecisionHook | None = None,
+) -> Refreshed:
+    """``refresh_one`` on an open store with a google-genai client made for this one poll
+    (``opstate refresh`` and the operations page's button)."""
+    gateway = GenaiGateway(make_client(settings))
+    try:
+        return refresh_one(store, gateway, record, settings=settings, on_decision=on_decision)
+    finally:
+        gateway.close()

@@ -17,6 +17,7 @@
     polls: 0,
     timer: null,
     firstLoad: true,
+    help: { file: null, variable: null, refresh: false },
   };
 
   // --- token: from the URL fragment (#token=...), kept for this tab only ---------------------
@@ -33,10 +34,31 @@
     return sessionStorage.getItem(TOKEN_KEY);
   }
 
+  // Where the token is (no token needed to ask): the file serve generated, or the variable.
+  async function loadHelp() {
+    try {
+      const response = await fetch("/ui/api/token-help", { cache: "no-store" });
+      if (response.ok) state.help = await response.json();
+    } catch (error) {
+      // the page still works; it only cannot say where the token is
+    }
+    $("token-where").textContent = tokenWhere();
+    renderRefreshButton();
+  }
+
+  function tokenWhere() {
+    if (state.help.file) {
+      return "The token is in the file " + state.help.file + " (cat it, or open the link opstate serve prints: it carries the token).";
+    }
+    if (state.help.variable) return "The token is the value of " + state.help.variable + " in the environment of opstate serve.";
+    return "";
+  }
+
   function askForToken(message) {
     $("main").hidden = true;
     $("token-form").hidden = false;
     $("token-message").textContent = message;
+    $("token-where").textContent = tokenWhere();
     setStatus("Waiting for the API token", true);
     $("token-input").focus();
   }
@@ -86,7 +108,7 @@
     } catch (error) {
       if (error instanceof Unauthorized) {
         sessionStorage.removeItem(TOKEN_KEY);
-        askForToken("The token was refused. Paste the API token printed by opstate serve.");
+        askForToken("The token was refused. Paste the opstate API token.");
         return;
       }
       setStatus("Cannot reach the server (" + error.message + "); retrying", true);
@@ -205,6 +227,7 @@
 
   // --- the detail view -----------------------------------------------------------------------
   async function openDetail(name) {
+    if (state.selected !== name) $("refresh-result").hidden = true;
     state.selected = name;
     for (const tr of $("rows").children) tr.classList.toggle("selected", tr.dataset.name === name);
     await loadDetail(name, true);
@@ -274,6 +297,52 @@
   }
 
   $("detail-close").addEventListener("click", closeDetail);
+
+  // --- poll one operation now (opstate refresh) ---------------------------------------------
+  function renderRefreshButton() {
+    const button = $("detail-refresh");
+    button.disabled = !state.help.refresh;
+    button.title = state.help.refresh
+      ? "Ask Gemini for this operation's state now, through the same ingest path as the reconciler"
+      : "Needs a Gemini API key: start opstate serve with GEMINI_API_KEY set";
+  }
+
+  async function refreshSelected() {
+    const name = state.selected;
+    if (!name) return;
+    const button = $("detail-refresh");
+    const result = $("refresh-result");
+    button.disabled = true;
+    result.hidden = false;
+    result.classList.remove("error");
+    result.textContent = "Polling Gemini for " + name + "…";
+    try {
+      const response = await fetch("/ui/api/refresh?name=" + encodeURIComponent(name), {
+        method: "POST",
+        headers: { Authorization: "Bearer " + state.token, Accept: "application/json" },
+        cache: "no-store",
+      });
+      if (response.status === 401) throw new Unauthorized("the token was refused");
+      const body = await response.json();
+      result.textContent = body.message || response.statusText;
+      result.classList.toggle("error", !response.ok || Boolean(body.error));
+    } catch (error) {
+      if (error instanceof Unauthorized) {
+        sessionStorage.removeItem(TOKEN_KEY);
+        askForToken("The token was refused. Paste the opstate API token.");
+        return;
+      }
+      result.textContent = "Cannot reach the server (" + error.message + ")";
+      result.classList.add("error");
+    } finally {
+      renderRefreshButton();
+    }
+    if (state.selected === name) await loadDetail(name, false);
+    state.cursor = "";
+    poll();
+  }
+
+  $("detail-refresh").addEventListener("click", refreshSelected);
   document.addEventListener("keydown", (event) => {
     if (event.key === "Escape" && state.selected) closeDetail();
     if (event.key === "/" && document.activeElement.tagName !== "INPUT") {
@@ -297,6 +366,7 @@
   }
 
   state.token = takeTokenFromFragment();
+  loadHelp();
   if (state.token) poll();
   else askForToken("This page needs the opstate API token: open the link opstate serve prints, or paste the token.");
 })();
