@@ -25,11 +25,16 @@ TOOLS_VENV := .tools-venv
 TOOLS_STAMP := $(TOOLS_VENV)/.installed
 RIE_VENV := .rie-venv
 RIE_STAMP := $(RIE_VENV)/.installed
+# Checkov has a virtualenv of its own: it pins boto3 1.35.x, aws-sam-cli needs 1.43.x
+# (requirements-checkov.txt).
+CHECKOV_VENV := .checkov-venv
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
+CHECKOV := $(CHECKOV_VENV)/bin/checkov
 SAM := SAM_CLI_TELEMETRY=0 $(TOOLS_VENV)/bin/sam
 CFN_LINT := $(TOOLS_VENV)/bin/cfn-lint
 
 .PHONY: help run test unit lint typecheck pytest venv bench bench-quick clean \
-	tools rie-venv template-check build build-arm64 e2e dashboard mutate lambda-base-image \
+	tools rie-venv checkov-venv template-check build build-arm64 e2e dashboard mutate lambda-base-image \
 	lambda-base-image-if-docker samlocal
 
 help:
@@ -41,7 +46,7 @@ help:
 	@echo "              when Docker answers); make bench-quick for a short run"
 	@echo "make mutate - mutation testing of the domain modules and signatures (not part of"
 	@echo "              make test; slow: lists the surviving mutants)"
-	@echo "make template-check - sam validate --lint and cfn-lint (+ serverless rules) on template.yaml"
+	@echo "make template-check - sam validate --lint, cfn-lint (+ serverless rules) and checkov on template.yaml"
 	@echo "make build  - sam build (cached, parallel) into .aws-sam/build"
 	@echo "make build-arm64 - the same for Architecture=arm64 into .aws-sam/build-arm64"
 	@echo "make dashboard - regenerate template.yaml's dashboard and saved queries (scripts/)"
@@ -84,13 +89,22 @@ $(TOOLS_STAMP): requirements-tools.txt
 $(RIE_STAMP): requirements-rie.txt
 	$(call make_venv,$(RIE_VENV),requirements-rie.txt,$(RIE_STAMP),$(PYTHON),$(LAMBDA_MINOR))
 
+# Checkov, like the tools, runs on the machine's python3.
+$(CHECKOV_STAMP): requirements-checkov.txt
+	$(call make_venv,$(CHECKOV_VENV),requirements-checkov.txt,$(CHECKOV_STAMP),$(TOOLS_PYTHON),)
+
 tools: $(TOOLS_STAMP)
 
 rie-venv: $(RIE_STAMP)
 
-template-check: $(TOOLS_STAMP)
+checkov-venv: $(CHECKOV_STAMP)
+
+# Checkov: every finding is fixed or skipped in its resource's Metadata with a one-line reason
+# (docs/deploy.md, "Security scan"); --skip-download: no call to Prisma Cloud's API.
+template-check: $(TOOLS_STAMP) $(CHECKOV_STAMP)
 	$(SAM) validate --lint
 	$(CFN_LINT) --append-rules cfn_lint_serverless.rules -- template.yaml
+	$(CHECKOV) -f template.yaml --framework cloudformation --compact --quiet --skip-download
 
 # The dashboard and the saved Logs Insights queries are generated from opstate's metric table.
 dashboard: $(STAMP)
@@ -168,4 +182,4 @@ mutate: $(STAMP)
 	$(PY) tools/mutate.py $(MUTATE_ARGS)
 
 clean:
-	rm -rf $(VENV) $(TOOLS_VENV) $(RIE_VENV) .mypy_cache .pytest_cache .ruff_cache .aws-sam
+	rm -rf $(VENV) $(TOOLS_VENV) $(RIE_VENV) $(CHECKOV_VENV) .mypy_cache .pytest_cache .ruff_cache .aws-sam

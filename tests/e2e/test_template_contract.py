@@ -216,9 +216,28 @@ def test_results_bucket_is_private_encrypted_tls_only_expiring_and_kept(
     assert statement["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
 
 
-def test_notifier_may_only_put_events_on_its_bus(template: dict[str, Any]) -> None:
-    policies = template["Resources"]["NotifyFunction"]["Properties"]["Policies"]
-    assert policies == [{"EventBridgePutEventsPolicy": {"EventBusName": {"Ref": "EventBus"}}}]
+def test_notifier_may_only_read_its_stream_put_events_on_its_bus_and_dead_letter(
+    template: dict[str, Any],
+) -> None:
+    # Issue 24: an explicit role (SAM's DynamoDB event would add a policy reading every stream
+    # in the account); tests/e2e/test_template_roles.py checks the translated role too.
+    function = template["Resources"]["NotifyFunction"]["Properties"]
+    assert "Policies" not in function
+    assert function["Role"] == {"Fn::GetAtt": ["NotifyFunctionRole", "Arn"]}
+    role = template["Resources"]["NotifyFunctionRole"]["Properties"]
+    (policy,) = role["Policies"]
+    resources = {
+        frozenset(actions(s)): s["Resource"] for s in policy["PolicyDocument"]["Statement"]
+    }
+    read = frozenset(
+        {"dynamodb:DescribeStream", "dynamodb:GetRecords", "dynamodb:GetShardIterator"}
+    )
+    assert resources == {
+        read: {"Fn::GetAtt": ["OperationsTable", "StreamArn"]},
+        frozenset({"dynamodb:ListStreams"}): {"Fn::Sub": "${OperationsTable.Arn}/stream/*"},
+        frozenset({"events:PutEvents"}): {"Fn::GetAtt": ["EventBus", "Arn"]},
+        frozenset({"sqs:SendMessage"}): {"Fn::GetAtt": ["NotifyDeadLetterQueue", "Arn"]},
+    }
 
 
 def test_the_open_index_named_in_the_policy_is_the_tables_gsi(template: dict[str, Any]) -> None:
@@ -382,12 +401,25 @@ def test_state_resources_are_encrypted_and_kept(template: dict[str, Any]) -> Non
     assert table["DeletionPolicy"] == table["UpdateReplacePolicy"] == "Retain"
     props = table["Properties"]
     assert props["BillingMode"] == "PAY_PER_REQUEST"
-    assert props["SSESpecification"] == {"SSEEnabled": True}
+    # The AWS-managed key, or the customer-managed KmsKeyArn when one is given (issue 24).
+    assert props["SSESpecification"] == {
+        "SSEEnabled": True,
+        "SSEType": {"Fn::If": ["HasKmsKey", "KMS", {"Ref": "AWS::NoValue"}]},
+        "KMSMasterKeyId": {"Fn::If": ["HasKmsKey", {"Ref": "KmsKeyArn"}, {"Ref": "AWS::NoValue"}]},
+    }
     assert props["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
     assert props["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
     assert props["StreamSpecification"] == {"StreamViewType": "NEW_AND_OLD_IMAGES"}
-    for queue in resources(template, "AWS::SQS::Queue").values():
-        assert queue["Properties"]["SqsManagedSseEnabled"] is True
+    # The queues an EventBridge rule dead-letters into (the archiver's, the resumer's): SSE-SQS,
+    # since EventBridge cannot write under the AWS-managed aws/sqs key (tests/e2e/
+    # test_template_scan.py); every other queue SSE-KMS with that key (CKV_AWS_27; issue 24).
+    bus_dlqs = {"ArchiverDeadLetterQueue", "WaiterDeadLetterQueue"}
+    for name, queue in resources(template, "AWS::SQS::Queue").items():
+        if name in bus_dlqs:
+            assert queue["Properties"]["SqsManagedSseEnabled"] is True, name
+            continue
+        assert queue["Properties"]["KmsMasterKeyId"] == "alias/aws/sqs", name
+        assert "SqsManagedSseEnabled" not in queue["Properties"], name
     secrets = resources(template, "AWS::SecretsManager::Secret")
     assert set(secrets) == {"WebhookSigningSecret", "GeminiApiKeySecret", "GoogleCredentialsSecret"}
     for secret in secrets.values():

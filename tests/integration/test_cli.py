@@ -519,3 +519,39 @@ def test_secret_list_helpers():
     assert secret_matches("whsec_abcdefXYZ1", "abcd****XYZ1")
     assert not secret_matches("whsec_abcdefXYZ1", "whsec_abd...XYZ1")
     assert not secret_matches("whsec_abcdefXYZ1", "...")
+
+
+# --- reconcile --once --budget (issue 24: a Retry-After: 40 held the pass 43 s) ---------------
+
+
+def test_reconcile_once_never_sleeps_past_its_budget(cli, fake_gemini):
+    import time
+
+    for name in ("batches/slow-1", "batches/slow-2", "batches/slow-3"):
+        assert cli("track", name).code == EXIT_OK
+        fake_gemini.put_batch(name, "BATCH_STATE_RUNNING", update_time=T1)
+        fake_gemini.fail(name, 429, retry_after="40")
+    env = {
+        "GEMINI_API_KEY": "test-key",
+        "GOOGLE_GEMINI_BASE_URL": fake_gemini.base_url,
+        "OPSTATE_RECONCILE_WORKERS": "1",
+        "OPSTATE_RECONCILE_MAX_PAGES": "0",
+        "OPSTATE_RECONCILE_HTTP_TIMEOUT_SECONDS": "1",
+    }
+    started = time.monotonic()
+    result = cli("reconcile", "--once", "--budget", "3", env=env)
+    elapsed = time.monotonic() - started
+    run = result.json()
+    assert elapsed < 20, f"the pass took {elapsed:.1f} s with a 3 s budget"
+    assert run["polled"] == 1 and run["throttled"] == 1 and run["stopped_early"] is True
+    assert run["remaining_due"] == 2
+    # Asked once; never waited the 40 s to ask again.
+    assert sum(fake_gemini.hits(f"batches/slow-{n}") for n in (1, 2, 3)) == 1
+
+
+@pytest.mark.parametrize("budget", ["0", "-5", "nan", "inf", "soon", "1"])
+def test_reconcile_budget_must_exceed_one_request(cli, budget):
+    env = {"GEMINI_API_KEY": "test-key", "OPSTATE_RECONCILE_HTTP_TIMEOUT_SECONDS": "5"}
+    result = cli("reconcile", "--once", "--budget", budget, env=env)
+    assert result.code == EXIT_USAGE, result.err
+    assert "--budget" in result.err

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -154,7 +154,7 @@ def long_lived(signer: Signer) -> str:
     return token(signer, iat=now, exp=now + timedelta(days=2))
 
 
-REFUSED = {
+REFUSED: dict[str, Callable[[Signer], str | None]] = {
     "no token": lambda s: None,
     "wrong audience": lambda s: token(s, aud="https://elsewhere.example/push"),
     "wrong issuer": lambda s: token(s, iss="https://accounts.example.test"),

@@ -506,3 +506,50 @@ def test_oldest_open_age_is_zero_when_nothing_is_open(fake, client):
     run(MemoryStore(), client, settings=settings(reconcile_max_pages=0))
 
     assert metric_values("OldestOpenAgeSeconds") == [0.0]
+
+
+# --- issue 24: what the real SDK hands over for edge answers ----------------------------------
+
+
+def test_filtered_videos_error_code_zero_and_naive_times_through_the_sdk(fake, client):
+    store = MemoryStore()
+    filtered = "models/veo-3.1-generate-preview/operations/filtered"
+    ok_status = "models/veo-3.1-generate-preview/operations/ok-status"
+    naive = "batches/naive-time"
+    for name in (filtered, ok_status, naive):
+        track(store, name)
+    fake.put_operation(
+        filtered,
+        done=True,
+        response={
+            "generateVideoResponse": {
+                "raiMediaFilteredCount": 2,
+                "raiMediaFilteredReasons": ["reason one", "reason two"],
+            },
+        },
+    )
+    fake.put(
+        ok_status,
+        {
+            "name": ok_status,
+            "done": True,
+            "error": {"code": 0, "message": ""},
+            "response": {"generateVideoResponse": {"generatedSamples": []}},
+        },
+    )
+    # A REST time without an offset: the SDK parses it as a naive datetime.
+    fake.put_batch(naive, "BATCH_STATE_RUNNING", update_time="2026-05-01T10:30:00")
+
+    result = run(store, client, settings=settings(reconcile_max_pages=0))
+
+    assert result.polled == 3 and result.errors == 0, result
+    done = record(store, filtered)
+    assert done.state is State.SUCCEEDED
+    assert done.details["rai_media_filtered_count"] == 2
+    assert done.details["rai_media_filtered_reasons"] == ["reason one", "reason two"]
+    assert record(store, ok_status).state is State.SUCCEEDED
+    polled = record(store, naive)
+    assert (polled.state, polled.update_time_ns) == (
+        State.RUNNING,
+        parse_time("2026-05-01T10:30:00Z"),
+    )

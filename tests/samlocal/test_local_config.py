@@ -154,7 +154,12 @@ def test_the_local_only_declarations_change_nothing_in_aws(
     gemini = genai.Client(api_key="unused")
     assert gemini._api_client._http_options.base_url == "https://generativelanguage.googleapis.com/"
     monkeypatch.setenv("GOOGLE_VERTEX_BASE_URL", "")
-    vertex = genai.Client(vertexai=True, project="p1", location="us-central1", credentials=Unused())
+    vertex = genai.Client(
+        vertexai=True,
+        project="p1",
+        location="us-central1",
+        credentials=Unused(),  # type: ignore[arg-type]  # a stand-in: no token is ever asked
+    )
     assert vertex._api_client._http_options.base_url == (
         "https://us-central1-aiplatform.googleapis.com/"
     )

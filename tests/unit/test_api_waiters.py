@@ -74,7 +74,7 @@ def test_a_waiter_on_a_running_job_is_kept_and_resumed_when_it_ends(
     status, again = _put(app, {"state": "RUNNING", "waiter": {"stepFunctionsTaskToken": TOKEN}})
     assert again["waiter"]["added"] is False and len(waiters.list(NAME)) == 1
     # the job ends (any report; the resumer in AWS is triggered by the bus)
-    _put(app, {"state": "SUCCEEDED", "updateTime": "2030-01-01T00:00:00Z"})
+    _put(app, {"state": "SUCCEEDED", "updateTime": "2026-03-01T00:00:00Z"})
     Resumer(waiters, store_status(store, None), callbacks).resume(NAME)
     assert [c[0:2] for c in callbacks.calls] == [("succeed", TOKEN)]
     assert callbacks.calls[0][2]["record"]["state"] == "SUCCEEDED"
@@ -154,7 +154,7 @@ def test_too_many_waiters_is_409_and_writes_nothing() -> None:
         app,
         {
             "state": "RUNNING",
-            "updateTime": "2031-01-01T00:00:00Z",
+            "updateTime": "2026-04-01T00:00:00Z",
             "waiter": {"stepFunctionsTaskToken": "two"},
         },
     )

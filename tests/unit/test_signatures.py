@@ -396,7 +396,9 @@ class Signer:
         )
         return {**data, "kid": self.kid, "alg": "RS256", "use": "sig"}
 
-    def token(self, aud: str = "https://hooks.example.test/gemini/webhook", **claims: Any) -> str:
+    def token(
+        self, aud: str | None = "https://hooks.example.test/gemini/webhook", **claims: Any
+    ) -> str:
         now = datetime.now(tz=UTC)
         payload = {
             "aud": aud,
@@ -761,9 +763,9 @@ def test_stored_value_that_is_not_utf8(aws_secrets: Any) -> None:
     verifier.verify(BODY, VALID)
     raw = TEST_SECRET.encode()
     assert parse_stored(raw[:9] + b"\x80" + raw[9:]).keys == ()
-    verifier = SecretsProviderVerifier(lambda: raw[:9] + b"\x80" + raw[9:], clock_s=frozen())
+    unreadable = SecretsProviderVerifier(lambda: raw[:9] + b"\x80" + raw[9:], clock_s=frozen())
     with pytest.raises(SecretsUnavailableError):
-        verifier.verify(BODY, VALID)
+        unreadable.verify(BODY, VALID)
 
 
 # --- issue 12 item 9: the bounds a weaker check would pass ---------------------------------------

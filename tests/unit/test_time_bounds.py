@@ -34,7 +34,9 @@ def test_the_latest_report_time_still_leaves_room_for_markers() -> None:
         store=store,
         verifier=StaticSecretsVerifier([TEST_SECRET]),
         settings=Settings(),
-        clock_ns=lambda: 1,
+        # The receiver's clock at the end of time: since issue 24 a report may be at most
+        # max_future_skew_s ahead of it.
+        clock_ns=lambda: MAX_EVENT_NS,
     )
     body = b'{"state": "RUNNING", "updateTime": "9999-12-31T23:59:59.999999999Z"}'
     answer = app.resolve(operation_event("PUT", "batches/late", body), None)

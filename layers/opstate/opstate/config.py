@@ -35,6 +35,8 @@ PUBSUB_ISSUERS = ("https://accounts.google.com", "accounts.google.com")
 DEFAULT_OPEN_INDEX_SHARDS = 4
 DEFAULT_RETENTION_DAYS = 90
 DEFAULT_RECONCILE_EVERY_S = 300.0
+# `opstate reconcile --once --budget`: the whole pass, Retry-After pauses included, ends by then.
+DEFAULT_RECONCILE_BUDGET_S = 120.0
 DEFAULT_INGEST_MAX_ATTEMPTS = 8
 DEFAULT_WEBHOOK_TOLERANCE_S = 300
 DEFAULT_JWT_MAX_LIFETIME_S = 3600
@@ -42,6 +44,14 @@ DEFAULT_JWT_LEEWAY_S = 30
 # The local quarantine's bounds (opstate serve; in AWS the SQS queue's own limits apply).
 DEFAULT_QUARANTINE_MAX_ENTRIES = 1000
 DEFAULT_QUARANTINE_MAX_BYTES = 64 * 1024 * 1024
+# The JWKS fetch: connect and per-read timeout (twice that in all); how long past its TTL the
+# last good key set is still served while fetches fail.
+DEFAULT_JWKS_TIMEOUT_S = 2.0
+DEFAULT_JWKS_MAX_STALE_S = 6 * 3600.0
+# How far ahead of the receiver's clock an event's time may be (reports 400, webhooks are
+# quarantined, polls skipped beyond it): a time far in the future would freeze a record.
+DEFAULT_MAX_FUTURE_SKEW_S = 3600.0
+MAX_FUTURE_SKEW_LIMIT_S = 7 * 86400.0
 
 
 class ConfigError(ValueError):
@@ -230,6 +240,8 @@ class StoreSettings(_Part):
     open_index_shards: int = DEFAULT_OPEN_INDEX_SHARDS
     retention_days: int = DEFAULT_RETENTION_DAYS
     ingest_max_attempts: int = DEFAULT_INGEST_MAX_ATTEMPTS
+    # Every input path (reports, webhooks, polls) refuses an event time further ahead.
+    max_future_skew_s: float = DEFAULT_MAX_FUTURE_SKEW_S
 
     @classmethod
     def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
@@ -239,6 +251,12 @@ class StoreSettings(_Part):
             open_index_shards=_int(env, "OPSTATE_OPEN_INDEX_SHARDS", minimum=1),
             retention_days=_int(env, "OPSTATE_RETENTION_DAYS", minimum=1),
             ingest_max_attempts=_int(env, "OPSTATE_INGEST_MAX_ATTEMPTS", minimum=1),
+            max_future_skew_s=_float(
+                env,
+                "OPSTATE_MAX_FUTURE_SKEW_SECONDS",
+                minimum=1.0,
+                maximum=MAX_FUTURE_SKEW_LIMIT_S,
+            ),
         )
 
 
@@ -256,6 +274,8 @@ class WebhookSettings(_Part):
     quarantine_queue_url: str | None = None
     # Dynamic (JWT) webhooks: off unless OPSTATE_PUBLIC_URL is set.
     jwks_url: str = DEFAULT_JWKS_URL
+    jwks_timeout_s: float = DEFAULT_JWKS_TIMEOUT_S
+    jwks_max_stale_s: float = DEFAULT_JWKS_MAX_STALE_S
     public_url: str | None = None
     jwt_header: str = "authorization"
     # Expected JWT issuers (OPSTATE_JWT_ISSUER, comma-separated; required with public_url), the
@@ -286,6 +306,10 @@ class WebhookSettings(_Part):
             secrets_cache_s=_int(env, "OPSTATE_SECRETS_CACHE_SECONDS", minimum=0),
             quarantine_queue_url=_str(env, "OPSTATE_QUARANTINE_QUEUE_URL"),
             jwks_url=_str(env, "OPSTATE_JWKS_URL"),
+            jwks_timeout_s=_float(env, "OPSTATE_JWKS_TIMEOUT_SECONDS", minimum=0.1, maximum=10.0),
+            jwks_max_stale_s=_float(
+                env, "OPSTATE_JWKS_MAX_STALE_SECONDS", minimum=0.0, maximum=7 * 86400.0
+            ),
             public_url=public_url,
             jwt_header=header.lower() if header else None,
             jwt_issuers=_jwt_issuers(env, public_url=public_url) or None,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -43,7 +43,7 @@ from opstate.names import (
 )
 from opstate.states import State, UnknownStateError, parse_state
 from opstate.strict_json import InvalidJSONError, loads
-from opstate.times import InvalidTimeError, parse_time
+from opstate.times import NS_PER_SECOND, InvalidTimeError, format_time, parse_time
 
 
 class Source(StrEnum):
@@ -160,8 +160,14 @@ INTERACTION_REASONS: frozenset[str] = frozenset(
     {"incomplete", "budget_exceeded", "requires_continuation", "idle"}
 )
 
-# google.rpc.Code CANCELLED: an LRO that finished with this error code was cancelled.
+# google.rpc.Code OK and CANCELLED: an LRO that finished with an ``error`` of code 0 succeeded
+# (an empty Status), one with code 1 was cancelled.
+RPC_OK = 0
 RPC_CANCELLED = 1
+
+# Veo: how many generated videos the responsible-AI filters removed, and why (details keys).
+RAI_FILTERED_COUNT = "rai_media_filtered_count"
+RAI_FILTERED_REASONS = "rai_media_filtered_reasons"
 
 
 def _get(obj: Any, *keys: str) -> Any:
@@ -202,6 +208,43 @@ def _time(raw: object) -> int:
         return parse_time(raw)
     except InvalidTimeError as exc:
         raise InvalidEventError("invalid-time", str(exc)) from None
+
+
+def _sdk_time(raw: object) -> int:
+    """A time read off a google-genai object or a REST resource read through its client: a
+    naive ``datetime`` is UTC (the SDK parses Gemini's times, which are UTC, and drops a
+    missing offset), and so is naive ISO text (the same time before the SDK parsed it); other
+    text is parsed as RFC3339. Reports from producers stay strict (``_time``)."""
+    if isinstance(raw, datetime) and raw.utcoffset() is None:
+        raw = raw.replace(tzinfo=UTC)
+    elif isinstance(raw, str) and _naive_iso(raw):
+        raw = raw + "Z"
+    return _time(raw)
+
+
+def _naive_iso(text: str) -> bool:
+    """True for ISO date-time text with a time of day and no offset (``2026-05-01T10:30:00``)."""
+    if "T" not in text and "t" not in text:
+        return False
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return False
+    return parsed.utcoffset() is None
+
+
+def check_future_skew(event: OpEvent, *, now_ns: int, max_skew_s: float) -> OpEvent:
+    """``event`` itself when its time is at most ``max_skew_s`` past ``now_ns`` (the receiver's
+    clock); else ``InvalidEventError`` ``invalid-time``. A time far in the future would freeze
+    the record: every later in-progress observation would be dropped as stale."""
+    limit_ns = now_ns + int(max_skew_s * NS_PER_SECOND)
+    if event.update_time_ns > limit_ns:
+        raise InvalidEventError(
+            "invalid-time",
+            f"event time {format_time(event.update_time_ns)} is more than {max_skew_s:g} s "
+            f"ahead of this receiver's clock ({format_time(now_ns)})",
+        )
+    return event
 
 
 def _enum_text(value: Any) -> str:
@@ -267,7 +310,7 @@ def from_batch_job(job: Any) -> OpEvent:
     if display is not None:
         details["display_name"] = display
     details.update(_cloud_output(job))
-    update_ns = _time(_get(job, "update_time", "updateTime"))
+    update_ns = _sdk_time(_get(job, "update_time", "updateTime"))
     return OpEvent(name, state, update_ns, Source.POLL, details)
 
 
@@ -327,40 +370,57 @@ def _cloud_output(job: Any) -> dict[str, Any]:
 
 def from_operation(op: Any) -> OpEvent:
     """A long-running ``Operation``: ``done=false`` RUNNING; ``error.code == 1`` CANCELLED;
-    another error FAILED; otherwise (a response) SUCCEEDED. The time is
-    ``metadata.updateTime`` when the operation carries one, else 0 (unknown)."""
+    another error FAILED (``error.code == 0`` is google.rpc's OK: no error); otherwise (a
+    response) SUCCEEDED, with the video's URI and, when Veo's filters removed videos, their
+    count and reasons. The time is ``metadata.updateTime`` when the operation carries one,
+    else 0 (unknown)."""
     parsed = _parsed(_get(op, "name"), None)
     name = parsed.key
     details: dict[str, Any] = _with_model({}, parsed)
+    error = _get(op, "error")
+    if error is not None and _get(error, "code") == RPC_OK:
+        error = None
     if not _get(op, "done"):
         state = State.RUNNING
+    elif error is not None:
+        code = _get(error, "code")
+        message = _get(error, "message")
+        state = State.CANCELLED if code == RPC_CANCELLED else State.FAILED
+        if code is not None:
+            details["error_code"] = code
+        if message is not None:
+            details["error_message"] = message
     else:
-        error = _get(op, "error")
-        if error is not None:
-            code = _get(error, "code")
-            message = _get(error, "message")
-            state = State.CANCELLED if code == RPC_CANCELLED else State.FAILED
-            if code is not None:
-                details["error_code"] = code
-            if message is not None:
-                details["error_message"] = message
-        else:
-            state = State.SUCCEEDED
-            uri = _video_uri(_get(op, "response", "result"))
-            if uri is not None:
-                details["video_uri"] = uri
+        state = State.SUCCEEDED
+        details.update(_video_details(_get(op, "response", "result")))
     metadata = _get(op, "metadata")
     update = _get(metadata, "updateTime", "update_time") if metadata is not None else None
-    return OpEvent(name, state, _time(update), Source.POLL, details)
+    return OpEvent(name, state, _sdk_time(update), Source.POLL, details)
 
 
-def _video_uri(response: Any) -> str | None:
+def _video_details(response: Any) -> dict[str, Any]:
+    """What a finished Veo response says: ``video_uri`` and the filtered count and reasons."""
     if response is None:
-        return None
+        return {}
+    nested = _get(response, "generateVideoResponse")
+    found: dict[str, Any] = {}
+    uri = _video_uri(response, nested)
+    if uri is not None:
+        found["video_uri"] = uri
+    holder = nested if nested is not None else response
+    filtered = _get(holder, "rai_media_filtered_count", "raiMediaFilteredCount")
+    if isinstance(filtered, int) and not isinstance(filtered, bool) and filtered > 0:
+        found[RAI_FILTERED_COUNT] = filtered
+    reasons = _get(holder, "rai_media_filtered_reasons", "raiMediaFilteredReasons")
+    if isinstance(reasons, list | tuple) and reasons:
+        found[RAI_FILTERED_REASONS] = [str(r) for r in reasons]
+    return found
+
+
+def _video_uri(response: Any, nested: Any) -> str | None:
     videos = _get(response, "generated_videos", "generatedVideos", "generatedSamples")
-    if not videos:
-        nested = _get(response, "generateVideoResponse")
-        videos = _get(nested, "generatedSamples") if nested is not None else None
+    if not videos and nested is not None:
+        videos = _get(nested, "generatedSamples", "generated_samples")
     if not videos:
         # Google Cloud's REST shape: ``response.videos[]`` are the videos themselves.
         cloud = _get(response, "videos")
@@ -418,7 +478,7 @@ def from_interaction(interaction: Any) -> OpEvent:
         raise UnsupportedEventError(
             UNKNOWN_STATE, f"interaction {name} has unknown status {status!r}"
         )
-    update_ns = _time(_get(interaction, "updated", "update_time", "updateTime"))
+    update_ns = _sdk_time(_get(interaction, "updated", "update_time", "updateTime"))
     details = {"reason": text} if text in INTERACTION_REASONS else {}
     return OpEvent(name, state, update_ns, Source.POLL, details)
 
@@ -429,11 +489,14 @@ def from_report(
     *,
     now_ns: int,
     kind_hint: Kind | None = None,
+    max_future_skew_s: float | None = None,
 ) -> OpEvent:
     """A report from the user's own producer: optional ``{"state", "updateTime", "details"}``.
 
     No body (or no ``state``) means "track this job": PENDING. No ``updateTime`` means
-    ``now_ns``, which the caller reads from its clock (this module reads none).
+    ``now_ns``, which the caller reads from its clock (this module reads none). With
+    ``max_future_skew_s``, an ``updateTime`` more than that ahead of ``now_ns`` is
+    ``invalid-time`` (``check_future_skew``).
     """
     parsed = _parsed(name, kind_hint)
     if body is None:
@@ -461,4 +524,7 @@ def from_report(
         checked = check_details(details)
     except InvalidDetailsError as exc:
         raise InvalidEventError("invalid-details", str(exc)) from None
-    return OpEvent(parsed.key, state, update_ns, Source.REPORT, _with_model(checked, parsed))
+    event = OpEvent(parsed.key, state, update_ns, Source.REPORT, _with_model(checked, parsed))
+    if max_future_skew_s is None:
+        return event
+    return check_future_skew(event, now_ns=now_ns, max_skew_s=max_future_skew_s)

@@ -29,7 +29,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from opstate.events import InvalidEventError, UnsupportedEventError, from_webhook
+from opstate.config import DEFAULT_MAX_FUTURE_SKEW_S
+from opstate.events import (
+    InvalidEventError,
+    UnsupportedEventError,
+    check_future_skew,
+    from_webhook,
+)
 from opstate.ingest import DEFAULT_MAX_ATTEMPTS, ingest
 from opstate.model import Decision, OpEvent
 from opstate.quarantine import Kept, Quarantine
@@ -115,10 +121,16 @@ def _verified(kept: Kept, result: ReplayResult, verifier: Verifier) -> bool:
     return True
 
 
-def _event(kept: Kept, result: ReplayResult) -> OpEvent | bool:
-    """The delivery's event; else True (dropped for good) or False (unreadable, kept)."""
+def _event(kept: Kept, result: ReplayResult, clock_ns: Callable[[], int]) -> OpEvent | bool:
+    """The delivery's event; else True (dropped for good) or False (unreadable, kept). One
+    kept for a time too far ahead of our clock stays kept (``invalid-time``) until the clocks
+    agree."""
     try:
-        return from_webhook(loads(kept.delivery.body))
+        return check_future_skew(
+            from_webhook(loads(kept.delivery.body)),
+            now_ns=clock_ns(),
+            max_skew_s=DEFAULT_MAX_FUTURE_SKEW_S,
+        )
     except UnsupportedEventError:
         result.dropped += 1
         return True
@@ -142,7 +154,7 @@ def _replay_one(
     """Handle one kept delivery; True when it is done with (remove it), False to keep it."""
     if not _verified(kept, result, verifier):
         return False
-    event = _event(kept, result)
+    event = _event(kept, result, clock_ns)
     if not isinstance(event, OpEvent):
         return event
     if dry_run:

@@ -121,6 +121,7 @@ def create_app(
         quarantine=kept,
         max_bytes=settings.max_body_bytes,
         clock_ns=clock_ns,
+        max_future_skew_s=settings.max_future_skew_s,
     )
     operations = OperationsRoutes(
         store=store,
@@ -130,6 +131,7 @@ def create_app(
         clock_ns=clock_ns,
         registrar=registrar,
         on_waiter=on_waiter,
+        max_future_skew_s=settings.max_future_skew_s,
     )
     _add_routes(app, receiver, operations, pubsub)
     _add_error_answers(app)

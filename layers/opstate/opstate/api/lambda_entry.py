@@ -72,6 +72,35 @@ def reset_default_app() -> None:
         _app = None
 
 
+PAYLOAD_V1_MESSAGE = (
+    "this function serves an API Gateway HTTP API with payload format 2.0; the event is not "
+    "one (a REST API or payload 1.0 integration): make the integration an HTTP API "
+    "(payload 2.0)"
+)
+
+
+def is_http_api_v2(event: object) -> bool:
+    """Whether ``event`` is an API Gateway HTTP API payload 2.0 event (``requestContext.http``)."""
+    if not isinstance(event, Mapping):
+        return False
+    context = event.get("requestContext")
+    return isinstance(context, Mapping) and isinstance(context.get("http"), Mapping)
+
+
 def handle(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
-    """The Lambda entry: route one API Gateway HTTP API (payload v2) event."""
+    """The Lambda entry: route one API Gateway HTTP API (payload v2) event. Any other event (a
+    REST API's payload 1.0) is answered a JSON 400 naming the fix, never a 502."""
+    if not is_http_api_v2(event):
+        from opstate.observability import logger
+        from opstate.strict_json import dumps
+
+        logger.error("not an HTTP API payload 2.0 event", extra={"error": "unsupported-payload"})
+        return {
+            "statusCode": 400,
+            "headers": {"Content-Type": "application/json"},
+            "body": dumps(
+                {"error": "unsupported-payload", "message": PAYLOAD_V1_MESSAGE}, compact=True
+            ),
+            "isBase64Encoded": False,
+        }
     return default_app().resolve(event, context)

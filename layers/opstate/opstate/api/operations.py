@@ -13,6 +13,7 @@ from opstate.api.auth import OperationsAuth
 from opstate.api.errors import ApiError, json_response, unavailable
 from opstate.api.ingesting import Ingester
 from opstate.api.request import parse_json, raw_body
+from opstate.config import DEFAULT_MAX_FUTURE_SKEW_S
 from opstate.events import InvalidEventError, UnsupportedEventError, from_report
 from opstate.ingest import find_record
 from opstate.names import VIDEO_DETAIL, InvalidNameError, ParsedName, parse_name
@@ -37,6 +38,7 @@ class OperationsRoutes:
         "clock_ns",
         "ingest",
         "max_bytes",
+        "max_future_skew_s",
         "on_waiter",
         "operations_auth",
         "registrar",
@@ -53,7 +55,9 @@ class OperationsRoutes:
         clock_ns: Callable[[], int],
         registrar: Registrar | None = None,
         on_waiter: Callable[[str], None] | None = None,
+        max_future_skew_s: float = DEFAULT_MAX_FUTURE_SKEW_S,
     ) -> None:
+        self.max_future_skew_s = max_future_skew_s
         self.store = store
         self.ingest = ingest
         self.operations_auth = operations_auth
@@ -96,7 +100,9 @@ class OperationsRoutes:
         if body is not None and not isinstance(body, Mapping):
             raise ApiError(400, "invalid-body", "the report body must be a JSON object")
         try:
-            op_event = from_report(raw_name, body, now_ns=self.clock_ns())
+            op_event = from_report(
+                raw_name, body, now_ns=self.clock_ns(), max_future_skew_s=self.max_future_skew_s
+            )
         except InvalidEventError as exc:
             raise ApiError(400, exc.code, exc.message) from None
         except UnsupportedEventError as exc:

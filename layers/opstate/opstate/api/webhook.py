@@ -11,9 +11,11 @@ from aws_lambda_powertools.event_handler import Response
 from opstate.api.errors import ApiError, json_response, unavailable
 from opstate.api.ingesting import Ingester
 from opstate.api.request import clip, parse_json, raw_body, request_headers
+from opstate.config import DEFAULT_MAX_FUTURE_SKEW_S
 from opstate.events import (
     InvalidEventError,
     UnsupportedEventError,
+    check_future_skew,
     from_webhook,
     webhook_kind_hint,
 )
@@ -42,7 +44,7 @@ class WebhookReceiver:
     """Answers webhook deliveries: verified with ``verifier``, bodies over ``max_bytes`` refused
     (413), unreadable signed deliveries kept in ``quarantine``."""
 
-    __slots__ = ("clock_ns", "ingest", "max_bytes", "quarantine", "verifier")
+    __slots__ = ("clock_ns", "ingest", "max_bytes", "max_future_skew_s", "quarantine", "verifier")
 
     def __init__(
         self,
@@ -52,7 +54,9 @@ class WebhookReceiver:
         quarantine: Quarantine,
         max_bytes: int,
         clock_ns: Callable[[], int],
+        max_future_skew_s: float = DEFAULT_MAX_FUTURE_SKEW_S,
     ) -> None:
+        self.max_future_skew_s = max_future_skew_s
         self.verifier = verifier
         self.ingest = ingest
         self.quarantine = quarantine
@@ -90,7 +94,10 @@ class WebhookReceiver:
         except ApiError as exc:
             return self.keep(raw, exc.code, exc.message, None, webhook_id, proof), "quarantined"
         try:
-            op_event = from_webhook(body)
+            # A time too far ahead of our clock would freeze the record: kept, not applied.
+            op_event = check_future_skew(
+                from_webhook(body), now_ns=self.clock_ns(), max_skew_s=self.max_future_skew_s
+            )
         except InvalidEventError as exc:
             return self.keep(raw, exc.code, exc.message, body, webhook_id, proof), "quarantined"
         except UnsupportedEventError as exc:

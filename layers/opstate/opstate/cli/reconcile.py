@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import math
+import time
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from opstate.cli.common import (
@@ -16,12 +20,39 @@ from opstate.cli.common import (
     settings_for,
     store_error,
 )
+from opstate.config import DEFAULT_RECONCILE_BUDGET_S
 
 
 def add_parser(sub: Any, *, store: argparse.ArgumentParser) -> None:
     p = sub.add_parser("reconcile", parents=[store], help="run one reconciler pass")
     p.add_argument("--once", action="store_true", help="run one pass and exit (required)")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=DEFAULT_RECONCILE_BUDGET_S,
+        metavar="SECONDS",
+        help=(
+            "the most the pass may take, Retry-After pauses included: no request starts that "
+            f"could end past it (default {DEFAULT_RECONCILE_BUDGET_S:g})"
+        ),
+    )
     p.set_defaults(func=cmd_reconcile)
+
+
+def budget_ms(args: argparse.Namespace, margin_s: float) -> Callable[[], int]:
+    """``remaining_ms`` for a pass of ``--budget`` seconds from now (``UsageError`` if unusable)."""
+    budget_s = args.budget
+    if not math.isfinite(budget_s) or budget_s <= margin_s:
+        raise UsageError(
+            f"--budget must be a number of seconds above {margin_s:g} (the longest one request "
+            f"may take), got {budget_s:g}"
+        )
+    deadline = time.monotonic() + budget_s
+
+    def remaining_ms() -> int:
+        return int((deadline - time.monotonic()) * 1000)
+
+    return remaining_ms
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
@@ -31,11 +62,15 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
             "`opstate serve` repeat it)"
         )
     config = settings_for(args)
+    # No request starts unless it can end (at the HTTP timeout) within the budget.
+    margin_s = min(config.reconcile_safety_margin_s, config.reconcile_http_timeout_s)
+    config = replace(config, reconcile_safety_margin_s=margin_s)
+    remaining_ms = budget_ms(args, margin_s)
     require_gemini_key(config)
     from opstate.reconcile import run_from_settings
 
     try:
-        result = run_from_settings(config)
+        result = run_from_settings(config, remaining_ms=remaining_ms)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     except Exception as exc:  # the store cannot be opened or used: one sentence naming it

@@ -171,7 +171,9 @@ def _report(args: argparse.Namespace, body: Mapping[str, Any] | None) -> int:
     name_arg(args.name)  # a usage error for a name that is not one
     try:
         # The raw name: a video name's model is kept (details.model) for polling.
-        event = from_report(args.name, body, now_ns=time.time_ns())
+        event = from_report(
+            args.name, body, now_ns=time.time_ns(), max_future_skew_s=config.max_future_skew_s
+        )
     except EventError as exc:
         raise UsageError(exc.message) from None
     with open_store(config) as store:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 from opstate.config import Settings, parse_overdue
-from opstate.events import EventError, UnsupportedEventError
+from opstate.events import EventError, InvalidEventError, UnsupportedEventError, check_future_skew
 from opstate.ingest import Ingested, ingest_counted
 from opstate.model import Decision, OpEvent, OpRecord
 from opstate.names import GOOGLE_CLOUD, Backend, backend_of
@@ -272,6 +272,16 @@ class _Run:
         record_unsupported(exc.reason, exc.message, name=name, phase=phase)
         self.tally.unsupported(exc.reason)
 
+    def skewed(self, event: OpEvent) -> OpEvent | EventError:
+        """``event``, or the ``invalid-time`` refusal of a time too far ahead of our clock (the
+        answer is logged and skipped: applied, it would freeze the record)."""
+        try:
+            return check_future_skew(
+                event, now_ns=self.clock.now_ns(), max_skew_s=self.settings.max_future_skew_s
+            )
+        except InvalidEventError as exc:
+            return exc
+
     # --- 1. webhook health --------------------------------------------------------------------
 
     def check_webhooks(self) -> None:
@@ -365,6 +375,8 @@ class _Run:
         if isinstance(answer, UnsupportedEventError):
             self.unsupported(answer, raw_name, "discover")
             return None, None
+        if not isinstance(answer, EventError):
+            answer = self.skewed(answer)
         if isinstance(answer, EventError):
             self.error("batch job refused", name=raw_name, code=answer.code, error=answer.message)
             return None, None
@@ -419,6 +431,13 @@ class _Run:
         )
         self.writer.write(record, entry.poll, poll, marks)
 
+    def fetch_checked(self, record: OpRecord, lane: _Lane) -> OpEvent:
+        """The lane's answer for ``record``; ``invalid-time`` if it is too far ahead."""
+        checked = self.skewed(lane.fetch(record))
+        if isinstance(checked, EventError):
+            raise checked
+        return checked
+
     def poll_one(self, entry: Due, lane: _Lane) -> None:
         polled = self.poll_record(entry.record, lane)
         if polled.current is None:
@@ -465,7 +484,7 @@ class _Run:
         ``AuthError`` are raised as they are; any other ``GatewayError`` is counted, fed to
         the lane's backoff and raised."""
         try:
-            event = lane.fetch(record)
+            event = self.fetch_checked(record, lane)
         except AuthError:
             raise
         except GatewayError as exc:

@@ -9,17 +9,32 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeGuard
 
-from opstate.config import DEFAULT_JWT_LEEWAY_S, DEFAULT_JWT_MAX_LIFETIME_S
+from opstate.config import (
+    DEFAULT_JWKS_MAX_STALE_S,
+    DEFAULT_JWKS_TIMEOUT_S,
+    DEFAULT_JWT_LEEWAY_S,
+    DEFAULT_JWT_MAX_LIFETIME_S,
+)
 from opstate.signatures.common import SecretsUnavailableError, SignatureError, lower_headers
 
 MAX_JWT_LENGTH = 16384
+MAX_JWKS_BYTES = 1024 * 1024
 
 
 class JwksCache:
-    """Public keys by ``kid`` from a JWKS URL, cached ``ttl_s``; an unknown ``kid`` refreshes once.
+    """Public keys by ``kid`` from a JWKS URL; every fault ends in bounded time.
 
-    An unknown ``kid`` triggers at most one refresh per ``min_refresh_s``, so a sender cycling
-    random ``kid`` values cannot make every request fetch the JWKS.
+    - Fresh for ``ttl_s`` after a good fetch; then refreshed on use.
+    - A failed fetch (unreachable, slow, bad document) backs off: no other fetch for
+      ``backoff_s`` after the first failure, doubling per failure up to ``max_backoff_s``.
+      Meanwhile the last good keys are still served, at most ``max_stale_s`` past their TTL
+      (bounded staleness); with none usable, ``SecretsUnavailableError`` at once (503, no wait).
+    - An unknown ``kid`` refreshes at most once per ``min_refresh_s`` and never while backing
+      off, so junk tokens cannot make every request fetch. While fetches fail it is
+      ``SecretsUnavailableError`` (a new key may exist: retry later), else unknown (401).
+    - A fetch waits at most ``timeout_s`` to connect and per read, ``2 * timeout_s`` in all,
+      and reads at most ``MAX_JWKS_BYTES``. One thread fetches at a time; the others serve the
+      cached keys meanwhile, or wait for that one fetch when they have none.
     """
 
     def __init__(
@@ -27,49 +42,132 @@ class JwksCache:
         url: str,
         *,
         ttl_s: float = 3600.0,
+        max_stale_s: float = DEFAULT_JWKS_MAX_STALE_S,
         min_refresh_s: float = 30.0,
-        timeout_s: float = 5.0,
+        backoff_s: float = 5.0,
+        max_backoff_s: float = 300.0,
+        timeout_s: float = DEFAULT_JWKS_TIMEOUT_S,
         clock_s: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = url
         self._ttl_s = ttl_s
+        self._max_stale_s = max_stale_s
         self._min_refresh_s = min_refresh_s
+        self._backoff_s = backoff_s
+        self._max_backoff_s = max_backoff_s
         self._timeout_s = timeout_s
         self._clock_s = clock_s
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
         self._keys: dict[str, Any] = {}
         self._fetched_at: float | None = None
-        self.fetches = 0
+        self._attempted_at: float | None = None
+        self._retry_at = float("-inf")
+        self._failures = 0
+        self._error = ""
+        self._fetching = False
+        self.fetches = 0  # good fetches
+        self.attempts = 0  # every fetch started
 
-    def _fetch(self) -> None:
+    # -- state (called with the condition held) -------------------------------------------------
+
+    def _usable(self, now: float) -> bool:
+        """Whether the cached keys may still be served (fresh, or stale within the bound)."""
+        return self._fetched_at is not None and (
+            now - self._fetched_at <= self._ttl_s + self._max_stale_s
+        )
+
+    def _fresh(self, now: float) -> bool:
+        return self._fetched_at is not None and now - self._fetched_at <= self._ttl_s
+
+    def _may_fetch(self, now: float, *, unknown_kid: bool) -> bool:
+        if self._fetching or now < self._retry_at:
+            return False
+        if unknown_kid and self._attempted_at is not None:
+            return now - self._attempted_at >= self._min_refresh_s
+        return True
+
+    def _unavailable(self) -> SecretsUnavailableError:
+        return SecretsUnavailableError(f"could not read the JWKS: {self._error or 'no keys yet'}")
+
+    # -- fetching ------------------------------------------------------------------------------
+
+    def _download(self) -> dict[str, Any]:
+        """The keys of the JWKS document (raises on any fault, within the time bounds)."""
         import urllib.request
 
         import jwt
 
+        deadline = time.monotonic() + 2 * self._timeout_s
+        chunks: list[bytes] = []
+        size = 0
+        with urllib.request.urlopen(self.url, timeout=self._timeout_s) as response:
+            while chunk := response.read(16384):
+                size += len(chunk)
+                if size > MAX_JWKS_BYTES:
+                    raise ValueError(f"the JWKS is larger than {MAX_JWKS_BYTES} bytes")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the JWKS took longer than {2 * self._timeout_s:g} s")
+                chunks.append(chunk)
+        keyset = jwt.PyJWKSet.from_dict(json.loads(b"".join(chunks)))
+        return {k.key_id: k for k in keyset.keys if k.key_id}
+
+    def _refresh(self) -> None:
+        """One fetch, made outside the lock; its outcome recorded under it."""
         try:
-            with urllib.request.urlopen(self.url, timeout=self._timeout_s) as response:
-                document = json.loads(response.read())
-            keyset = jwt.PyJWKSet.from_dict(document)
-        except Exception as exc:  # network, JSON or key-format failure: retry later
-            raise SecretsUnavailableError(f"could not read the JWKS: {exc}") from None
-        self.fetches += 1
-        self._keys = {k.key_id: k for k in keyset.keys if k.key_id}
-        self._fetched_at = self._clock_s()
+            keys: dict[str, Any] | None = self._download()
+            error = ""
+        except Exception as exc:  # network, timeout, JSON or key-format failure: back off
+            keys, error = None, f"{type(exc).__name__}: {exc}"[:300]
+        with self._cond:
+            now = self._clock_s()
+            self._fetching = False
+            if keys is not None:
+                self._keys, self._fetched_at, self.fetches = keys, now, self.fetches + 1
+                self._failures, self._retry_at, self._error = 0, float("-inf"), ""
+            else:
+                self._failures += 1
+                pause = min(self._max_backoff_s, self._backoff_s * 2 ** min(self._failures - 1, 30))
+                self._retry_at, self._error = now + pause, error
+            self._cond.notify_all()
+
+    def _fetch_now(self, *, unknown_kid: bool) -> bool:
+        """Start a fetch if one may start (condition held); True if this thread must make it."""
+        now = self._clock_s()
+        if not self._may_fetch(now, unknown_kid=unknown_kid):
+            return False
+        self._fetching, self._attempted_at = True, now
+        self.attempts += 1
+        return True
+
+    def _wait_for_fetch(self) -> None:
+        """Wait (condition held) for another thread's fetch when no keys are usable."""
+        self._cond.wait_for(lambda: not self._fetching, timeout=3 * self._timeout_s)
+
+    # -- the port ------------------------------------------------------------------------------
 
     def key(self, kid: str) -> Any:
-        """The PyJWK for ``kid``, or None when it is unknown even after a refresh."""
-        with self._lock:
-            now = self._clock_s()
-            if self._fetched_at is None or now - self._fetched_at > self._ttl_s:
-                self._fetch()
+        """The PyJWK for ``kid``; None when it is unknown even after a refresh;
+        ``SecretsUnavailableError`` when no usable keys can be had now."""
+        with self._cond:
+            fetch = not self._fresh(self._clock_s()) and self._fetch_now(unknown_kid=False)
+        if fetch:
+            self._refresh()
+        with self._cond:
+            if not self._usable(self._clock_s()) and self._fetching:
+                self._wait_for_fetch()
+            if not self._usable(self._clock_s()):
+                raise self._unavailable()
             found = self._keys.get(kid)
             if found is not None:
                 return found
-            assert self._fetched_at is not None
-            if now - self._fetched_at >= self._min_refresh_s:
-                self._fetch()
-                return self._keys.get(kid)
-            return None
+            fetch = self._fetch_now(unknown_kid=True)
+        if fetch:
+            self._refresh()
+        with self._cond:
+            found = self._keys.get(kid)
+            if found is None and self._failures:
+                raise self._unavailable()  # a new key may exist that we cannot read now
+            return found
 
 
 class JwtVerifier:

@@ -25,14 +25,30 @@ if TYPE_CHECKING:
 
 class WebhookVerifier:
     """Standard Webhooks when the request carries ``webhook-signature``; else, when dynamic
-    webhooks are configured, the JWT; else refuse."""
+    webhooks are configured, the JWT; else refuse.
 
-    def __init__(self, standard: Verifier, jwt_verifier: JwtVerifier | None = None) -> None:
+    ``hmac_configured`` False (no secret source at all) with JWTs on is a JWT-only deployment:
+    a request with only Standard Webhooks headers is refused (401), not answered "retry later"
+    (no secret will ever appear to verify it)."""
+
+    def __init__(
+        self,
+        standard: Verifier,
+        jwt_verifier: JwtVerifier | None = None,
+        *,
+        hmac_configured: bool = True,
+    ) -> None:
         self.standard = standard
         self.jwt = jwt_verifier
+        self.hmac_configured = hmac_configured
 
     def verify(self, raw_body: bytes, headers: Mapping[str, str]) -> None:
         lowered = lower_headers(headers)
+        if self.jwt is not None and not self.hmac_configured:
+            if not lowered.get(self.jwt.header):
+                raise SignatureError()
+            self.jwt.verify(raw_body, lowered)
+            return
         if HEADER_SIGNATURE in lowered or self.jwt is None:
             self.standard.verify(raw_body, lowered)
             return
@@ -53,6 +69,7 @@ def verifier_from_settings(
     accepted only with ``public_url`` set, and then ``jwt_issuers`` must be set too.
     """
     standard: Verifier
+    hmac_configured = True
     if settings.webhook_secret_arn:
         standard = SecretsProviderVerifier(
             secrets_manager_provider(settings.webhook_secret_arn, settings.secrets_cache_s),
@@ -66,7 +83,12 @@ def verifier_from_settings(
         standard = StaticSecretsVerifier(
             parsed.keys, None if replaying else settings.webhook_tolerance_s, clock_s=clock_s
         )
-    return WebhookVerifier(standard, jwt_verifier_from_settings(settings, replaying=replaying))
+        hmac_configured = bool(settings.webhook_secrets)
+    return WebhookVerifier(
+        standard,
+        jwt_verifier_from_settings(settings, replaying=replaying),
+        hmac_configured=hmac_configured,
+    )
 
 
 def jwt_verifier_from_settings(
@@ -84,7 +106,11 @@ def jwt_verifier_from_settings(
         from opstate.signatures.jwt_tokens import JwksCache, JwtVerifier
 
         jwt_verifier = JwtVerifier(
-            JwksCache(settings.jwks_url),
+            JwksCache(
+                settings.jwks_url,
+                timeout_s=settings.jwks_timeout_s,
+                max_stale_s=settings.jwks_max_stale_s,
+            ),
             audience=settings.public_url,
             issuers=settings.jwt_issuers,
             header=settings.jwt_header,
@@ -107,7 +133,11 @@ def pubsub_verifier_from_settings(settings: Settings) -> JwtVerifier | None:
     from opstate.signatures.jwt_tokens import JwksCache, JwtVerifier
 
     return JwtVerifier(
-        JwksCache(settings.pubsub_jwks_url),
+        JwksCache(
+            settings.pubsub_jwks_url,
+            timeout_s=settings.jwks_timeout_s,
+            max_stale_s=settings.jwks_max_stale_s,
+        ),
         audience=settings.pubsub_audience,
         issuers=PUBSUB_ISSUERS,
         header="authorization",

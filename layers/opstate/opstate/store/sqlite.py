@@ -1,9 +1,16 @@
 """The embedded store: one SQLite file, the same conditional-write semantics as DynamoDB.
 
-- WAL journal, ``busy_timeout``, ``synchronous=NORMAL``; one connection per thread
+- WAL journal, ``busy_timeout``, ``synchronous=FULL`` (a commit is on disk before it returns:
+  a 200 survives power loss, not only a crash of the process); one connection per thread
   (``threading.local``), all tracked so ``close()`` closes them. Several processes may share one
   file: every write is one statement, its own transaction (autocommit), which takes the
   database's write lock (waiting up to ``busy_timeout``) before it reads the row it tests.
+- A bounded WAL, so that a full disk is survived: committed pages move into the database
+  every ``WAL_AUTOCHECKPOINT_PAGES`` (not SQLite's 1000), the WAL file is cut back to
+  ``JOURNAL_SIZE_LIMIT_BYTES`` after a checkpoint, a write that fails for lack of space runs a
+  checkpoint and is tried once more, and ``close()`` checkpoints (a clean stop leaves no WAL
+  to replay). Without this a full disk was all WAL, and space freed later went to WAL frames
+  again: the store kept answering 503.
 - put-if-absent: ``INSERT ... ON CONFLICT(name) DO NOTHING``; replace:
   ``UPDATE ... WHERE name = ? AND version = ?``: the condition and the write are one atomic
   statement. When it changes no row, the current row is selected and returned (the record that
@@ -59,6 +66,9 @@ from opstate.store.port import (
 )
 
 DEFAULT_BUSY_TIMEOUT_S = 5.0
+WAL_AUTOCHECKPOINT_PAGES = 100
+JOURNAL_SIZE_LIMIT_BYTES = 1024 * 1024
+SYNCHRONOUS = "FULL"
 _NS_DIGITS = 21  # enough for any instant up to year 9999 in ns
 _PAGE = 500
 
@@ -116,6 +126,14 @@ _UNAVAILABLE_MESSAGES = (
 
 def _ns_text(ns: int) -> str:
     return f"{ns:0{_NS_DIGITS}d}"
+
+
+def _is_full(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is SQLite's "database or disk is full" (SQLITE_FULL)."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code == sqlite3.SQLITE_FULL or "is full" in str(exc).lower()
 
 
 def _is_unavailable(exc: sqlite3.Error) -> bool:
@@ -181,7 +199,9 @@ class SQLiteStore:
             )
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
             self._with_lock_retry(lambda: conn.execute("PRAGMA journal_mode = WAL"))
-            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute(f"PRAGMA synchronous = {SYNCHRONOUS}")
+            conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
+            conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT_BYTES}")
         except sqlite3.Error as exc:
             self._raise(exc)
         with self._lock:
@@ -203,8 +223,23 @@ class SQLiteStore:
                     raise
                 time.sleep(0.01)
 
+    def checkpoint(self) -> bool:
+        """Move the WAL into the database and truncate it (``wal_checkpoint(TRUNCATE)``);
+        False when it could not complete (a reader, a full disk: the WAL stays, nothing is lost).
+        """
+        try:
+            row = self._conn().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error:
+            return False
+        return row is not None and row[0] == 0
+
     def close(self) -> None:
-        """Close every thread's connection. Idempotent; the store reopens on next use."""
+        """Checkpoint, then close every thread's connection. Idempotent; the store reopens on
+        next use."""
+        with self._lock:
+            open_now = bool(self._connections)
+        if open_now:
+            self.checkpoint()
         with self._lock:
             connections, self._connections = self._connections, []
             self._generation += 1
@@ -482,6 +517,16 @@ class SQLiteStore:
         )
 
     def _write(self, sql: str, params: Sequence[Any], name: str) -> WriteOutcome:
+        try:
+            return self._write_once(sql, params, name)
+        except StoreUnavailableError as exc:
+            # Out of space: the WAL may hold what could move into the database (or be cut
+            # back), so checkpoint and try once more; else the caller answers 503.
+            if not _is_full(exc.__cause__) or not self.checkpoint():
+                raise
+            return self._write_once(sql, params, name)
+
+    def _write_once(self, sql: str, params: Sequence[Any], name: str) -> WriteOutcome:
         conn = self._conn()
         try:
             if conn.execute(sql, params).rowcount:
