@@ -639,7 +639,7 @@ def test_a_waiter_registered_through_the_api_is_resumed_by_the_built_resumer(
 
     # The job ends; the bus event reaches the resumer, which answers the token (moto's Step
     # Functions accepts any token outside its interpreter) and removes the waiter.
-    done = dict(put, body=json.dumps({"state": "SUCCEEDED", "updateTime": "2030-01-01T00:00:00Z"}))
+    done = dict(put, body=json.dumps({"state": "SUCCEEDED", "updateTime": "2026-06-01T00:00:00Z"}))
     assert webhook.invoke(done)["statusCode"] == 200
     event = {
         "version": "0",

@@ -99,11 +99,12 @@ def test_the_notifier_reads_only_its_tables_stream(translated: dict[str, Any]) -
     assert by_action["sqs:SendMessage"]["Resource"] == {
         "Fn::GetAtt": ["NotifyDeadLetterQueue", "Arn"]
     }
-    # The stream mapping itself is on this table's stream.
+    # The notifier's stream mapping itself is on this table's stream.
     mappings = [
         r["Properties"]
         for r in resources.values()
         if r["Type"] == "AWS::Lambda::EventSourceMapping"
+        and r["Properties"]["FunctionName"] == {"Ref": "NotifyFunction"}
     ]
     assert [m["EventSourceArn"] for m in mappings] == [stream]
 

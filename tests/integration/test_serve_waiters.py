@@ -52,7 +52,7 @@ def test_serve_registers_then_resumes_when_the_job_ends(
         assert status == 200 and answer["waiter"]["added"] is True  # type: ignore[index]
         time.sleep(0.5)
         assert len(_waiters(db)) == 1  # running: kept
-        status, _ = _put(server.url, {"state": "SUCCEEDED", "updateTime": "2030-01-01T00:00:00Z"})
+        status, _ = _put(server.url, {"state": "SUCCEEDED", "updateTime": "2026-06-01T00:00:00Z"})
         assert status == 200
         _until(lambda: _waiters(db) == [])  # resumed (moto accepts the call) and removed
         assert TOKEN not in server.output()

@@ -135,7 +135,7 @@ class Rig:
         from tests.support.webhooks import operation_event
 
         body = json.dumps(
-            {"state": state, "updateTime": "2030-01-01T00:00:00Z", "details": details}
+            {"state": state, "updateTime": "2026-06-01T00:00:00Z", "details": details}
         ).encode()
         event = operation_event("PUT", NAME, body)
         event["headers"]["authorization"] = f"Bearer {API_TOKEN}"
