@@ -30,7 +30,7 @@ from opstate.model import OpEvent, OpRecord
 from opstate.names import Kind, cloud_scope
 from opstate.reconcile.cloud_credentials import CredentialsError, load_credentials, token_request
 from opstate.reconcile.gateway import AuthError, GatewayError, Listed, Scope
-from opstate.reconcile.genai_gateway import classify
+from opstate.reconcile.genai_gateway import batch_job_pages, classify
 
 if TYPE_CHECKING:
     from google import genai
@@ -115,25 +115,7 @@ class GoogleCloudGateway:
     # --- the port ---------------------------------------------------------------------------
 
     def batch_pages(self, scope: Scope, page_size: int) -> Iterator[Sequence[Listed]]:
-        try:
-            pager = self._client(scope).batches.list(config={"page_size": page_size})
-        except Exception as exc:
-            raise _classify(exc) from exc
-        while True:
-            page: list[Listed] = []
-            for job in pager.page:
-                raw_name = str(getattr(job, "name", None))
-                try:
-                    page.append((raw_name, from_batch_job(job)))
-                except EventError as exc:
-                    page.append((raw_name, exc))
-            yield page
-            if not pager.config.get("page_token"):
-                return
-            try:
-                pager.next_page()
-            except Exception as exc:
-                raise _classify(exc) from exc
+        return batch_job_pages(self._client(scope), page_size, _classify)
 
     def fetch(self, record: OpRecord) -> OpEvent:
         scope = cloud_scope(record.name)

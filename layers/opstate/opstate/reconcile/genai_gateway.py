@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 import json
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
@@ -94,6 +94,33 @@ def _said(status: object, message: object) -> str | None:
     return ": ".join(str(part) for part in (status, message) if part) or None
 
 
+def batch_job_pages(
+    client: Any, page_size: int, classify: Callable[[BaseException], GatewayError]
+) -> Iterator[Sequence[Listed]]:
+    """``client.batches.list`` page by page, each job as an event or the ``EventError`` that
+    refused it; an SDK failure as ``classify`` says (the Gemini API's and Google Cloud's
+    listings alike)."""
+    try:
+        pager = client.batches.list(config={"page_size": page_size})
+    except Exception as exc:
+        raise classify(exc) from exc
+    while True:
+        page: list[Listed] = []
+        for job in pager.page:
+            raw_name = str(getattr(job, "name", None))
+            try:
+                page.append((raw_name, from_batch_job(job)))
+            except EventError as exc:
+                page.append((raw_name, exc))
+        yield page
+        if not pager.config.get("page_token"):
+            return
+        try:
+            pager.next_page()
+        except Exception as exc:
+            raise classify(exc) from exc
+
+
 def classify(exc: BaseException) -> GatewayError:
     """An SDK exception as a ``GatewayError``."""
     message = f"{type(exc).__name__}: {exc}"[:300]
@@ -155,25 +182,7 @@ class GenaiGateway:
         return found
 
     def batch_pages(self, page_size: int) -> Iterator[Sequence[Listed]]:
-        try:
-            pager = self.client.batches.list(config={"page_size": page_size})
-        except Exception as exc:
-            raise classify(exc) from exc
-        while True:
-            page: list[Listed] = []
-            for job in pager.page:
-                raw_name = str(getattr(job, "name", None))
-                try:
-                    page.append((raw_name, from_batch_job(job)))
-                except EventError as exc:
-                    page.append((raw_name, exc))
-            yield page
-            if not pager.config.get("page_token"):
-                return
-            try:
-                pager.next_page()
-            except Exception as exc:
-                raise classify(exc) from exc
+        return batch_job_pages(self.client, page_size, classify)
 
     def fetch(self, record: OpRecord) -> OpEvent:
         try:
