@@ -41,7 +41,7 @@ help:
 	@echo "make run    - set up .venv if needed, then serve the app on http://127.0.0.1:3000"
 	@echo "make test   - set up .venv (and .tools-venv, .rie-venv) if needed, then ruff, mypy,"
 	@echo "              the template checks, sam build and the whole pytest suite (incl. e2e)"
-	@echo "make unit   - the inner loop: the domain and unit tests only (tests/unit, under 30 s)"
+	@echo "make unit   - the inner loop: the domain and unit tests only (tests/unit)"
 	@echo "make bench  - benchmarks (not part of make test; cold start also in a Lambda-like container"
 	@echo "              when Docker answers); make bench-quick for a short run"
 	@echo "make mutate - mutation testing of the domain modules and signatures (not part of"
@@ -162,7 +162,7 @@ pytest: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The inner loop: tests/unit (the domain and the modules around it; no servers, no AWS, no
-# build), under 30 s. A unit test marked `slow` leaves this loop; `make test` still runs it.
+# build). A unit test marked `slow` leaves this loop; `make test` still runs it.
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q -m "not slow" $(PYTEST_ARGS)
 
