@@ -324,8 +324,20 @@ def _package_source() -> str:
 def test_the_resumer_may_read_records_move_waiters_and_answer_only_the_allowed_tasks(
     template: dict[str, Any],
 ) -> None:
-    stmts = {s["Sid"]: s for s in statements(template, "WaiterResumerFunction")}
+    # Issue 24's rule: an explicit role (SAM's DynamoDB events would add a policy reading every
+    # stream in the account); tests/e2e/test_template_roles.py checks the translated role too.
+    function = template["Resources"]["WaiterResumerFunction"]["Properties"]
+    assert "Policies" not in function
+    assert function["Role"] == {"Fn::GetAtt": ["WaiterResumerFunctionRole", "Arn"]}
+    (policy,) = template["Resources"]["WaiterResumerFunctionRole"]["Properties"]["Policies"]
+    stmts = {s["Sid"]: s for s in policy["PolicyDocument"]["Statement"]}
     assert {sid: actions(s) for sid, s in stmts.items()} == {
+        "ConsumedStreamsRead": {
+            "dynamodb:DescribeStream",
+            "dynamodb:GetRecords",
+            "dynamodb:GetShardIterator",
+        },
+        "ConsumedStreamsList": {"dynamodb:ListStreams"},
         "OperationsTableRead": {"dynamodb:GetItem"},
         "WaitersTableResume": {"dynamodb:Query", "dynamodb:DeleteItem", "dynamodb:UpdateItem"},
         "ResumeStepFunctionsTasks": {"states:SendTaskSuccess", "states:SendTaskFailure"},
@@ -335,7 +347,19 @@ def test_the_resumer_may_read_records_move_waiters_and_answer_only_the_allowed_t
         },
         "WaiterDeadLetterSend": {"sqs:SendMessage"},
     }
+    assert stmts["ConsumedStreamsRead"]["Resource"] == [
+        {"Fn::GetAtt": ["WaitersTable", "StreamArn"]},
+        {"Fn::GetAtt": ["OperationsTable", "StreamArn"]},
+    ]
+    assert stmts["ConsumedStreamsList"]["Resource"] == [
+        {"Fn::Sub": "${WaitersTable.Arn}/stream/*"},
+        {"Fn::Sub": "${OperationsTable.Arn}/stream/*"},
+    ]
     assert stmts["OperationsTableRead"]["Resource"] == {"Fn::GetAtt": ["OperationsTable", "Arn"]}
+    assert stmts["WaitersTableResume"]["Resource"] == {"Fn::GetAtt": ["WaitersTable", "Arn"]}
+    assert stmts["WaiterDeadLetterSend"]["Resource"] == {
+        "Fn::GetAtt": ["WaiterDeadLetterQueue", "Arn"]
+    }
     assert stmts["ResumeStepFunctionsTasks"]["Resource"] == {"Ref": "WaiterStateMachineArns"}
     assert stmts["ResumeDurableCallbacks"]["Resource"] == {"Ref": "WaiterDurableFunctionArns"}
     props = template["Resources"]["WaiterResumerFunction"]["Properties"]

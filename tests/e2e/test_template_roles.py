@@ -2,7 +2,9 @@
 transform), so that what SAM adds on its own (an event source's managed policy) is seen too.
 
 Issue 24 item 5: SAM's DynamoDB event gave the notifier the managed
-AWSLambdaDynamoDBExecutionRole, which reads every stream in the account.
+AWSLambdaDynamoDBExecutionRole, which reads every stream in the account. The same rule holds for
+every stream consumer (the waiter resumer reads two streams): an explicit role whose stream
+statements name exactly the streams its mappings consume.
 """
 
 from __future__ import annotations
@@ -65,13 +67,45 @@ def actions(statement: dict[str, Any]) -> set[str]:
     return {value} if isinstance(value, str) else set(value)
 
 
-def test_no_function_role_gets_a_managed_policy_beyond_logs_and_tracing(
+def stream_sources(resources: dict[str, Any], function: str) -> list[Any]:
+    """The stream ARNs of a function's event source mappings, in the template's order."""
+    return [
+        r["Properties"]["EventSourceArn"]
+        for r in resources.values()
+        if r["Type"] == "AWS::Lambda::EventSourceMapping"
+        and r["Properties"]["FunctionName"] == {"Ref": function}
+    ]
+
+
+FUNCTION_ROLES = (
+    "NotifyFunctionRole",
+    "WebhookFunctionRole",
+    "ReconcileFunctionRole",
+    "ArchiverFunctionRole",
+    "WaiterResumerFunctionRole",
+)
+
+
+def test_no_role_gets_a_managed_policy_beyond_logs_and_tracing(
     translated: dict[str, Any],
 ) -> None:
     found = roles(translated)
-    assert {"NotifyFunctionRole", "WebhookFunctionRole", "ReconcileFunctionRole"} <= set(found)
-    for name in ("NotifyFunctionRole", "WebhookFunctionRole", "ReconcileFunctionRole"):
-        assert managed_names(found[name]) <= ALLOWED_MANAGED, name
+    assert set(FUNCTION_ROLES) <= set(found)
+    # Every role of the deployment, the ones SAM generates included (schedules, ...).
+    for name, role in found.items():
+        assert "AWSLambdaDynamoDBExecutionRole" not in managed_names(role), name
+        assert managed_names(role) <= ALLOWED_MANAGED, name
+    for name in FUNCTION_ROLES:
+        assert managed_names(found[name]) == ALLOWED_MANAGED, name
+
+
+def test_every_function_uses_the_role_it_is_checked_by(translated: dict[str, Any]) -> None:
+    resources = translated["Resources"]
+    functions = {k for k, v in resources.items() if v["Type"] == "AWS::Lambda::Function"}
+    assert functions == {role.removesuffix("Role") for role in FUNCTION_ROLES}  # none unchecked
+    for role in FUNCTION_ROLES:
+        function = role.removesuffix("Role")
+        assert resources[function]["Properties"]["Role"] == {"Fn::GetAtt": [role, "Arn"]}, role
 
 
 def test_the_notifier_reads_only_its_tables_stream(translated: dict[str, Any]) -> None:
@@ -100,13 +134,66 @@ def test_the_notifier_reads_only_its_tables_stream(translated: dict[str, Any]) -
         "Fn::GetAtt": ["NotifyDeadLetterQueue", "Arn"]
     }
     # The notifier's stream mapping itself is on this table's stream.
-    mappings = [
-        r["Properties"]
-        for r in resources.values()
-        if r["Type"] == "AWS::Lambda::EventSourceMapping"
-        and r["Properties"]["FunctionName"] == {"Ref": "NotifyFunction"}
+    assert stream_sources(resources, "NotifyFunction") == [stream]
+
+
+def test_the_waiter_resumer_reads_only_the_two_streams_it_consumes(
+    translated: dict[str, Any],
+) -> None:
+    resources = translated["Resources"]
+    function = resources["WaiterResumerFunction"]["Properties"]
+    assert function["Role"] == {"Fn::GetAtt": ["WaiterResumerFunctionRole", "Arn"]}
+    role = resources["WaiterResumerFunctionRole"]
+    assert "AWSLambdaDynamoDBExecutionRole" not in managed_names(role)
+    streams = [
+        {"Fn::GetAtt": ["WaitersTable", "StreamArn"]},
+        {"Fn::GetAtt": ["OperationsTable", "StreamArn"]},
     ]
-    assert [m["EventSourceArn"] for m in mappings] == [stream]
+    # Its mappings: the waiters table's stream (a waiter registered) and the operations
+    # table's (an archive settled as none / expired); exactly these, nothing else.
+    consumed = stream_sources(resources, "WaiterResumerFunction")
+    assert sorted(map(json.dumps, consumed)) == sorted(map(json.dumps, streams))
+    by_action: dict[str, dict[str, Any]] = {}
+    for statement in role_statements(role):
+        assert statement["Effect"] == "Allow", statement
+        for action in actions(statement):
+            assert action not in by_action, action  # one statement per action
+            by_action[action] = statement
+    assert set(by_action) == {
+        "dynamodb:DescribeStream",
+        "dynamodb:GetRecords",
+        "dynamodb:GetShardIterator",
+        "dynamodb:ListStreams",
+        "dynamodb:GetItem",
+        "dynamodb:Query",
+        "dynamodb:DeleteItem",
+        "dynamodb:UpdateItem",
+        "states:SendTaskSuccess",
+        "states:SendTaskFailure",
+        "lambda:SendDurableExecutionCallbackSuccess",
+        "lambda:SendDurableExecutionCallbackFailure",
+        "sqs:SendMessage",
+    }
+    for action in ("dynamodb:DescribeStream", "dynamodb:GetRecords", "dynamodb:GetShardIterator"):
+        assert by_action[action]["Resource"] == streams, action
+    assert by_action["dynamodb:ListStreams"]["Resource"] == [
+        {"Fn::Sub": "${WaitersTable.Arn}/stream/*"},
+        {"Fn::Sub": "${OperationsTable.Arn}/stream/*"},
+    ]
+    assert by_action["dynamodb:GetItem"]["Resource"] == {"Fn::GetAtt": ["OperationsTable", "Arn"]}
+    for action in ("dynamodb:Query", "dynamodb:DeleteItem", "dynamodb:UpdateItem"):
+        assert by_action[action]["Resource"] == {"Fn::GetAtt": ["WaitersTable", "Arn"]}, action
+    for action in ("states:SendTaskSuccess", "states:SendTaskFailure"):
+        assert by_action[action]["Resource"] == {"Ref": "WaiterStateMachineArns"}, action
+    for action in (
+        "lambda:SendDurableExecutionCallbackSuccess",
+        "lambda:SendDurableExecutionCallbackFailure",
+    ):
+        assert by_action[action]["Resource"] == {"Ref": "WaiterDurableFunctionArns"}, action
+    # The mappings' and the async invocations' OnFailure destination.
+    assert by_action["sqs:SendMessage"]["Resource"] == {
+        "Fn::GetAtt": ["WaiterDeadLetterQueue", "Arn"]
+    }
 
 
 def test_no_role_statement_allows_every_resource(translated: dict[str, Any]) -> None:

@@ -1,6 +1,7 @@
 """Fixtures of the ``sam local`` tests (marker ``samlocal``): Docker checked once, one moto
-server on the Docker bridge's gateway, the local table / bus / consumer queue of events/env.json
-recreated for every test, and the wall-clock timings printed at the end of the run."""
+server on the Docker bridge's gateway, the local table / bus / consumer queue / results bucket
+of events/env.json recreated for every test, and the wall-clock timings printed at the end of
+the run."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from tests.samlocal.harness import (
 from tests.support.motoserver import MotoServer, start_moto_server
 from tests.support.streams import lambda_stream_records
 from tests.support.template import create_table_from_template
-from tests.support.webhooks import LOCAL_EVENT_BUS, LOCAL_TABLE
+from tests.support.webhooks import LOCAL_EVENT_BUS, LOCAL_RESULTS_BUCKET, LOCAL_TABLE
 
 TIMINGS: list[tuple[str, float]] = []
 
@@ -65,7 +66,8 @@ def local_moto(docker_gateway: str) -> Iterator[MotoServer]:
 
 @dataclass
 class LocalStack:
-    """What events/env.json names, on the moto server: the table, the bus, a consumer queue."""
+    """What events/env.json names, on the moto server: the table, the bus, a consumer queue,
+    the archiver's results bucket."""
 
     endpoint: str
     gateway: str
@@ -73,6 +75,7 @@ class LocalStack:
     clients: dict[str, Any] = field(repr=False)
     table: str = LOCAL_TABLE
     bus: str = LOCAL_EVENT_BUS
+    results_bucket: str = LOCAL_RESULTS_BUCKET
 
     def client(self, service: str) -> Any:
         return self.clients[service]
@@ -114,9 +117,10 @@ def local_stack(local_moto: MotoServer, docker_gateway: str) -> LocalStack:
     local_moto.reset()
     clients: dict[str, Any] = {
         name: boto3.client(name, region_name=REGION, endpoint_url=local_moto.endpoint)
-        for name in ("dynamodb", "dynamodbstreams", "events", "sqs")
+        for name in ("dynamodb", "dynamodbstreams", "events", "sqs", "s3")
     }
     create_table_from_template(clients["dynamodb"], LOCAL_TABLE)
+    clients["s3"].create_bucket(Bucket=LOCAL_RESULTS_BUCKET)
     clients["events"].create_event_bus(Name=LOCAL_EVENT_BUS)
     queue_url = clients["sqs"].create_queue(QueueName="opstate-local-consumer")["QueueUrl"]
     queue_arn = clients["sqs"].get_queue_attributes(

@@ -5,14 +5,18 @@
 - ``sam local start-api --warm-containers EAGER``: signed webhook, redelivery, forged, oversized,
   GET; then the table's stream (read from moto) is handed to the built notifier through
   ``sam local invoke NotifyFunction`` and lands once on the bus -> rule -> SQS;
-- ``sam local invoke ReconcileFunction -e events/schedule.json`` against the fake Gemini server.
+- ``sam local invoke ReconcileFunction -e events/schedule.json`` against the fake Gemini server;
+- ``sam local invoke ArchiverFunction`` on a terminal change (issue 21): the fake Gemini serves
+  the batch's output file, the built archiver copies it into moto S3 and summarises it.
 
 See harness.py for the network (the Docker bridge's gateway) and the prerequisites.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +24,10 @@ import pytest
 
 from opstate.ingest import ingest
 from opstate.model import OpEvent
+from opstate.outcomes.results import results_json
 from opstate.states import State
 from opstate.store.dynamodb import DynamoDBStore
+from opstate.times import format_time
 from tests.samlocal.conftest import LocalStack, record_invocation, record_timing
 from tests.samlocal.harness import (
     EVENTS_DIR,
@@ -33,7 +39,7 @@ from tests.samlocal.test_local_config import PROMISED, SAMPLE_UPDATE_TIME, SCHED
 from tests.support.fake_gemini import FakeGemini
 from tests.support.motoserver import free_port
 from tests.support.prerequisites import in_ci
-from tests.support.webhooks import LOCAL_GEMINI_API_KEY, SAMPLE_NAME
+from tests.support.webhooks import LOCAL_GEMINI_API_KEY, LOCAL_RESULTS_URL, SAMPLE_NAME
 
 pytestmark = pytest.mark.samlocal
 
@@ -185,3 +191,109 @@ def test_reconcile_schedule_against_the_fake_gemini(local_stack: LocalStack) -> 
         tracked: "SUCCEEDED",
     }
     assert "disabled_due_to_failed_deliveries" in invocation.logs
+
+
+def batch_output() -> bytes:
+    """A batch's JSONL output: 400 answered rows (tokens), 3 failed (two codes), 1 unreadable."""
+    usage = {"promptTokenCount": 2, "candidatesTokenCount": 3, "totalTokenCount": 5}
+    rows = [json.dumps({"key": f"k{i}", "response": {"usageMetadata": usage}}) for i in range(400)]
+    rows += [
+        json.dumps({"key": "q1", "status": {"code": 8, "message": "quota"}}),
+        json.dumps({"key": "q2", "status": {"code": 8, "message": "quota"}}),
+        json.dumps({"key": "bad", "error": {"code": 3, "message": "invalid argument"}}),
+        "not json",
+    ]
+    return "".join(row + "\n" for row in rows).encode()
+
+
+def test_the_built_archiver_copies_a_batch_output_to_s3(
+    local_stack: LocalStack, tmp_path: Path
+) -> None:
+    name = "batches/local-archived"
+    now_ns = time.time_ns()
+    store = DynamoDBStore(local_stack.table, client=local_stack.client("dynamodb"))
+    try:
+        done = OpEvent(name, State.SUCCEEDED, now_ns, "test", {})
+        assert ingest(store, done, clock_ns=lambda: now_ns).applied
+    finally:
+        store.close()
+    data = batch_output()
+    # The terminal change as the bus rule delivers it to the archiver.
+    trigger = {
+        "version": "0",
+        "source": "gemini-opstate",
+        "detail-type": "Operation State Changed",
+        "detail": {"name": name, "state": "SUCCEEDED"},
+    }
+    event_file = tmp_path / "terminal-change.json"
+    event_file.write_text(json.dumps(trigger))
+
+    with FakeGemini(host=local_stack.gateway) as fake:
+        # Any other key gets 401: success proves events/env.json's key reached the function.
+        fake.api_key = LOCAL_GEMINI_API_KEY
+        file = fake.put_file(
+            "local-out", body=data, expiration_time=format_time(now_ns + 3600 * 10**9)
+        )
+        fake.put_batch(name, "BATCH_STATE_SUCCEEDED", responses_file=file)
+        invocation = sam_invoke(
+            "ArchiverFunction",
+            event_file,
+            local_stack.sam_env(GOOGLE_GEMINI_BASE_URL=fake.base_url),
+        )
+        record_invocation(invocation)
+        downloads = [r for r in fake.requests if r.name == file and r.verb == "download"]
+    assert len(downloads) == 1, fake.requests
+
+    result = invocation.result
+    counts = (result["archived"], result["failed"], result["errors"])
+    assert counts == (1, 0, 0), invocation.logs[-3000:]
+    assert result["bytes"] == len(data)
+    s3 = local_stack.client("s3")
+    bucket = local_stack.results_bucket
+    assert f"s3://{bucket}/results" == LOCAL_RESULTS_URL  # events/env.json's URL
+    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"])
+    (output,) = [k for k in keys if k.endswith("/output.jsonl")]
+    prefix = output.removesuffix("output.jsonl")
+    assert prefix.startswith(f"results/{name}/")
+    assert keys == [output, prefix + "summary.json"]  # nothing left under .incoming/
+    sha256 = hashlib.sha256(data).hexdigest()
+    body = s3.get_object(Bucket=bucket, Key=output)
+    assert body["Body"].read() == data  # byte for byte
+    assert body["Metadata"]["sha256"] == sha256
+    assert body["Metadata"]["opstate-name"] == name
+
+    rows = {"total": 404, "succeeded": 400, "failed": 3, "unreadable": 1}
+    errors = {"8": 2, "3": 1}
+    usage = {
+        "promptTokenCount": 800,
+        "candidatesTokenCount": 1200,
+        "thoughtsTokenCount": 0,
+        "cachedContentTokenCount": 0,
+        "toolUsePromptTokenCount": 0,
+        "totalTokenCount": 2000,
+    }
+    summary = json.loads(s3.get_object(Bucket=bucket, Key=prefix + "summary.json")["Body"].read())
+    assert (summary["name"], summary["rows"], summary["errors"], summary["usage"]) == (
+        name,
+        rows,
+        errors,
+        usage,
+    )
+    # The record's archive status (what `opstate results --json` prints), read from the table.
+    store = DynamoDBStore(local_stack.table, client=local_stack.client("dynamodb"))
+    try:
+        view = results_json(store, name)
+    finally:
+        store.close()
+    assert view is not None
+    assert (view["status"], view["rows"], view["errors"], view["usage"]) == (
+        "archived",
+        rows,
+        errors,
+        usage,
+    )
+    assert view["objects"] == [
+        {"location": f"s3://{bucket}/{output}", "bytes": len(data), "sha256": sha256}
+    ]
+    item = local_stack.get_item(name)
+    assert item is not None and item["state"] == {"S": "SUCCEEDED"}  # archiving changes no state

@@ -190,12 +190,15 @@ def _oversized_body() -> bytes:
 LOCAL_TABLE = "opstate-local"
 LOCAL_EVENT_BUS = "opstate-local"
 LOCAL_GEMINI_API_KEY = "local-gemini-api-key"
+LOCAL_RESULTS_BUCKET = "opstate-local-results"
+LOCAL_RESULTS_URL = f"s3://{LOCAL_RESULTS_BUCKET}/results"
 
 
 def local_env_vars() -> dict[str, dict[str, str]]:
     """events/env.json, the ``sam local --env-vars`` file of docs/deploy.md: the test secret,
     a tolerance wide enough for the fixed timestamp, no Secrets Manager, no quarantine queue (an
-    unreadable signed delivery is logged whole instead), local names. Endpoints
+    unreadable signed delivery is logged whole instead), local names (the archiver's results
+    bucket too: the template's URL names the stack's bucket). Endpoints
     (``AWS_ENDPOINT_URL``, ``GOOGLE_GEMINI_BASE_URL``) come from the shell: SAM passes a
     variable the template declares from the environment when the file does not set it."""
     return {
@@ -211,6 +214,11 @@ def local_env_vars() -> dict[str, dict[str, str]]:
             "GEMINI_API_KEY": LOCAL_GEMINI_API_KEY,
         },
         "NotifyFunction": {"OPSTATE_EVENT_BUS_NAME": LOCAL_EVENT_BUS},
+        "ArchiverFunction": {
+            "OPSTATE_GEMINI_API_KEY_SECRET_ARN": "",
+            "GEMINI_API_KEY": LOCAL_GEMINI_API_KEY,
+            "OPSTATE_RESULTS_URL": LOCAL_RESULTS_URL,
+        },
     }
 
 
