@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,11 @@ USAGE_FIELDS = (
 UNKNOWN_CODE = "unknown"
 # One decoder, bound once: json.loads would re-check its arguments and sniff the encoding of
 # bytes on every line.
-_decode = json.JSONDecoder().decode
+_decoder = json.JSONDecoder()
+_decode = _decoder.decode
+# The scanner decode runs (the C one when there is one): (value, end index) of the JSON value
+# at an index of a text.
+_scan_once: Callable[[str, int], tuple[Any, int]] = _decoder.scan_once  # type: ignore[attr-defined]
 
 
 def _count(value: object) -> int:
@@ -111,8 +115,7 @@ class BatchLedger:
         else:
             head = data[:last]
         self._rest += data[last + 1 :]
-        for line in head.split(b"\n"):
-            self.line(line)
+        self._lines(head)
 
     write = feed  # a ledger is a writable stream too
 
@@ -129,22 +132,71 @@ class BatchLedger:
     def sha256(self) -> str:
         return str(self._hash.hexdigest())
 
+    def _lines(self, head: bytes) -> None:
+        """Account for the complete lines ``head`` holds (newline-separated, none at the end).
+
+        The fast path decodes the block once and runs the JSON scanner (the one
+        ``json.loads`` runs) on each line starting with ``{`` in place: when the object it
+        reads ends exactly at the line's end, ``json.loads`` of that line alone reads the same
+        object (the scanner looks at nothing past a value's last character but one, and a
+        newline stops every token as the end of the text does). Any other line (blank,
+        another start, trailing whitespace, an error, a value running past its newline) and
+        a block that is not UTF-8 go through ``line``, the definition.
+        """
+        try:
+            text = head.decode("utf-8")
+        except UnicodeDecodeError:
+            for raw in head.split(b"\n"):
+                self.line(raw)
+            return
+        scan, find, stop = _scan_once, text.find, len(text)
+        pos = 0
+        while True:
+            end = find("\n", pos)
+            if end < 0:
+                end = stop
+            if pos < end:
+                if text.startswith("{", pos):
+                    try:
+                        row, last = scan(text, pos)
+                    except (ValueError, StopIteration):  # a nested value may raise either
+                        last = -1
+                    if last == end:
+                        self.rows.total += 1
+                        self._row(row)
+                    else:
+                        self.line(text[pos:end].encode("utf-8"))
+                else:
+                    self.line(text[pos:end].encode("utf-8"))
+            if end >= stop:
+                return
+            pos = end + 1
+
     def line(self, raw: bytes) -> None:
         """Account for one line (without its newline)."""
         if not raw or raw.isspace():  # ASCII whitespace only, as JSON's
             return  # a blank line is no row
         self.rows.total += 1
-        row = _row(raw)
+        row = _parse(raw)
         if row is None:
             self.rows.unreadable += 1
             return
+        self._row(row)
+
+    def _row(self, row: dict[str, Any]) -> None:
+        """Account for one readable row (a JSON object)."""
         response = row.get("response")
         if isinstance(response, dict):
             self.rows.succeeded += 1
             usage = response.get("usageMetadata")
             if isinstance(usage, dict):
+                sums = self.usage
                 for key in USAGE_FIELDS:
-                    self.usage[key] += _count(usage.get(key))
+                    value = usage.get(key)
+                    if type(value) is int and value >= 0:  # the usual case, as _count says
+                        sums[key] += value
+                    elif value is not None:
+                        sums[key] += _count(value)
             return
         status = row.get("status")
         if not isinstance(status, dict):
@@ -157,7 +209,7 @@ class BatchLedger:
         self.rows.unreadable += 1
 
 
-def _row(raw: bytes) -> dict[str, Any] | None:
+def _parse(raw: bytes) -> dict[str, Any] | None:
     """The JSON object a line holds, or None (not UTF-8, not JSON, not an object)."""
     try:
         row = _decode(raw.decode("utf-8"))

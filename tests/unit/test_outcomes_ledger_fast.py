@@ -1,0 +1,147 @@
+"""The ledger's fast path (one decode per block, the JSON scanner run in place) counts exactly
+what ``json.loads`` of each line alone counts, for any bytes, however they are cut."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from opstate.outcomes.ledger import USAGE_FIELDS, BatchLedger
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return max(value, 0)
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return 0
+
+
+def _code(status: dict[str, Any]) -> str:
+    code = status.get("code")
+    if isinstance(code, int | str) and not isinstance(code, bool) and str(code).strip():
+        return str(code).strip()
+    return "unknown"
+
+
+def reference(data: bytes) -> dict[str, Any]:
+    """Counts by the definition: each line alone through ``json.loads``."""
+    rows = {"total": 0, "succeeded": 0, "failed": 0, "unreadable": 0}
+    errors: dict[str, int] = {}
+    usage = dict.fromkeys(USAGE_FIELDS, 0)
+    for raw in data.split(b"\n"):
+        if not raw or raw.isspace():
+            continue
+        rows["total"] += 1
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except ValueError:
+            row = None
+        if not isinstance(row, dict):
+            rows["unreadable"] += 1
+        elif isinstance(row.get("response"), dict):
+            rows["succeeded"] += 1
+            meta = row["response"].get("usageMetadata")
+            if isinstance(meta, dict):
+                for key in USAGE_FIELDS:
+                    usage[key] += _count(meta.get(key))
+        else:
+            status = row.get("status")
+            status = status if isinstance(status, dict) else row.get("error")
+            if isinstance(status, dict):
+                rows["failed"] += 1
+                errors[_code(status)] = errors.get(_code(status), 0) + 1
+            else:
+                rows["unreadable"] += 1
+    return {"rows": rows, "errors": errors, "usage": usage}
+
+
+# Lines near the fast path's edges: values that end before the line does, run past it, or
+# are not what they look like.
+TRICKY = [
+    b'{"response": {"usageMetadata": {"totalTokenCount": 5}}}',
+    b'{"response": {"usageMetadata": {"totalTokenCount": 5}}} ',
+    b'{"response": {"usageMetadata": {"totalTokenCount": 5}}}\r',
+    b'{"response": {"usageMetadata": {"totalTokenCount": 5}}}x',
+    b'{"response": {"usageMetadata": {"totalTokenCount": 5}}}{"status": {"code": 3}}',
+    b'{"response": {"usageMetadata":',
+    b' {"totalTokenCount": 4}}}',
+    b'{"response": {}, "response": 1, "status": {"code": 9}}',
+    b'{"status": {"code": 8}, "status": 2, "error": {"code": "7 "}}',
+    b'{"response": {"usageMetadata": {"promptTokenCount": "12", "thoughtsTokenCount": 2.0,'
+    b' "totalTokenCount": true, "candidatesTokenCount": -3, "cachedContentTokenCount": 1e400}}}',
+    b'{"response": {"usageMetadata": {"totalTokenCount": NaN}}}',
+    b'{"response": {"text": "a\x01b"}}',
+    b'{"response": {"text": "\\ud800\\n\\"\\u00e9"}}',
+    '{"response": {"text": "é\u2028"}}'.encode(),
+    b'{"response": {"text": "\xff"}}',
+    b'\x0c{"response": {}}',
+    b'\t{"response": {}}',
+    b"{",
+    b"{}",
+    b"[1, 2]",
+    b'"text"',
+    b"   ",
+    b"\x0b",
+    b"",
+]
+lines = st.lists(
+    st.one_of(
+        st.sampled_from(TRICKY),
+        st.text(alphabet='{}[]":,\\ \t\r01-eEnrstuaNI.é\x01', max_size=40).map(str.encode),
+        st.builds(
+            lambda which, value: json.dumps({which: value}).encode(),
+            st.sampled_from(["response", "status", "error", "key"]),
+            st.recursive(
+                st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                lambda inner: (
+                    st.lists(inner, max_size=3)
+                    | st.dictionaries(
+                        st.sampled_from(["code", "usageMetadata", *USAGE_FIELDS, "x"]),
+                        inner,
+                        max_size=4,
+                    )
+                ),
+                max_leaves=8,
+            ),
+        ),
+    ),
+    max_size=25,
+)
+
+
+def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    pieces, start = [], 0
+    for point in points:
+        pieces.append(data[start:point])
+        start = point
+    pieces.append(data[start:])
+    return pieces
+
+
+@settings(max_examples=500, deadline=None)
+@given(lines, st.lists(st.integers(min_value=0), max_size=12), st.booleans())
+@example(TRICKY, [], True)
+@example(TRICKY, [7, 100, 333], False)
+def test_the_fast_path_counts_what_json_loads_of_each_line_counts(
+    rows: list[bytes], cuts: list[int], trailing: bool
+) -> None:
+    data = b"\n".join(rows) + (b"\n" if trailing else b"")
+    ledger = BatchLedger()
+    for piece in chunked(data, cuts):
+        ledger.feed(piece)
+    ledger.finish()
+    expected = reference(data)
+    assert ledger.rows.as_dict() == expected["rows"]
+    assert ledger.errors == expected["errors"]
+    assert ledger.usage == expected["usage"]
+    assert (ledger.size, ledger.sha256) == (len(data), hashlib.sha256(data).hexdigest())
