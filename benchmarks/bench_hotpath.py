@@ -6,7 +6,10 @@
 - **floor**: the same work done bare, per delivery: verify the same Standard Webhooks HMAC
   (``hmac`` + ``base64``, the timestamp window, constant-time compare), parse the body
   (``json.loads``), one read of the name and one insert with ``sqlite3`` on a file with the
-  store's journal settings (WAL, ``synchronous=NORMAL``, ``busy_timeout``) and table.
+  store's journal settings (WAL, the store's ``synchronous`` - ``FULL`` since the store commits
+  to disk before a 200 -, its ``wal_autocheckpoint`` and ``journal_size_limit``,
+  ``busy_timeout``) and table; ``--synchronous NORMAL`` gives the floor of the earlier runs,
+  taken when the store was on ``NORMAL``.
 
 Rounds alternate (floor, handler, floor, ...) on fresh names; each side's figure is the median
 round's microseconds per delivery, and ``ratio`` = floor / handler (1.0: the handler costs no
@@ -51,14 +54,23 @@ class Floor:
     """The bare work of one delivery on its own SQLite file (the store's schema and journal
     settings), no opstate code."""
 
-    def __init__(self, path: Path) -> None:
-        from opstate.store.sqlite import _SCHEMA, DEFAULT_BUSY_TIMEOUT_S
+    def __init__(self, path: Path, synchronous: str | None = None) -> None:
+        from opstate.store.sqlite import (
+            _SCHEMA,
+            DEFAULT_BUSY_TIMEOUT_S,
+            JOURNAL_SIZE_LIMIT_BYTES,
+            SYNCHRONOUS,
+            WAL_AUTOCHECKPOINT_PAGES,
+        )
 
         self.key = base64.b64decode(SECRET.removeprefix("whsec_"))
         self.conn = sqlite3.connect(path, timeout=DEFAULT_BUSY_TIMEOUT_S, isolation_level=None)
         self.conn.execute(f"PRAGMA busy_timeout = {int(DEFAULT_BUSY_TIMEOUT_S * 1000)}")
         self.conn.execute("PRAGMA journal_mode = WAL")
-        self.conn.execute("PRAGMA synchronous = NORMAL")
+        self.synchronous = synchronous or SYNCHRONOUS
+        self.conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+        self.conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
+        self.conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT_BYTES}")
         self.conn.executescript(_SCHEMA)
 
     def deliver(self, event: dict[str, Any]) -> None:
@@ -104,13 +116,13 @@ class Floor:
         self.conn.close()
 
 
-def measure(n: int = 2000, rounds: int = 5) -> dict[str, Any]:
+def measure(n: int = 2000, rounds: int = 5, synchronous: str | None = None) -> dict[str, Any]:
     from opstate.local.apigw import LocalLambdaContext
     from opstate.store.sqlite import SQLiteStore
 
     with tempfile.TemporaryDirectory(prefix="opstate-hotpath-") as tmp:
         store = SQLiteStore(Path(tmp) / "handler.db")
-        floor = Floor(Path(tmp) / "floor.db")
+        floor = Floor(Path(tmp) / "floor.db", synchronous)
         try:
             app, context = make_app(store), LocalLambdaContext()
             handler_us: list[float] = []
@@ -149,6 +161,7 @@ def measure(n: int = 2000, rounds: int = 5) -> dict[str, Any]:
         "floor_wall_us": round(statistics.median(floor_us), 1),
         "wall_ratio": round(statistics.median(floor_us) / statistics.median(handler_us), 3),
         "target_ratio": TARGET_RATIO,
+        "floor_synchronous": floor.synchronous,
         "deliveries_per_round": n,
         "rounds": rounds,
         "python": sys.version.split()[0],
@@ -189,11 +202,16 @@ def main() -> int:
     parser.add_argument(
         "--profile", nargs="?", const="cumulative", choices=("cumulative", "tottime")
     )
+    parser.add_argument(
+        "--synchronous",
+        choices=("FULL", "NORMAL"),
+        help="the floor's synchronous setting (default: the store's)",
+    )
     args = parser.parse_args()
     if args.profile:
         print(profile(args.n, args.profile))
     else:
-        print(json.dumps(measure(args.n, args.rounds), indent=2))
+        print(json.dumps(measure(args.n, args.rounds, args.synchronous), indent=2))
     return 0
 
 

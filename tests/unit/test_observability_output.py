@@ -165,3 +165,65 @@ def test_log_decision_builds_no_fields_when_its_level_is_off(
         assert len(built) == 1
     finally:
         logger.setLevel(level)
+
+
+def _record(msg: object, *args: object, created: float = 1_780_000_000.25, **extra: Any) -> Any:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        import sys
+
+        exc_info = sys.exc_info() if extra.pop("exc", False) else None
+    record = logging.LogRecord(
+        observability.SERVICE, logging.INFO, __file__, 42, msg, args, exc_info, func="caller"
+    )
+    record.created = created
+    record.msecs = (created - int(created)) * 1000
+    record.__dict__.update(extra)
+    return record
+
+
+FORMATTED = [
+    _record("event applied", operation="batches/x", reason="created", applied=True, none=None),
+    _record("webhook quarantined", detail="a%sb%(msg)s", operation=None),
+    _record('{"a": 1}'),  # a JSON message: Powertools writes it parsed
+    _record("  [1, 2]"),
+    _record("true"),
+    _record("NaN"),
+    _record("-"),  # looks like a number, is not one
+    _record(""),
+    _record("count %d of %s", 3, "x"),
+    _record({"dict": "message"}),
+    _record("failed", exc=True, error_type="ValueError"),
+    _record("late in a second", created=1_780_000_000.999),
+    _record("next second", created=1_780_000_001.001),
+    _record("back again", created=1_780_000_000.5),
+]
+
+
+def test_the_formatter_writes_powertools_own_lines() -> None:
+    """The cheaper formatter's line is byte for byte Powertools' formatter's, with the keys
+    the logger appends (service, Lambda context, a %-template of a record attribute) and
+    thread-local keys; its per-second timestamp text follows the records' own times."""
+    from aws_lambda_powertools.logging.formatter import LambdaPowertoolsFormatter
+
+    ours, theirs = observability._Formatter(), LambdaPowertoolsFormatter()
+    for formatter in (ours, theirs):
+        formatter.append_keys(
+            service=observability.SERVICE, cold_start=True, pid="%(process)d", sampling_rate=None
+        )
+    ours.thread_safe_append_keys(request="r-1", file="%(filename)s")
+    try:
+        for record in FORMATTED:
+            assert ours.format(record) == theirs.format(record)
+    finally:
+        ours.thread_safe_clear_keys()
+
+
+def test_the_formatter_refuses_what_powertools_refuses() -> None:
+    from aws_lambda_powertools.logging.formatter import LambdaPowertoolsFormatter
+
+    for formatter in (observability._Formatter(), LambdaPowertoolsFormatter()):
+        formatter.append_keys(process=123)  # a record attribute's key must be a %-template
+        with pytest.raises(ValueError, match="reserved log attributes"):
+            formatter.format(_record("x"))

@@ -171,14 +171,15 @@ class _Walk:
         out: dict[str, Any] = {}
         for raw_key, item in value.items():
             key = raw_key if isinstance(raw_key, str) else str(raw_key)
-            shown = _clean_text(key)[:40]
-            child = f"{path}.{shown}"
+            surrogate = _has_lone_surrogate(key)
+            # The path shows the key cleaned (character by character: only when it needs it).
+            child = f"{path}.{(_clean_text(key) if surrogate else key)[:40]}"
             if key == "":
                 self.note(child, "empty key")
                 continue
             if key is not raw_key:
                 self.note(child, "key is not a string")
-            if _has_lone_surrogate(key):
+            if surrogate:
                 self.note(child, "lone surrogate in key")
                 key = _clean_text(key)
             keep, cleaned = self.value(item, child, depth + 1)

@@ -52,9 +52,11 @@ def next_details(
             if key not in OBSERVATION_SCOPED_KEYS
             and not (state_changed and key in STATE_SCOPED_KEYS)
         }
+    notes = [str(p) for p in problems]
+    if not carried:  # ``sanitize`` already fitted the event's own details to the cap
+        return incoming, tuple(notes)
     merged = {**carried, **incoming}
     fitted, dropped = details_rules.fit(merged, keep=incoming)
-    notes = [str(p) for p in problems]
     notes.extend(f"$.{key[:40]}: dropped: record details over the size cap" for key in dropped)
     return fitted, tuple(notes)
 

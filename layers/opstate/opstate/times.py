@@ -8,6 +8,7 @@ into an ``int`` of nanoseconds; 0 means "no server time" and is older than any r
 from __future__ import annotations
 
 import re
+import time
 from datetime import UTC, datetime, timedelta
 
 NS_PER_SECOND = 1_000_000_000
@@ -125,5 +126,5 @@ def check_ns(ns: int) -> int:
 def format_time(ns: int) -> str:
     """The canonical text of an instant: ``YYYY-MM-DDTHH:MM:SS.fffffffffZ``."""
     seconds, frac = divmod(check_ns(ns), NS_PER_SECOND)
-    wall = _EPOCH + timedelta(seconds=seconds)
-    return f"{wall:%Y-%m-%dT%H:%M:%S}.{frac:09d}Z"
+    # time.gmtime: a third of the cost of a datetime; years 1970-9999 are four digits either way.
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(seconds))}.{frac:09d}Z"

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
+from aws_lambda_powertools.event_handler.api_gateway import ResponseBuilder
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 
 from opstate.api.auth import OperationsAuth, require_iam_caller
@@ -30,6 +31,23 @@ if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.typing import LambdaContext
 
 
+class _ResponseBuilder(ResponseBuilder[Any]):
+    """Powertools' response builder, which reads the request's headers for ``Accept-Encoding``
+    only when the route or the response may be compressed (none of ours is): Powertools builds
+    a case-insensitive copy of every header, each split at its commas, on every response to
+    answer that question, whose answer is then no compression whatever the header says."""
+
+    @staticmethod
+    def _has_compression_enabled(
+        route_compression: bool, response_compression: bool | None, event: Any
+    ) -> bool:
+        if not route_compression and not response_compression:
+            return False
+        return ResponseBuilder._has_compression_enabled(
+            route_compression, response_compression, event
+        )
+
+
 class _Resolver(APIGatewayHttpResolver):
     """Powertools' HTTP API resolver, its per-request state kept per thread.
 
@@ -46,6 +64,7 @@ class _Resolver(APIGatewayHttpResolver):
     def __init__(self) -> None:
         self._request = threading.local()
         super().__init__()
+        self._response_builder_class = _ResponseBuilder
 
     @property  # type: ignore[override]
     def current_event(self) -> APIGatewayProxyEventV2:

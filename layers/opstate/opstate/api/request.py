@@ -30,22 +30,25 @@ def raw_body(event: Mapping[str, Any], max_bytes: int) -> bytes:
         return b""
     if not isinstance(body, str):
         raise ApiError(400, "invalid-body", "the request body is not text")
-    too_large = ApiError(413, "payload-too-large", f"the body is larger than {max_bytes} bytes")
     if event.get("isBase64Encoded"):
         # n base64 characters decode to at most 3n/4 bytes.
         if (len(body) // 4) * 3 > max_bytes + 3:
-            raise too_large
+            raise _too_large(max_bytes)
         try:
             raw = base64.b64decode(body, validate=True)
         except (binascii.Error, ValueError):
             raise ApiError(400, "invalid-body", "the body is not valid base64") from None
     else:
         if len(body) > max_bytes:  # every character is at least one byte
-            raise too_large
+            raise _too_large(max_bytes)
         raw = body.encode("utf-8", "surrogatepass")
     if len(raw) > max_bytes:
-        raise too_large
+        raise _too_large(max_bytes)
     return raw
+
+
+def _too_large(max_bytes: int) -> ApiError:
+    return ApiError(413, "payload-too-large", f"the body is larger than {max_bytes} bytes")
 
 
 def request_headers(event: Mapping[str, Any]) -> dict[str, str]:
