@@ -119,25 +119,28 @@ class DynamoDBStore:
 
     # -- the port ----------------------------------------------------------------------------
 
-    def get(self, name: str) -> OpRecord | None:
+    def _item(self, name: str, **projection: Any) -> dict[str, Any] | None:
+        """The item of ``name`` as stored (a consistent GetItem, wire format), or None;
+        ``projection``: GetItem's ``ProjectionExpression`` / ``ExpressionAttributeNames``."""
         try:
             response = self.client.get_item(
-                TableName=self.table_name, Key={"name": {"S": name}}, ConsistentRead=True
+                TableName=self.table_name,
+                Key={"name": {"S": name}},
+                ConsistentRead=True,
+                **projection,
             )
         except (ClientError, BotoCoreError) as exc:
             fault(exc, "GetItem")
-        item = response.get("Item")
+        item: dict[str, Any] | None = response.get("Item")
+        return item or None
+
+    def get(self, name: str) -> OpRecord | None:
+        item = self._item(name)
         return record_from_wire(item) if item else None
 
     def poll_state(self, name: str) -> PollState | None:
         """The poll state stored beside the record of ``name`` (consistent read), or None."""
-        try:
-            response = self.client.get_item(
-                TableName=self.table_name, Key={"name": {"S": name}}, ConsistentRead=True
-            )
-        except (ClientError, BotoCoreError) as exc:
-            fault(exc, "GetItem")
-        item = response.get("Item")
+        item = self._item(name)
         return poll_from_item(deserialize_item(item)) if item else None
 
     def put_if_absent(self, record: OpRecord) -> WriteOutcome:
@@ -278,17 +281,9 @@ class DynamoDBStore:
                 return
 
     def get_archive(self, name: str) -> ArchiveState | None:
-        try:
-            response = self.client.get_item(
-                TableName=self.table_name,
-                Key={"name": {"S": name}},
-                ConsistentRead=True,
-                ProjectionExpression="#archive",
-                ExpressionAttributeNames={"#archive": "archive"},
-            )
-        except (ClientError, BotoCoreError) as exc:
-            fault(exc, "GetItem")
-        item = response.get("Item")
+        item = self._item(
+            name, ProjectionExpression="#archive", ExpressionAttributeNames={"#archive": "archive"}
+        )
         return archive_from_item(deserialize_item(item)) if item else None
 
     def set_archive(self, name: str, expected_rev: int, state: ArchiveState) -> bool:
@@ -332,16 +327,7 @@ class DynamoDBStore:
         return True
 
     def get_progress(self, name: str) -> dict[str, int] | None:
-        try:
-            response = self.client.get_item(
-                TableName=self.table_name,
-                Key={"name": {"S": name}},
-                ConsistentRead=True,
-                ProjectionExpression="progress",
-            )
-        except (ClientError, BotoCoreError) as exc:
-            fault(exc, "GetItem")
-        raw = response.get("Item", {}).get("progress")
+        raw = (self._item(name, ProjectionExpression="progress") or {}).get("progress")
         value = plain(from_attr(raw)) if raw else None
         return value if isinstance(value, dict) else None
 
