@@ -126,3 +126,22 @@ def test_concurrent_resolves_never_mix_their_requests(tmp_path: Path, threads: i
     assert all(name == put == got for name, put, got in results), [
         r for r in results if len(set(r)) > 1
     ][:5]
+
+
+def test_every_route_is_ready_before_the_first_request() -> None:
+    """Powertools builds a route's middleware stack on its first request; two threads taking
+    that first request at once built it twice and one answered 500 (``MiddlewareFrame.__call__()
+    missing ... 'app'``, seen under CI in the test above). ``create_app`` builds them all."""
+    from opstate.api import create_app
+    from opstate.config import Settings
+    from opstate.signatures import StaticSecretsVerifier
+    from opstate.store.memory import MemoryStore
+
+    app = create_app(
+        store=MemoryStore(),
+        verifier=StaticSecretsVerifier([SECRET]),
+        settings=Settings(webhook_secrets=(SECRET,)),
+        operations_auth=lambda _event: None,
+    )
+    routes = app._static_routes + app._dynamic_routes
+    assert routes and all(route._middleware_stack_built for route in routes)

@@ -96,6 +96,16 @@ class _Resolver(APIGatewayHttpResolver):
     def context(self, value: dict[str, Any]) -> None:
         self._request.context = value
 
+    def build_middleware_stacks(self) -> None:
+        """Build every route's middleware stack now, once. Powertools builds a route's stack
+        lazily on its first request and flags it built; two threads taking a route's first
+        request at once would both build it, one calling the other's half-built stack
+        (``TypeError: MiddlewareFrame.__call__() missing ... 'app'``). Built here, before any
+        request, it is only read afterwards."""
+        for route in self._static_routes + self._dynamic_routes:
+            if not route._middleware_stack_built:
+                route._build_middleware_stack(router_middlewares=self._router_middlewares, app=self)
+
     def resolve(self, event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
         self.current_event = cast("APIGatewayProxyEventV2", self._to_proxy_event(dict(event)))
         self.lambda_context = context
@@ -154,6 +164,7 @@ def create_app(
     )
     _add_routes(app, receiver, operations, pubsub)
     _add_error_answers(app)
+    app.build_middleware_stacks()
     return app
 
 
