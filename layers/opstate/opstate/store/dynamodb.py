@@ -134,6 +134,19 @@ class DynamoDBStore:
         item: dict[str, Any] | None = response.get("Item")
         return item or None
 
+    def _update_if(self, name: str, **update: Any) -> bool:
+        """A conditional UpdateItem of the item of ``name`` (``update``: its expressions):
+        True when written, False when its condition failed; any other failure a store fault."""
+        try:
+            self.client.update_item(TableName=self.table_name, Key={"name": {"S": name}}, **update)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == CONDITION_FAILED:
+                return False
+            fault(exc, "UpdateItem")
+        except BotoCoreError as exc:
+            fault(exc, "UpdateItem")
+        return True
+
     def get(self, name: str) -> OpRecord | None:
         item = self._item(name)
         return record_from_wire(item) if item else None
@@ -238,22 +251,13 @@ class DynamoDBStore:
             expression = "SET " + ", ".join(sets)
         if removes:
             expression += " REMOVE " + ", ".join(removes)
-        try:
-            self.client.update_item(
-                TableName=self.table_name,
-                Key={"name": {"S": name}},
-                UpdateExpression=expression.strip(),
-                ConditionExpression="#version = :version AND attribute_not_exists(#expires)",
-                ExpressionAttributeNames=names,
-                ExpressionAttributeValues=values,
-            )
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == CONDITION_FAILED:
-                return False
-            fault(exc, "UpdateItem")
-        except BotoCoreError as exc:
-            fault(exc, "UpdateItem")
-        return True
+        return self._update_if(
+            name,
+            UpdateExpression=expression.strip(),
+            ConditionExpression="#version = :version AND attribute_not_exists(#expires)",
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=values,
+        )
 
     def iter_marked(self) -> Iterator[Due]:
         """Open records that are lost or overdue (operator listing: a filtered Scan)."""
@@ -301,30 +305,20 @@ class DynamoDBStore:
             values[":expected"] = {"N": str(expected_rev)}
         else:
             condition += "attribute_not_exists(#rev)"
-        try:
-            self.client.update_item(
-                TableName=self.table_name,
-                Key={"name": {"S": name}},
-                UpdateExpression="SET #archive = :archive, #status = :status, #rev = :rev, "
-                "#due = :due",
-                ConditionExpression=condition,
-                ExpressionAttributeNames={
-                    "#archive": "archive",
-                    "#status": "archive_status",
-                    "#rev": "archive_rev",
-                    "#due": "archive_due_ns",
-                    "#expires": "expires_at",
-                    "#created": "created_ns",
-                },
-                ExpressionAttributeValues=values,
-            )
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == CONDITION_FAILED:
-                return False
-            fault(exc, "UpdateItem")
-        except BotoCoreError as exc:
-            fault(exc, "UpdateItem")
-        return True
+        return self._update_if(
+            name,
+            UpdateExpression="SET #archive = :archive, #status = :status, #rev = :rev, #due = :due",
+            ConditionExpression=condition,
+            ExpressionAttributeNames={
+                "#archive": "archive",
+                "#status": "archive_status",
+                "#rev": "archive_rev",
+                "#due": "archive_due_ns",
+                "#expires": "expires_at",
+                "#created": "created_ns",
+            },
+            ExpressionAttributeValues=values,
+        )
 
     def get_progress(self, name: str) -> dict[str, int] | None:
         raw = (self._item(name, ProjectionExpression="progress") or {}).get("progress")
