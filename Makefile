@@ -13,7 +13,8 @@ TOOLS_PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-DEPS := pyproject.toml layers/opstate/requirements.txt functions/reconcile/requirements.txt
+DEPS := pyproject.toml layers/opstate/requirements.txt functions/reconcile/requirements.txt \
+	functions/archiver/requirements.txt
 PIP_FLAGS := --disable-pip-version-check --no-input --quiet
 # The project's own install shows pip's progress (what it collects, downloads and installs), so
 # that a first `make run` / `make test` never looks hung.
@@ -65,7 +66,8 @@ $(STAMP): $(DEPS)
 	fi
 	$(PY) -m pip install $(PIP_FLAGS) --upgrade pip
 	$(PY) -m pip install $(PIP_PROGRESS_FLAGS) -c layers/opstate/requirements.txt \
-		-c functions/reconcile/requirements.txt -e '.[dev]'
+		-c functions/reconcile/requirements.txt -c functions/archiver/requirements.txt \
+		-e '.[dev]'
 	@touch $(STAMP)
 	@echo "make: $(VENV) is ready"
 

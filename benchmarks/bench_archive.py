@@ -11,13 +11,21 @@ measurement runs in its own fresh process, so its memory is its own:
   (httpx2, the drop-in fork the SDK itself runs on, where httpx is not installed);
 - archive: one ``archive_once`` pass on a memory store with the real google-genai client
   (``files.download`` into the ledger and the folder sink: temporary name, fsync, rename);
-- ledger: the ledger alone over the same chunks already in memory (its CPU cost, no I/O).
+- ledger: the ledger alone over the same chunks already in memory (its CPU cost, no I/O),
+  the way the archiver runs it (msgspec) and the stdlib way (``use_msgspec=False``, what it
+  falls back to without msgspec).
 
 Peak RSS added by the copy = the process's high-water mark (``VmHWM``) minus its RSS just
 before the copy (after every import). Targets: archive RSS added <= 64 MiB; archive throughput
->= 0.8x plain. ``--rounds`` alternates plain and archive and keeps each one's best.
+>= 0.8x plain. ``--rounds`` (default 3) alternates plain and archive and keeps each one's best:
+on a shared machine one round of either can be slowed by a neighbour, and the plain copy of a
+file larger than the page cache's dirty limit by write-back.
 
-Run: ``.venv/bin/python benchmarks/bench_archive.py [--mib 1024] [--rounds 1] [--json]``.
+Both copies end with an fsync, so a slow disk slows both (the archive less: its writes overlap
+the download); ``--dir /dev/shm`` writes to memory and leaves the CPU cost alone.
+
+Run: ``.venv/bin/python benchmarks/bench_archive.py [--mib 1024] [--rounds 3] [--text 3000]
+[--dir DIR] [--json]``.
 """
 
 from __future__ import annotations
@@ -113,14 +121,14 @@ def _archive(base_url: str, dest: Path) -> dict[str, Any]:
     }
 
 
-def _ledger(mib: int, text: int) -> dict[str, Any]:
+def _ledger(mib: int, text: int, use_msgspec: bool) -> dict[str, Any]:
     from opstate.outcomes.ledger import BatchLedger
     from tests.support.outcomes import generated_output
 
     chunks, size, _rows = generated_output(mib * 1024 * 1024, text)
     pieces = list(zip(range(64), chunks(), strict=False))  # 64 MiB in memory, fed in a loop
     block = [p for _, p in pieces]
-    ledger = BatchLedger()
+    ledger = BatchLedger(use_msgspec=use_msgspec)
     start = time.perf_counter()
     fed = 0
     while fed < size:
@@ -140,8 +148,8 @@ def child(mode: str, arg: str, dest: str) -> None:
     elif mode == "archive":
         out = _archive(arg, Path(dest))
     else:
-        mib, text = arg.split(":")
-        out = _ledger(int(mib), int(text))
+        mib, text, way = arg.split(":")
+        out = _ledger(int(mib), int(text), way == "msgspec")
     print(json.dumps(out))
 
 
@@ -157,13 +165,15 @@ def _run_child(mode: str, arg: str, dest: Path) -> dict[str, Any]:
     return result
 
 
-def measure(mib: int = 1024, rounds: int = 1, text: int = 3000) -> dict[str, Any]:
+def measure(
+    mib: int = 1024, rounds: int = 3, text: int = 3000, directory: str | None = None
+) -> dict[str, Any]:
     from tests.support.fake_gemini import FakeGemini
     from tests.support.outcomes import generated_output
 
     chunks, size, rows = generated_output(mib * 1024 * 1024, text)
     best: dict[str, dict[str, Any]] = {}
-    with FakeGemini() as fake, tempfile.TemporaryDirectory() as tmp:
+    with FakeGemini() as fake, tempfile.TemporaryDirectory(dir=directory) as tmp:
         fake.api_key = KEY
         name = fake.put_file("big", body=chunks, size=size, expiration_time="2999-01-01T00:00:00Z")
         fake.put_batch("batches/big", "SUCCEEDED", responses_file=name)
@@ -178,11 +188,13 @@ def measure(mib: int = 1024, rounds: int = 1, text: int = 3000) -> dict[str, Any
                     best[mode] = got
                 if dest.is_file():
                     dest.unlink()
-        ledger = _run_child("ledger", f"{mib}:{text}", Path(tmp))
+        ledger = _run_child("ledger", f"{mib}:{text}:msgspec", Path(tmp))
+        stdlib = _run_child("ledger", f"{mib}:{text}:stdlib", Path(tmp))
     plain, archive = best["plain"], best["archive"]
     plain_mibs = plain["bytes"] / plain["seconds"] / 2**20
     archive_mibs = archive["bytes"] / archive["seconds"] / 2**20
     ledger_mibs = ledger["bytes"] / ledger["seconds"] / 2**20
+    stdlib_mibs = stdlib["bytes"] / stdlib["seconds"] / 2**20
     assert archive["bytes"] == plain["bytes"] == size
     assert archive["rows"]["succeeded"] == rows
     return {
@@ -195,6 +207,10 @@ def measure(mib: int = 1024, rounds: int = 1, text: int = 3000) -> dict[str, Any
         "plain_rss_added_mib": round(plain["rss_added_kib"] / 1024, 1),
         "archive_rss_added_mib": round(archive["rss_added_kib"] / 1024, 1),
         "ledger_only_mib_s": round(ledger_mibs, 1),
+        # CPU per MiB of the ledger (counting and sha256) as the archiver runs it, and the
+        # stdlib way's (without msgspec).
+        "ledger_ms_per_mib": round(1000 / ledger_mibs, 2),
+        "ledger_stdlib_ms_per_mib": round(1000 / stdlib_mibs, 2),
         # The share of the archive's time the ledger alone would take (CPU, no I/O).
         "ledger_share_of_archive_time": round(archive_mibs / ledger_mibs, 3),
         "targets": {"rss_added_mib": RSS_TARGET_MIB, "ratio": RATIO_TARGET},
@@ -209,11 +225,14 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--mib", type=int, default=1024)
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--text", type=int, default=3000)
+    parser.add_argument(
+        "--dir", help="where both copies are written (default: the temp dir; /dev/shm: no disk)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    result = measure(args.mib, args.rounds, args.text)
+    result = measure(args.mib, args.rounds, args.text, args.dir)
     if args.json:
         print(json.dumps(result, indent=2))
         return

@@ -37,6 +37,7 @@ DOMAIN = (
     "opstate.details",
     "opstate.routes",
     "opstate.outcomes.ledger",
+    "opstate.outcomes.ledger_rows",  # the ledger's msgspec structs (msgspec: a JSON parser)
     "opstate.outcomes.plan",
     "opstate.waiters.model",  # the waiters' pure part (issue 26)
 )

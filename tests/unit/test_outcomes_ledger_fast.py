@@ -1,5 +1,6 @@
-"""The ledger's fast path (one decode per block, the JSON scanner run in place) counts exactly
-what ``json.loads`` of each line alone counts, for any bytes, however they are cut."""
+"""The ledger's fast ways (msgspec into the ``ledger_rows`` structs; without msgspec, one decode
+per block and the JSON scanner run in place) count exactly what ``json.loads`` of each line
+alone counts, for any bytes, however they are cut."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import hashlib
 import json
 from typing import Any
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from opstate.outcomes import ledger as ledger_module
 from opstate.outcomes.ledger import USAGE_FIELDS, BatchLedger
 
 
@@ -43,7 +46,7 @@ def reference(data: bytes) -> dict[str, Any]:
         rows["total"] += 1
         try:
             row = json.loads(raw.decode("utf-8"))
-        except ValueError:
+        except (ValueError, RecursionError):
             row = None
         if not isinstance(row, dict):
             rows["unreadable"] += 1
@@ -92,6 +95,31 @@ TRICKY = [
     b"   ",
     b"\x0b",
     b"",
+    # What msgspec reads differently unless the ledger rules it out or reads it the slow way:
+    b'{"response": {}, "skipped": "\xff\xfe"}',  # invalid UTF-8 in a value msgspec skips
+    b'{"response": {}, "skipped": "\xed\xa0\x80"}',  # an encoded surrogate
+    b'{"response": {}, "skipped": "\\udc00"}',
+    b'{"response": {}} {"status": {"code": 1}}',  # two values on one line
+    b'{"response": {}, "x": [1,}',  # a syntax error inside a skipped value
+    b'{"response": {}, "x": [' + b"[" * 200 + b"]" * 200 + b"]}",
+    b'{"response": 5, "response": {"usageMetadata": {"totalTokenCount": 2}}}',
+    b'{"response": {"usageMetadata": {"totalTokenCount": 2}}, "response": null}',
+    b'{"respons\\u0065": {"usageMetadata": {"totalTokenC\\u006funt": 3}}}',
+    b'{"response": {"usageMetadata": {"totalTokenCount": 123456789012345678901234567890}}}',
+    b'{"response": {"usageMetadata": {"totalTokenCount": 18446744073709551616}}}',
+    b'{"response": {"usageMetadata": {"totalTokenCount": 12345678901234567890.0}}}',
+    b'{"response": {"usageMetadata": {"totalTokenCount": -0, "promptTokenCount": -0.0}}}',
+    b'{"response": {"usageMetadata": {"promptTokenCount": "\\u0031\\u0032"}}}',
+    b'{"response": {"usageMetadata": {"promptTokenCount": "\xd9\xa3"}}}',  # Arabic-Indic 3
+    b'{"status": {"code": 1.0}}',
+    b'{"status": {"code": " 5"}, "error": {"code": 6}}',
+    b'{"status": null, "error": {"code": 6}}',
+    b'{"status": "quota", "error": {"code": 6}}',
+    b'{"response": null, "status": {}}',
+    b'{"response": {"usageMetadata": null}}',
+    b'{"response": {"usageMetadata": []}}',
+    b'\xef\xbb\xbf{"response": {}}',
+    b'{"response": {}}\x00',
 ]
 lines = st.lists(
     st.one_of(
@@ -132,11 +160,12 @@ def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
 @given(lines, st.lists(st.integers(min_value=0), max_size=12), st.booleans())
 @example(TRICKY, [], True)
 @example(TRICKY, [7, 100, 333], False)
-def test_the_fast_path_counts_what_json_loads_of_each_line_counts(
-    rows: list[bytes], cuts: list[int], trailing: bool
+@pytest.mark.parametrize("use_msgspec", [True, False], ids=["msgspec", "stdlib"])
+def test_the_fast_ways_count_what_json_loads_of_each_line_counts(
+    use_msgspec: bool, rows: list[bytes], cuts: list[int], trailing: bool
 ) -> None:
     data = b"\n".join(rows) + (b"\n" if trailing else b"")
-    ledger = BatchLedger()
+    ledger = BatchLedger(use_msgspec=use_msgspec)
     for piece in chunked(data, cuts):
         ledger.feed(piece)
     ledger.finish()
@@ -145,3 +174,19 @@ def test_the_fast_path_counts_what_json_loads_of_each_line_counts(
     assert ledger.errors == expected["errors"]
     assert ledger.usage == expected["usage"]
     assert (ledger.size, ledger.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+
+
+def test_msgspec_is_what_the_archiver_runs() -> None:
+    """msgspec is in the archiver's requirements and the development environment: a ledger
+    reads with it by default (the stdlib way is the fallback, tested above)."""
+    assert ledger_module.HAVE_MSGSPEC
+    assert BatchLedger().use_msgspec
+
+
+@pytest.mark.parametrize("use_msgspec", [True, False], ids=["msgspec", "stdlib"])
+def test_a_line_too_deep_for_json_is_unreadable_not_a_crash(use_msgspec: bool) -> None:
+    deep = b'{"response": {}, "x": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    ledger = BatchLedger(use_msgspec=use_msgspec)
+    ledger.feed(deep + b"\n" + b'{"response": {}}\n')
+    ledger.finish()
+    assert ledger.rows.as_dict() == {"total": 2, "succeeded": 1, "failed": 0, "unreadable": 1}

@@ -16,15 +16,30 @@ unfinished last line between calls, so memory is bounded by the longest line, ne
 - ``size`` (bytes) and ``sha256`` of everything fed.
 
 ``VideoLedger`` is the same for one video (bytes and sha256 only).
+
+How a line is read (each way counts exactly what ``json.loads`` of the line alone counts; the
+Hypothesis tests compare every way with that definition over arbitrary bytes and cuts): with
+msgspec installed (the archiver's requirements) each line goes straight from its bytes into
+``ledger_rows``' structs, skipping every field the ledger does not count; without it, json's
+own scanner runs in place over a block of lines decoded once. A line either way cannot read
+exactly goes through ``line``, the definition. A line nested too deep for ``json.loads``
+(``RecursionError``) is unreadable, not the end of the archive.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+try:
+    from opstate.outcomes.ledger_rows import ROW_ERRORS, USAGE_GETTERS, Row, decode_row
+
+    HAVE_MSGSPEC = True
+except ImportError:  # the stdlib way (below) counts the same, slower
+    HAVE_MSGSPEC = False
 
 USAGE_FIELDS = (
     "promptTokenCount",
@@ -57,8 +72,8 @@ def _count(value: object) -> int:
     return 0
 
 
-def _code(status: Mapping[str, Any]) -> str:
-    code = status.get("code")
+def _code(code: object) -> str:
+    """The key a failed row's ``status.code`` is counted under."""
     if isinstance(code, bool) or code is None:
         return UNKNOWN_CODE
     if isinstance(code, int | str) and str(code).strip():
@@ -85,39 +100,81 @@ class Rows:
 
 
 @dataclass
-class BatchLedger:
-    """Counts of one batch output, fed chunk by chunk (see the module docstring)."""
+class Digest:
+    """Size and sha256 of the bytes fed, in order (``hashlib`` releases the interpreter while
+    it hashes a chunk, so ``digest`` may run in a thread of its own beside the counting)."""
+
+    size: int = 0
+    _hash: Any = field(default_factory=hashlib.sha256, repr=False)
+
+    def digest(self, chunk: bytes | bytearray | memoryview) -> None:
+        self._hash.update(chunk)
+        self.size += len(chunk)
+
+    @property
+    def sha256(self) -> str:
+        return str(self._hash.hexdigest())
+
+
+@dataclass
+class VideoLedger(Digest):
+    """Bytes and sha256 of one video, fed chunk by chunk."""
+
+    def feed(self, chunk: bytes | bytearray | memoryview) -> None:
+        self.digest(chunk)
+
+    write = feed
+
+
+@dataclass
+class BatchLedger(Digest):
+    """Counts of one batch output, fed chunk by chunk (see the module docstring).
+
+    ``feed`` is ``digest`` (size, sha256) then ``count`` (the lines); a caller may run the two
+    apart, each over every chunk in order."""
 
     rows: Rows = field(default_factory=Rows)
     errors: dict[str, int] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_FIELDS, 0))
-    size: int = 0
-    _hash: Any = field(default_factory=hashlib.sha256, repr=False)
     _rest: bytearray = field(default_factory=bytearray, repr=False)
     _finished: bool = False
+    # Read lines with msgspec (when installed); False: the stdlib way (tests run both).
+    use_msgspec: bool = field(default=HAVE_MSGSPEC, repr=False)
 
     def feed(self, chunk: bytes | bytearray | memoryview) -> None:
         """Account for the next bytes of the output."""
         if self._finished:
             raise ValueError("the ledger is finished")
-        if not chunk:
-            return
-        self._hash.update(chunk)
-        self.size += len(chunk)
-        data = bytes(chunk)
-        last = data.rfind(b"\n")
-        if last < 0:
-            self._rest += data
-            return
-        if self._rest:
-            head = bytes(self._rest) + data[:last]
-            self._rest.clear()
-        else:
-            head = data[:last]
-        self._rest += data[last + 1 :]
-        self._lines(head)
+        self.digest(chunk)
+        self.count(chunk)
 
     write = feed  # a ledger is a writable stream too
+
+    def count(self, chunk: bytes | bytearray | memoryview) -> None:
+        """Count the lines the next bytes complete (the sha256 and size are ``digest``'s).
+
+        Only the unfinished line before the chunk's first newline and after its last one is
+        copied; the whole lines between are read in place."""
+        if self._finished:
+            raise ValueError("the ledger is finished")
+        data = chunk if type(chunk) is bytes else bytes(chunk)
+        first = data.find(b"\n")
+        if first < 0:
+            self._rest += data
+            return
+        ascii_only = data.isascii()
+        if self._rest:
+            self._rest += data[:first]
+            line = bytes(self._rest)
+            self._rest.clear()
+            self._lines(line, 0, len(line), line.isascii())
+        elif first:
+            self._lines(data, 0, first, ascii_only)
+        last = data.rfind(b"\n")
+        if last > first + 1:
+            self._lines(data, first + 1, last, ascii_only)
+        if last + 1 < len(data):
+            self._rest += data[last + 1 :]
 
     def finish(self) -> BatchLedger:
         """Account for a last line without a newline; the ledger is complete."""
@@ -128,27 +185,72 @@ class BatchLedger:
             self._finished = True
         return self
 
-    @property
-    def sha256(self) -> str:
-        return str(self._hash.hexdigest())
-
-    def _lines(self, head: bytes) -> None:
-        """Account for the complete lines ``head`` holds (newline-separated, none at the end).
-
-        The fast path decodes the block once and runs the JSON scanner (the one
-        ``json.loads`` runs) on each line starting with ``{`` in place: when the object it
-        reads ends exactly at the line's end, ``json.loads`` of that line alone reads the same
-        object (the scanner looks at nothing past a value's last character but one, and a
-        newline stops every token as the end of the text does). Any other line (blank,
-        another start, trailing whitespace, an error, a value running past its newline) and
-        a block that is not UTF-8 go through ``line``, the definition.
-        """
-        try:
-            text = head.decode("utf-8")
-        except UnicodeDecodeError:
-            for raw in head.split(b"\n"):
-                self.line(raw)
+    def _lines(self, data: bytes, start: int, stop: int, ascii_only: bool) -> None:
+        """Account for the complete lines of ``data[start:stop]`` (newline-separated, none at
+        the end). A block that is not UTF-8 is read line by line by the definition
+        (``line``); any other goes the fast way (see the module docstring)."""
+        view = memoryview(data)[start:stop]
+        if ascii_only or _is_utf8(view):
+            if self.use_msgspec:
+                self._read_structs(data, start, stop)
+            else:
+                self._scan(str(view, "utf-8"))
             return
+        for raw in bytes(view).split(b"\n"):
+            self.line(raw)
+
+    def _read_structs(self, data: bytes, start: int, stop: int) -> None:
+        """Each line of a UTF-8 block through msgspec into ``ledger_rows.Row`` (a zero-copy
+        view of the line: no value it skips is built), then all the rows counted at once; a
+        line msgspec refuses goes to ``line``."""
+        view, find = memoryview(data), data.find
+        decode, errors = decode_row, ROW_ERRORS
+        rows: list[Row] = []
+        keep = rows.append
+        pos = start
+        while True:
+            end = find(b"\n", pos, stop)
+            if end < 0:
+                end = stop
+            if pos < end:
+                try:
+                    keep(decode(view[pos:end]))
+                except errors:
+                    self.line(data[pos:end])
+            if end >= stop:
+                break
+            pos = end + 1
+        self._count_structs(rows)
+
+    def _count_structs(self, rows: list[Row]) -> None:
+        """``_row`` for many rows msgspec read: a field is None where ``_row`` finds no object
+        (the structs refuse any other value), a count is an int >= 0 (the structs refuse any
+        other, which ``line`` then counts)."""
+        responses = [row.response for row in rows if row.response is not None]
+        self.rows.total += len(rows)
+        self.rows.succeeded += len(responses)
+        usages = [u for r in responses if (u := r.usage_metadata) is not None]
+        if usages:
+            sums = self.usage
+            for key, get in USAGE_GETTERS:
+                sums[key] += sum(map(get, usages))
+        if len(responses) == len(rows):
+            return
+        for row in rows:
+            if row.response is None:
+                status = row.status if row.status is not None else row.error
+                if status is not None:
+                    self._add_failed(status.code)
+                else:
+                    self.rows.unreadable += 1
+
+    def _scan(self, text: str) -> None:
+        """The stdlib way: json's scanner (the one ``json.loads`` runs) on each line of a
+        decoded block starting with ``{``, in place. When the object it reads ends exactly at
+        the line's end, ``json.loads`` of that line alone reads the same object (the scanner
+        looks at nothing past a value's last character but one, and a newline stops every
+        token as the end of the text does). Any other line (blank, another start, trailing
+        whitespace, an error, a value running past its newline) goes through ``line``."""
         scan, find, stop = _scan_once, text.find, len(text)
         pos = 0
         while True:
@@ -159,7 +261,8 @@ class BatchLedger:
                 if text.startswith("{", pos):
                     try:
                         row, last = scan(text, pos)
-                    except (ValueError, StopIteration):  # a nested value may raise either
+                    # a nested value may raise either; too deep raises RecursionError
+                    except (ValueError, StopIteration, RecursionError):
                         last = -1
                     if last == end:
                         self.rows.total += 1
@@ -190,50 +293,46 @@ class BatchLedger:
             self.rows.succeeded += 1
             usage = response.get("usageMetadata")
             if isinstance(usage, dict):
-                sums = self.usage
-                for key in USAGE_FIELDS:
-                    value = usage.get(key)
-                    if type(value) is int and value >= 0:  # the usual case, as _count says
-                        sums[key] += value
-                    elif value is not None:
-                        sums[key] += _count(value)
+                self._add_usage([usage.get(key) for key in USAGE_FIELDS])
             return
         status = row.get("status")
         if not isinstance(status, dict):
             status = row.get("error")
         if isinstance(status, dict):
-            self.rows.failed += 1
-            code = _code(status)
-            self.errors[code] = self.errors.get(code, 0) + 1
+            self._add_failed(status.get("code"))
             return
         self.rows.unreadable += 1
+
+    def _add_usage(self, values: Sequence[object]) -> None:
+        """Add a succeeded row's six counts (``USAGE_FIELDS`` order) to the sums."""
+        sums = self.usage
+        for key, value in zip(USAGE_FIELDS, values, strict=True):
+            if type(value) is int and value >= 0:  # the usual case, as _count says
+                sums[key] += value
+            elif value is not None:
+                sums[key] += _count(value)
+
+    def _add_failed(self, code: object) -> None:
+        self.rows.failed += 1
+        key = _code(code)
+        self.errors[key] = self.errors.get(key, 0) + 1
+
+
+def _is_utf8(data: bytes | memoryview) -> bool:
+    try:
+        str(data, "utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _parse(raw: bytes) -> dict[str, Any] | None:
     """The JSON object a line holds, or None (not UTF-8, not JSON, not an object)."""
     try:
         row = _decode(raw.decode("utf-8"))
-    except ValueError:  # UnicodeDecodeError is one
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
     return row if isinstance(row, dict) else None
-
-
-@dataclass
-class VideoLedger:
-    """Bytes and sha256 of one video, fed chunk by chunk."""
-
-    size: int = 0
-    _hash: Any = field(default_factory=hashlib.sha256, repr=False)
-
-    def feed(self, chunk: bytes | bytearray | memoryview) -> None:
-        self._hash.update(chunk)
-        self.size += len(chunk)
-
-    write = feed
-
-    @property
-    def sha256(self) -> str:
-        return str(self._hash.hexdigest())
 
 
 def inlined_lines(responses: list[Mapping[str, Any]]) -> list[bytes]:

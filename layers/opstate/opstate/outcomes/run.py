@@ -93,41 +93,57 @@ class ArchiveResult:
         }
 
 
-# Chunks (1 MiB each from the SDK) queued between the download and the ledger's thread.
-LEDGER_QUEUE_CHUNKS = 8
+# Chunks (1 MiB each from the SDK) queued between the download and the writing thread.
+WRITE_QUEUE_CHUNKS = 8
 
 
 class _Tee:
-    """Writes every chunk to the sink's writer and hands it to the ledger, which runs in its
-    own thread (parsing JSON holds the interpreter; receiving, hashing and writing do not), so
-    the copy and the count overlap. The queue is bounded: memory stays bounded."""
+    """Sends every chunk of a download through the ledger into the sink's writer, on two
+    threads: this one (the download's) counts the lines, which holds the interpreter; a thread
+    of its own writes each chunk to the sink and hashes it, which mostly does not (file writes
+    and hashlib let go of the interpreter), so the copy, the count and the digest run side by
+    side on two cores. The queue between them is bounded: memory stays bounded. A failure of
+    the writer (a ``SinkError``; anything else it raises becomes one) stops the download at its
+    next chunk, or is raised by ``close`` when no chunk came after it."""
 
     def __init__(self, ledger: BatchLedger | VideoLedger, out: Any) -> None:
         self.ledger = ledger
+        self.count = ledger.count if isinstance(ledger, BatchLedger) else None
         self.out = out
-        self.queue: queue.Queue[bytes | None] = queue.Queue(maxsize=LEDGER_QUEUE_CHUNKS)
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._count, name="ledger", daemon=True)
+        self.queue: queue.Queue[bytes | None] = queue.Queue(maxsize=WRITE_QUEUE_CHUNKS)
+        self.error: SinkError | None = None
+        self.reported = False
+        self.thread = threading.Thread(target=self._write, name="archive-write", daemon=True)
         self.thread.start()
 
-    def _count(self) -> None:
+    def _write(self) -> None:
         while (chunk := self.queue.get()) is not None:
             if self.error is None:
                 try:
-                    self.ledger.feed(chunk)
-                except BaseException as exc:  # reported by close()
+                    self.out.write(chunk)
+                    self.ledger.digest(chunk)
+                except SinkError as exc:  # raised by the next write() or by close()
                     self.error = exc
+                except Exception as exc:
+                    self.error = SinkError(f"writing the copy failed: {type(exc).__name__}: {exc}")
+                    self.error.__cause__ = exc
 
     def write(self, data: bytes) -> int:
-        self.out.write(data)
-        self.queue.put(bytes(data))
-        return len(data)
+        if self.error is not None:
+            self.reported = True
+            raise self.error
+        chunk = bytes(data)
+        self.queue.put(chunk)
+        if self.count is not None:
+            self.count(chunk)
+        return len(chunk)
 
     def close(self) -> None:
-        """Wait until the ledger has counted every chunk (raises what it raised)."""
+        """Wait until every chunk is written and digested; raise what the writer raised,
+        unless a write() already did (the download failed with it)."""
         self.queue.put(None)
         self.thread.join()
-        if self.error is not None:
+        if self.error is not None and not self.reported:
             raise self.error
 
 

@@ -1,0 +1,66 @@
+"""The ledger's rows as msgspec structs: the only fields it counts, typed so that a line
+msgspec reads into them holds exactly what ``json.loads`` of that line would show the ledger.
+
+msgspec reads a line straight from its bytes into these structs and skips every other field
+without building it (the answer text, the candidates), which is where the time of a plain
+``json.loads`` goes. Anything the structs do not describe exactly (a field of another type, a
+bool or a float where a code is, NaN, a number out of range, a lone surrogate, a value too
+deep) is an error here, and the ledger then reads the line by its definition (``json.loads``).
+What msgspec accepts that ``json.loads`` would refuse is ruled out by the ledger itself: it
+hands msgspec only text that is valid UTF-8 (msgspec does not check skipped strings), one line
+at a time (msgspec's ``decode_lines`` takes any whitespace between values, not only newlines).
+Duplicate keys: the last one wins, as in ``json.loads``.
+
+Imported only by ``opstate.outcomes.ledger``, which works without msgspec (slower).
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+from typing import Annotated
+
+import msgspec
+
+# A token count as the structs take it: an int >= 0. Any other value the ledger counts by its
+# definition (``ledger._count``: a float that is whole, decimal text, else 0) through ``line``.
+type Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class Usage(msgspec.Struct, rename="camel"):
+    """``response.usageMetadata``: the six token counts (``ledger.USAGE_FIELDS``; a missing one
+    is 0, as for the ledger; ``null`` is refused, so ``line`` counts it, as 0)."""
+
+    prompt_token_count: Count = 0
+    candidates_token_count: Count = 0
+    thoughts_token_count: Count = 0
+    cached_content_token_count: Count = 0
+    tool_use_prompt_token_count: Count = 0
+    total_token_count: Count = 0
+
+
+class Response(msgspec.Struct, rename="camel"):
+    usage_metadata: Usage | None = None
+
+
+class Status(msgspec.Struct):
+    """A ``google.rpc.Status``: only its code is counted."""
+
+    code: int | str | None = None
+
+
+class Row(msgspec.Struct):
+    """One line of a batch output: a ``response``, or a ``status`` / ``error``."""
+
+    response: Response | None = None
+    status: Status | None = None
+    error: Status | None = None
+
+
+decode_row = msgspec.json.Decoder(Row).decode
+# (the camelCase name in ledger.USAGE_FIELDS, the getter of that count on a Usage)
+USAGE_GETTERS: tuple[tuple[str, attrgetter[int]], ...] = tuple(
+    (Usage.__struct_encode_fields__[i], attrgetter(name))
+    for i, name in enumerate(Usage.__struct_fields__)
+)
+# What decode_row raises for a line it cannot read exactly (both are msgspec.MsgspecError).
+ROW_ERRORS: tuple[type[Exception], ...] = (msgspec.MsgspecError, RecursionError)
