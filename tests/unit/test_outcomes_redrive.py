@@ -49,3 +49,45 @@ def test_an_invocation_fault_is_logged_not_raised() -> None:
         raise RuntimeError("throttled")
 
     assert not redrive(store, CONFIGURED, invoke=broken)
+
+
+def test_a_due_archive_near_its_deadline_is_reported_at_risk(monkeypatch) -> None:
+    """A result no archiver picked up (no status: its trigger was lost) with less than the
+    warning margin left is counted by the reconciler; one far from it, one past it (the
+    archiver marks that expired) and a Google Cloud job (never copied) are not."""
+    from opstate.outcomes import redrive as module
+
+    counted: list[tuple[str, float]] = []
+    monkeypatch.setattr(module, "count", lambda name, value=1: counted.append((name, value)))
+    settings = Settings(
+        archiver_function=CONFIGURED.archiver_function,
+        results_retention_s=48 * 3600.0,
+        results_warn_s=12 * 3600.0,
+    )
+    hour = 3600 * 10**9
+    store = MemoryStore()
+    for name, ended in (
+        ("batches/near", T - 40 * hour),  # 8 h left
+        ("batches/far", T - 1 * hour),  # 47 h left
+        ("batches/past", T - 50 * hour),  # past its deadline
+        ("projects/p/locations/us-central1/batchPredictionJobs/7", T - 40 * hour),
+    ):
+        ingest(store, OpEvent(name, State.SUCCEEDED, ended, "poll", {}), clock_ns=lambda e=ended: e)
+    calls: list[tuple[str, bytes]] = []
+    assert redrive(store, settings, invoke=lambda f, p: calls.append((f, p)), clock_ns=lambda: T)
+    assert counted == [("ResultsAtRisk", 1)]
+    entries = list(store.iter_archive_due(T))
+    assert [e.record.name for e in module.at_risk(entries, settings, T)] == ["batches/near"]
+    # A failed copy with its own (Gemini's) deadline: that deadline counts, not the retention.
+    record = store.get("batches/far")
+    assert record is not None
+    assert store.set_archive(
+        "batches/far",
+        0,
+        ArchiveState("failed", created_ns=record.created_ns, deadline_ns=T + 2 * hour, due_ns=T),
+    )
+    entries = list(store.iter_archive_due(T))
+    assert sorted(e.record.name for e in module.at_risk(entries, settings, T)) == [
+        "batches/far",
+        "batches/near",
+    ]

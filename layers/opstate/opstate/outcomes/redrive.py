@@ -6,6 +6,11 @@ time is left in its budget, hands the work to the archiver: in AWS an asynchrono
 of ``OPSTATE_ARCHIVER_FUNCTION`` (the archiver takes every due archive, soonest first, with its
 own role and budget); elsewhere nothing (``opstate serve`` and ``opstate archive --once`` run
 the pass themselves).
+
+It also says when a due archive is at risk: not archived yet, its deadline less than the warning
+margin (``results_warn_s``) away (``ResultsAtRisk``, the metric the archiver counts for a copy
+failing that late, and one error line). The archiver counts only what it attempted; a result no
+archiver has picked up yet (a lost trigger, an archiver that cannot start) is counted here.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 from opstate.config import Settings
-from opstate.observability import log_fields, logger
-from opstate.store.port import ArchivingStore, RetryableError, Store
+from opstate.observability import count, log_fields, logger
+from opstate.outcomes.plan import deadline_ns, is_cloud_job
+from opstate.store.port import ArchiveEntry, ArchivingStore, RetryableError, Store
+from opstate.times import NS_PER_SECOND, format_time
 
 Invoke = Callable[[str, bytes], None]
 
@@ -44,13 +51,16 @@ def redrive(
         return False
     if remaining_s is not None and remaining_s() < settings.reconcile_safety_margin_s:
         return False
+    now = clock_ns()
     try:
-        due = next(iter(store.iter_archive_due(clock_ns())), None)
+        entries = list(store.iter_archive_due(now))
     except RetryableError as exc:
         log_fields(logger.warning, "archive re-drive skipped", {"error": str(exc)[:200]})
         return False
-    if due is None:
+    if not entries:
         return False
+    report_at_risk(entries, settings, now)
+    due = entries[0]
     payload = json.dumps({"source": "gemini-opstate.reconcile", "first": due.record.name})
     try:
         (invoke or _lambda_invoke)(function, payload.encode())
@@ -59,3 +69,39 @@ def redrive(
         return False
     log_fields(logger.info, "archive re-driven", {"first": due.record.name})
     return True
+
+
+def _deadline_ns(entry: ArchiveEntry, settings: Settings) -> int:
+    stored = entry.archive.deadline_ns if entry.archive is not None else 0
+    return deadline_ns(entry.record, stored, settings.results_retention_s)
+
+
+def at_risk(entries: list[ArchiveEntry], settings: Settings, now_ns: int) -> list[ArchiveEntry]:
+    """The due entries whose results Gemini deletes within the warning margin (not yet past:
+    those the archiver marks expired and announces lost). Google Cloud jobs are never copied."""
+    margin = int(settings.results_warn_s * NS_PER_SECOND)
+    return [
+        entry
+        for entry in entries
+        if not is_cloud_job(entry.record.name)
+        and now_ns < _deadline_ns(entry, settings) <= now_ns + margin
+    ]
+
+
+def report_at_risk(entries: list[ArchiveEntry], settings: Settings, now_ns: int) -> int:
+    """Count (``ResultsAtRisk``) and log the entries ``at_risk``; how many there were."""
+    risky = at_risk(entries, settings, now_ns)
+    if risky:
+        count("ResultsAtRisk", len(risky))
+        first = risky[0]
+        log_fields(
+            logger.error,
+            "results at risk",
+            {
+                "count": len(risky),
+                "first": first.record.name,
+                "status": first.archive.status if first.archive is not None else None,
+                "deadline": format_time(_deadline_ns(first, settings)),
+            },
+        )
+    return len(risky)

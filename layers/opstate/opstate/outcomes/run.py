@@ -203,8 +203,8 @@ class Archiver:
             location = str(record.details.get("output_location") or "")
             self._settle(record, rev, ArchiveState(ARCHIVE_NONE, location=location), "none")
             return
-        deadline = state.deadline_ns if state is not None and state.deadline_ns else 0
-        deadline = deadline or deadline_ns(record, 0, self.settings.results_retention_s)
+        stored = state.deadline_ns if state is not None else 0
+        deadline = deadline_ns(record, stored, self.settings.results_retention_s)
         if now >= deadline:
             self._expire(record, state, deadline, "the deadline passed before it was archived")
             return
