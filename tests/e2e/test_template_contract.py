@@ -122,12 +122,13 @@ def test_reconciler_may_query_the_open_index_and_read_only_its_two_secrets(
     assert table["Resource"] == [
         {"Fn::GetAtt": ["OperationsTable", "Arn"]},
         {"Fn::Sub": "${OperationsTable.Arn}/index/open-index"},
+        {"Fn::Sub": "${OperationsTable.Arn}/index/archive-index"},
     ]
     secrets = [s["Resource"] for s in stmts if "secretsmanager:GetSecretValue" in actions(s)]
     # The Gemini API key and the Google Cloud credentials (federation needs no AWS grant).
     assert secrets == [{"Ref": "GeminiApiKeySecret"}, {"Ref": "GoogleCredentialsSecret"}]
-    # The archive re-drive (issue 21): find a due archive (a Scan of the table, no index) and
-    # invoke the archiver; nothing else.
+    # The archive re-drive (issue 21): find a due archive (archive-index; a Scan of the table
+    # once per process for the items written before the index) and invoke the archiver.
     scan = next(s for s in stmts if "dynamodb:Scan" in actions(s))
     assert actions(scan) == {"dynamodb:Scan"}
     assert scan["Resource"] == {"Fn::GetAtt": ["OperationsTable", "Arn"]}
@@ -143,6 +144,7 @@ def test_archiver_has_its_own_least_privilege_role(template: dict[str, Any]) -> 
     by_sid = {s["Sid"]: s for s in stmts}
     assert set(by_sid) == {
         "ArchiveStatusBesideRecords",
+        "DueArchives",
         "ResultsObjects",
         "ResultsListing",
         "GeminiApiKeySecret",
@@ -151,6 +153,9 @@ def test_archiver_has_its_own_least_privilege_role(template: dict[str, Any]) -> 
     # Never PutItem: it cannot create or replace a record, only update its archive attributes.
     assert actions(table) == {"dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Scan"}
     assert table["Resource"] == {"Fn::GetAtt": ["OperationsTable", "Arn"]}
+    queue = by_sid["DueArchives"]
+    assert actions(queue) == {"dynamodb:Query"}
+    assert queue["Resource"] == {"Fn::Sub": "${OperationsTable.Arn}/index/archive-index"}
     objects = by_sid["ResultsObjects"]
     assert actions(objects) == {
         "s3:PutObject",
@@ -240,9 +245,27 @@ def test_notifier_may_only_read_its_stream_put_events_on_its_bus_and_dead_letter
     }
 
 
-def test_the_open_index_named_in_the_policy_is_the_tables_gsi(template: dict[str, Any]) -> None:
+def test_the_indexes_named_in_the_policies_are_the_tables_gsis(template: dict[str, Any]) -> None:
+    from opstate.store.dynamodb import ARCHIVE_INDEX, OPEN_INDEX
+
     gsis = template["Resources"]["OperationsTable"]["Properties"]["GlobalSecondaryIndexes"]
-    assert [g["IndexName"] for g in gsis] == ["open-index"]
+    assert [g["IndexName"] for g in gsis] == [OPEN_INDEX, ARCHIVE_INDEX]
+    archive = gsis[1]
+    assert archive["KeySchema"] == [
+        {"AttributeName": "archive_queue", "KeyType": "HASH"},
+        {"AttributeName": "archive_due_ns", "KeyType": "RANGE"},
+    ]
+    # The two functions that list due archives may query it, and nothing else of the index.
+    for function in ("ReconcileFunction", "ArchiverFunction"):
+        statements = template["Resources"][function]["Properties"]["Policies"][0]["Statement"]
+        queried = [
+            r
+            for st in statements
+            if "dynamodb:Query"
+            in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"])
+            for r in ([st["Resource"]] if isinstance(st["Resource"], dict) else st["Resource"])
+        ]
+        assert {"Fn::Sub": "${OperationsTable.Arn}/index/archive-index"} in queried, function
 
 
 def test_reconciler_schedule_retries_dead_letters_and_never_overlaps(
@@ -517,7 +540,8 @@ def test_open_index_key_schema_is_unchanged_so_the_stack_updates_in_place(
     template: dict[str, Any],
 ) -> None:
     props = template["Resources"]["OperationsTable"]["Properties"]
-    (index,) = props["GlobalSecondaryIndexes"]
+    # The first index, unchanged; a second one added (CloudFormation adds one GSI per update).
+    index, _archive = props["GlobalSecondaryIndexes"]
     assert index["IndexName"] == "open-index"
     assert index["KeySchema"] == [
         {"AttributeName": "open_shard", "KeyType": "HASH"},

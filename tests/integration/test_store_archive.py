@@ -77,7 +77,11 @@ def test_archive_state_is_its_own_conditional_write(harness: Harness) -> None:
     assert store.get("batches/done") == record
     after_raw = harness.raw("batches/done")
     if harness.kind.startswith("dynamodb") and before_raw and after_raw:
-        assert {k: v for k, v in after_raw.items() if not k.startswith("archive")} == before_raw
+
+        def record_attrs(raw: dict[str, object]) -> dict[str, object]:
+            return {k: v for k, v in raw.items() if not k.startswith("archive")}
+
+        assert record_attrs(after_raw) == record_attrs(before_raw)
     # A refreshed terminal record (ingest's replace) keeps its archive state.
     track(harness, "batches/done", State.SUCCEEDED, T0 + S, output_file_uri="files/1")
     refreshed = store.get("batches/done")
@@ -179,3 +183,150 @@ def test_progress_is_kept_beside_an_open_record(harness: Harness) -> None:
     assert store.get_progress("batches/p") == stats
     record = store.get("batches/p")
     assert record is not None and record.version == 1
+
+
+# --- DynamoDB: the archive queue (archive-index) --------------------------------------------
+
+
+class ScanCounter:
+    """Counts the DynamoDB Scan calls a client makes (botocore's before-call event)."""
+
+    def __init__(self, client: object) -> None:
+        self.scans = 0
+        client.meta.events.register("before-call.dynamodb.Scan", self._count)  # type: ignore[attr-defined]
+
+    def _count(self, **_: object) -> None:
+        self.scans += 1
+
+
+def test_dynamodb_finds_due_archives_on_its_index_without_scanning_the_table() -> None:
+    """A terminal record is queued on archive-index as it becomes terminal; the due listing is
+    a Query; a settled archive leaves the index and a refreshed terminal record does not
+    rejoin it; an open claim is due again at its lease's end."""
+    from moto import mock_aws
+
+    from tests.support.stores import dynamodb_harness, shared_client
+
+    with mock_aws():
+        h = dynamodb_harness(shared_client(), kind="dynamodb-mock", shards=2)
+        store = archiving(h)
+        scans = ScanCounter(h.client)
+        track(h, "batches/open", State.RUNNING, T0)
+        track(h, "batches/becomes-done", State.RUNNING, T0)
+        track(h, "batches/becomes-done", State.SUCCEEDED, T0 + S)  # a replace
+        track(h, "batches/born-done", State.FAILED, T0)  # a create
+        assert due(store) == ["batches/becomes-done", "batches/born-done"]
+        assert due(store) == ["batches/becomes-done", "batches/born-done"]
+        assert scans.scans == 1  # the previous releases' items, once per process and table
+        raw = h.raw("batches/becomes-done")
+        assert raw is not None
+        assert raw["archive_queue"].startswith("due#") and raw["archive_due_ns"] == 0
+        # A claim is due again at its lease's end.
+        record = store.get("batches/becomes-done")
+        assert record is not None
+        lease = ArchiveState("pending", created_ns=record.created_ns, due_ns=NOW_NS + 60 * S)
+        assert store.set_archive("batches/becomes-done", 0, lease)
+        assert due(store) == ["batches/born-done"]
+        assert due(store, NOW_NS + 60 * S) == ["batches/born-done", "batches/becomes-done"]
+        # Settled: out of the index, and a refresh of the terminal record does not re-queue it.
+        done = ArchiveState("archived", created_ns=record.created_ns, archived_ns=NOW_NS)
+        assert store.set_archive("batches/becomes-done", 1, done)
+        raw = h.raw("batches/becomes-done")
+        assert raw is not None
+        assert raw["archive_queue"] == "done" and "archive_due_ns" not in raw
+        settled = store.get_archive("batches/becomes-done")
+        track(h, "batches/becomes-done", State.SUCCEEDED, T0 + 2 * S)
+        assert store.get("batches/becomes-done").version == 3  # type: ignore[union-attr]
+        assert store.get_archive("batches/becomes-done") == settled
+        assert h.raw("batches/becomes-done")["archive_queue"] == "done"  # type: ignore[index]
+        assert due(store, NOW_NS + 3600 * S) == ["batches/born-done"]
+        assert scans.scans == 1
+
+
+def test_dynamodb_items_of_the_previous_release_are_queued_once() -> None:
+    """Items written before archive-index (no archive_queue): unsettled ones, due or not, are
+    found by one filtered Scan per process and queued; settled ones are left alone."""
+    from moto import mock_aws
+
+    from opstate.store import dynamodb
+    from tests.support.stores import dynamodb_harness, shared_client
+
+    def legacy_item(name: str, **archive: object) -> dict[str, object]:
+        item = {k: v for k, v in LEGACY_ITEM.items() if k not in ("open_shard", "open_update_ns")}
+        item.update(
+            name={"S": name},
+            state={"S": "SUCCEEDED"},
+            rank={"N": "3"},
+            expires_at={"N": str(T0 // S + 90 * 86400)},
+        )
+        if archive:
+            state = ArchiveState(**archive)  # type: ignore[arg-type]
+            item.update(
+                archive=dynamodb.to_attr(state.as_dict()),
+                archive_status={"S": state.status},
+                archive_rev={"N": "1"},
+                archive_due_ns={"N": str(state.due_ns)},
+            )
+        return item
+
+    with mock_aws():
+        h = dynamodb_harness(shared_client(), kind="dynamodb-mock", shards=1)
+        for item in (
+            legacy_item("batches/never-looked-at"),
+            legacy_item("batches/failed-due", status="failed", due_ns=NOW_NS - S),
+            legacy_item("batches/pending-later", status="pending", due_ns=NOW_NS + 60 * S),
+            legacy_item("batches/archived", status="archived"),
+        ):
+            h.client.put_item(TableName=h.table, Item=item)
+        store = archiving(h)
+        scans = ScanCounter(h.client)
+        assert due(store) == ["batches/never-looked-at", "batches/failed-due"]
+        assert scans.scans == 1
+        for name in ("batches/never-looked-at", "batches/failed-due", "batches/pending-later"):
+            assert h.raw(name)["archive_queue"].startswith("due#")  # type: ignore[index]
+        assert "archive_queue" not in h.raw("batches/archived")  # type: ignore[operator]
+        # A second store in the same process (the next invocation): the index only.
+        again = dynamodb.DynamoDBStore(h.table, client=h.client, shards=1, clock=lambda: NOW_NS)
+        assert [e.record.name for e in again.iter_archive_due(NOW_NS + 60 * S)] == [
+            "batches/never-looked-at",
+            "batches/failed-due",
+            "batches/pending-later",
+        ]
+        assert scans.scans == 1
+        # The record of an item queued this way is what it was.
+        record = store.get("batches/never-looked-at")
+        assert record is not None and record.version == 3
+
+
+def test_dynamodb_scans_while_the_index_is_still_being_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Just after the upgrade DynamoDB refuses Queries on the index it is building (a
+    ValidationException): the listing is the filtered Scan, as before, not a failure."""
+    from botocore.exceptions import ClientError
+    from moto import mock_aws
+
+    from tests.support.stores import dynamodb_harness, shared_client
+
+    with mock_aws():
+        h = dynamodb_harness(shared_client(), kind="dynamodb-mock", shards=1)
+        store = archiving(h)
+        track(h, "batches/done", State.SUCCEEDED, T0)
+        track(h, "batches/open", State.RUNNING, T0)
+
+        def building(**_: object) -> None:
+            error = {
+                "Code": "ValidationException",
+                "Message": "Cannot read from backfilling global secondary index: archive-index",
+            }
+            raise ClientError({"Error": error}, "Query")
+
+        monkeypatch.setattr(h.client, "query", building)  # the client is shared: undone after
+        assert due(store) == ["batches/done"]
+
+        def broken(**_: object) -> None:
+            raise ClientError({"Error": {"Code": "ValidationException", "Message": "x"}}, "Query")
+
+        monkeypatch.setattr(h.client, "query", broken)
+        with pytest.raises(ClientError):  # any other refusal is a bug, not a reason to scan
+            due(store)

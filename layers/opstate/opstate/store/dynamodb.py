@@ -5,6 +5,11 @@ operations by shard and due time) and its codec live in ``dynamodb_items``; the 
 retry policy and the fault mapping in ``dynamodb_client``. This module re-exports the public
 names of both, so ``opstate.store.dynamodb`` stays the one import for callers.
 
+Unsettled archives are found on the sparse GSI ``archive-index`` (see ``dynamodb_items``): a
+``Query`` per queue shard, never a Scan, except once per process for the items the previous
+releases wrote before the index existed (a filtered Scan that queues them), and while
+DynamoDB is still building the index after the upgrade (the filtered Scan, as before).
+
 A create is a full ``PutItem`` under ``attribute_not_exists(#name)``; a replace is an
 ``UpdateItem`` that sets every record attribute under ``#version = :expected`` (so the poll state
 beside the record survives); both with ``ReturnValuesOnConditionCheckFailure=ALL_OLD``: a lost
@@ -38,10 +43,13 @@ from opstate.store.dynamodb_client import (
     refused,
 )
 from opstate.store.dynamodb_items import (
+    ARCHIVE_DONE,
+    ARCHIVE_QUEUE_SHARDS,
     DEFAULT_SHARDS,
     OPTIONAL_RECORD_ATTRS,
     POLL_ATTRS,
     archive_from_item,
+    archive_queue_of,
     deserialize_item,
     from_attr,
     item_from_record,
@@ -66,9 +74,19 @@ from opstate.store.port import (
 )
 
 OPEN_INDEX = "open-index"
+ARCHIVE_INDEX = "archive-index"
 _NAMES = {"#name": "name"}
+# The tables (endpoint, name) whose items of the previous releases this process has queued for
+# their archives (``DynamoDBStore._queue_legacy``): once per process, not per call.
+_LEGACY_QUEUED: set[tuple[str, str]] = set()
+# Unsettled archives (the old way of finding them: a filtered Scan).
+_UNSETTLED = (
+    "attribute_exists(expires_at) AND (attribute_not_exists(archive_status) OR "
+    "archive_status = :pending OR archive_status = :failed)"
+)
 
 __all__ = [
+    "ARCHIVE_INDEX",
     "CLIENT_CONFIG",
     "DEFAULT_SHARDS",
     "OPEN_INDEX",
@@ -166,7 +184,7 @@ class DynamoDBStore:
         values: dict[str, Any] = {":expected": {"N": str(expected_version)}}
         sets: list[str] = []
         for index, (key, value) in enumerate(sorted(item.items())):
-            if key in ("name", "open_update_ns"):
+            if key in ("name", "open_update_ns", "archive_queue", "archive_due_ns"):
                 continue
             names[f"#a{index}"] = key
             values[f":a{index}"] = to_attr(value)
@@ -176,6 +194,13 @@ class DynamoDBStore:
             names["#due"] = "open_update_ns"
             values[":due"] = to_attr(item["open_update_ns"])
             sets.append("#due = if_not_exists(#due, :due)")
+        if "archive_queue" in item:
+            # Becoming terminal queues the archive; a refresh never re-queues a settled one.
+            names["#aq"], names["#aqdue"] = "archive_queue", "archive_due_ns"
+            values[":aq"] = to_attr(item["archive_queue"])
+            values[":aqdue"] = to_attr(item["archive_due_ns"])
+            sets.append("#aq = if_not_exists(#aq, :aq)")
+            sets.append("#aqdue = if_not_exists(#aqdue, :aqdue)")
         removes = [k for k in OPTIONAL_RECORD_ATTRS if k not in item]
         removes += ["poll_misses", "poll_missing_since_ns", "lost_ns"]
         for index, key in enumerate(removes):
@@ -291,13 +316,15 @@ class DynamoDBStore:
         return archive_from_item(deserialize_item(item)) if item else None
 
     def set_archive(self, name: str, expected_rev: int, state: ArchiveState) -> bool:
+        """Write the archive state under its revision; an open one stays queued on
+        ``archive-index`` (due at its ``due_ns``), a settled one leaves it."""
         stored = ArchiveState.from_dict({**state.as_dict(), "rev": expected_rev + 1})
         condition = "attribute_exists(#expires) AND #created = :created AND "
         values: dict[str, Any] = {
             ":archive": to_attr(stored.as_dict()),
             ":status": {"S": stored.status},
             ":rev": {"N": str(stored.rev)},
-            ":due": {"N": str(stored.due_ns)},
+            ":queue": {"S": archive_queue_of(name) if stored.open else ARCHIVE_DONE},
             ":created": {"N": str(state.created_ns)},
         }
         if expected_rev:
@@ -305,14 +332,21 @@ class DynamoDBStore:
             values[":expected"] = {"N": str(expected_rev)}
         else:
             condition += "attribute_not_exists(#rev)"
+        expression = "SET #archive = :archive, #status = :status, #rev = :rev, #queue = :queue"
+        if stored.open:
+            expression += ", #due = :due"
+            values[":due"] = {"N": str(stored.due_ns)}
+        else:
+            expression += " REMOVE #due"
         return self._update_if(
             name,
-            UpdateExpression="SET #archive = :archive, #status = :status, #rev = :rev, #due = :due",
+            UpdateExpression=expression,
             ConditionExpression=condition,
             ExpressionAttributeNames={
                 "#archive": "archive",
                 "#status": "archive_status",
                 "#rev": "archive_rev",
+                "#queue": "archive_queue",
                 "#due": "archive_due_ns",
                 "#expires": "expires_at",
                 "#created": "created_ns",
@@ -326,22 +360,98 @@ class DynamoDBStore:
         return value if isinstance(value, dict) else None
 
     def iter_archive_due(self, now_ns: int) -> Iterator[ArchiveEntry]:
-        """Unsettled terminal records, soonest due first: a filtered, consistent Scan (the
-        unsettled ones are few: each is settled within its deadline, about two days), sorted."""
+        """Unsettled terminal records due by ``now_ns``, soonest due first (no state yet:
+        due at once), ties by name: a Query per shard of ``archive-index`` (eventually
+        consistent, as every GSI: a claim is a conditional write anyway), plus, once per
+        process, the previous releases' items it queues. While DynamoDB still builds the index
+        (just after the upgrade), the filtered Scan of every unsettled archive instead."""
+        found = self._queue_legacy(now_ns)
+        try:
+            queued = [e for k in range(ARCHIVE_QUEUE_SHARDS) for e in self._queued(k, now_ns)]
+        except _IndexNotReady:
+            queued = [e for e in self._scan_unsettled() if _due(e, now_ns)]
+        seen = {e.record.name for e in found}
+        found += [e for e in queued if e.record.name not in seen]
+        found.sort(key=lambda e: (e.archive.due_ns if e.archive else 0, e.record.name))
+        yield from found
+
+    def _queued(self, shard: int, now_ns: int) -> Iterator[ArchiveEntry]:
+        """The due entries of one queue shard, in due order; a settled item still keyed there
+        (a terminal record refreshed after its archive settled, by a release before the
+        queue) leaves the queue instead."""
+        values = {":queue": {"S": f"due#{shard}"}, ":now": {"N": str(now_ns)}}
         start: dict[str, Any] | None = None
-        found: list[ArchiveEntry] = []
+        while True:
+            kwargs: dict[str, Any] = {
+                "TableName": self.table_name,
+                "IndexName": ARCHIVE_INDEX,
+                "KeyConditionExpression": "archive_queue = :queue AND archive_due_ns <= :now",
+                "ExpressionAttributeValues": values,
+                "ScanIndexForward": True,
+            }
+            if start:
+                kwargs["ExclusiveStartKey"] = start
+            try:
+                page = self.client.query(**kwargs)
+            except ClientError as exc:
+                if _building(exc):
+                    raise _IndexNotReady from exc
+                fault(exc, "Query")
+            except BotoCoreError as exc:
+                fault(exc, "Query")
+            for raw in page.get("Items", []):
+                item = deserialize_item(raw)
+                entry = ArchiveEntry(record_from_item(item), archive_from_item(item))
+                if entry.archive is not None and not entry.archive.open:
+                    self._unqueue(entry.record.name, entry.archive.rev)
+                elif entry.record.terminal:
+                    yield entry
+            start = page.get("LastEvaluatedKey")
+            if not start:
+                return
+
+    def _queue_legacy(self, now_ns: int) -> list[ArchiveEntry]:
+        """Once per process and table: the unsettled archives of items written before the
+        queue (no ``archive_queue``) are queued (a conditional UpdateItem each: one written
+        meanwhile by this release is left alone); the due ones are returned."""
+        key = (str(getattr(self.client.meta, "endpoint_url", "")), self.table_name)
+        if key in _LEGACY_QUEUED:
+            return []
+        due = []
+        for entry in self._scan_unsettled(legacy=True):
+            archive = entry.archive
+            self._update_if(
+                entry.record.name,
+                UpdateExpression="SET #queue = :queue, #due = :due",
+                ConditionExpression="attribute_exists(#expires) AND attribute_not_exists(#queue)",
+                ExpressionAttributeNames={
+                    "#queue": "archive_queue",
+                    "#due": "archive_due_ns",
+                    "#expires": "expires_at",
+                },
+                ExpressionAttributeValues={
+                    ":queue": {"S": archive_queue_of(entry.record.name)},
+                    ":due": {"N": str(archive.due_ns if archive is not None else 0)},
+                },
+            )
+            if _due(entry, now_ns):
+                due.append(entry)
+        _LEGACY_QUEUED.add(key)
+        return due
+
+    def _scan_unsettled(self, *, legacy: bool = False) -> Iterator[ArchiveEntry]:
+        """Every unsettled archive (``legacy``: only of items without ``archive_queue``): a
+        filtered, consistent Scan of the whole table."""
+        condition = _UNSETTLED + (" AND attribute_not_exists(archive_queue)" if legacy else "")
+        start: dict[str, Any] | None = None
         while True:
             kwargs: dict[str, Any] = {
                 "TableName": self.table_name,
                 "ConsistentRead": True,
-                "FilterExpression": "attribute_exists(expires_at) AND "
-                "(attribute_not_exists(archive_status) OR "
-                "((archive_status = :pending OR archive_status = :failed) "
-                "AND archive_due_ns <= :now))",
+                "FilterExpression": condition,
                 "ExpressionAttributeValues": {
                     ":pending": {"S": ARCHIVE_PENDING},
                     ":failed": {"S": ARCHIVE_FAILED},
-                    ":now": {"N": str(now_ns)},
                 },
             }
             if start:
@@ -352,12 +462,23 @@ class DynamoDBStore:
                 fault(exc, "Scan")
             for raw in page.get("Items", []):
                 item = deserialize_item(raw)
-                found.append(ArchiveEntry(record_from_item(item), archive_from_item(item)))
+                yield ArchiveEntry(record_from_item(item), archive_from_item(item))
             start = page.get("LastEvaluatedKey")
             if not start:
-                break
-        found.sort(key=lambda e: (e.archive.due_ns if e.archive else 0, e.record.name))
-        yield from found
+                return
+
+    def _unqueue(self, name: str, rev: int) -> None:
+        self._update_if(
+            name,
+            UpdateExpression="SET #queue = :done REMOVE #due",
+            ConditionExpression="#rev = :rev",
+            ExpressionAttributeNames={
+                "#queue": "archive_queue",
+                "#due": "archive_due_ns",
+                "#rev": "archive_rev",
+            },
+            ExpressionAttributeValues={":done": {"S": ARCHIVE_DONE}, ":rev": {"N": str(rev)}},
+        )
 
     def iter_all(self) -> Iterator[OpRecord]:
         """Every record, in table order (operator listing only: a paginated, consistent Scan)."""
@@ -456,3 +577,21 @@ class DynamoDBStore:
             start = page.get("LastEvaluatedKey")
             if not start:
                 return
+
+
+class _IndexNotReady(Exception):
+    """``archive-index`` is still being built (the table was just upgraded)."""
+
+
+def _building(exc: ClientError) -> bool:
+    """A Query refused because the index is still backfilling (a ValidationException)."""
+    error = exc.response.get("Error", {})
+    return (
+        error.get("Code") == "ValidationException"
+        and "backfill" in str(error.get("Message", "")).lower()
+    )
+
+
+def _due(entry: ArchiveEntry, now_ns: int) -> bool:
+    """No archive state yet (due at once), or open and due by ``now_ns``."""
+    return entry.archive is None or (entry.archive.open and entry.archive.due_ns <= now_ns)

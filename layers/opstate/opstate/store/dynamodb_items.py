@@ -18,9 +18,16 @@ Item shape (``name`` is the partition key):
   and ``overdue_ns`` (it is an ``UpdateItem``), and clears the not-found streak and the lost
   mark: an applied write is a real observation.
 - The archive state of a terminal record (``set_archive``, ``opstate.outcomes``): ``archive`` M
-  (``ArchiveState.as_dict``) with copies for conditions and filters, ``archive_status`` S,
-  ``archive_rev`` N and ``archive_due_ns`` N; absent: none yet (every item of the previous
-  release). A replace never touches them.
+  (``ArchiveState.as_dict``) with copies for conditions and filters, ``archive_status`` S and
+  ``archive_rev`` N; absent: none yet. A replace never touches them.
+- The archive queue, the sparse GSI ``archive-index`` (``archive_queue`` S, ``archive_due_ns``
+  N): a terminal record whose archive is not settled is keyed ``due#<k>`` (``k``: CRC-32 of the
+  name mod ``ARCHIVE_QUEUE_SHARDS``, fixed) and its due time (0: none yet, due at once; else
+  its status's ``due_ns``); a settled one has ``archive_queue`` ``done`` and no due time, so it
+  is out of the index. A terminal write sets both only where ``archive_queue`` is absent
+  (``if_not_exists``): becoming terminal queues the archive, refreshing a terminal record never
+  re-queues a settled one. Items of the previous releases have no ``archive_queue``: the store
+  finds them once per process by a filtered Scan and queues them (``DynamoDBStore``).
 - When terminal only: ``expires_at`` N (epoch seconds: applied time + ``retention_days``), the
   table's TTL attribute.
 
@@ -44,6 +51,10 @@ from opstate.store.port import ArchiveState, PollState, expires_at, initial_due
 from opstate.times import format_time
 
 DEFAULT_SHARDS = DEFAULT_OPEN_INDEX_SHARDS
+# The archive queue's shards: fixed (a queue key is written once per archive, and changing the
+# count would strand the keys written under the old one).
+ARCHIVE_QUEUE_SHARDS = 4
+ARCHIVE_DONE = "done"
 
 # Attributes a record may lack (written only when non-zero / in some states).
 OPTIONAL_RECORD_ATTRS = (
@@ -61,6 +72,11 @@ POLL_ATTRS = ("poll_misses", "poll_missing_since_ns", "lost_ns", "overdue_ns")
 def shard_of(name: str, shards: int) -> int:
     """The open-index shard of ``name``: CRC-32 of its UTF-8 bytes mod ``shards`` (stable)."""
     return zlib.crc32(name.encode("utf-8")) % shards
+
+
+def archive_queue_of(name: str) -> str:
+    """The ``archive_queue`` key of ``name`` while its archive is not settled."""
+    return f"due#{shard_of(name, ARCHIVE_QUEUE_SHARDS)}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,6 +211,9 @@ def item_from_record(
         item["expires_at"] = expires_at(
             record, retention_days, time.time_ns() if now_ns is None else now_ns
         )
+        # Queued for its archive (a replace writes these only where absent).
+        item["archive_queue"] = archive_queue_of(record.name)
+        item["archive_due_ns"] = 0
     else:
         item["open_shard"] = shard_of(record.name, shards)
         item["open_update_ns"] = max(0, initial_due(record))
