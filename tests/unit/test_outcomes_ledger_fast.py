@@ -178,9 +178,13 @@ def test_the_fast_ways_count_what_json_loads_of_each_line_counts(
 
 def test_msgspec_is_what_the_archiver_runs() -> None:
     """msgspec is in the archiver's requirements and the development environment: a ledger
-    reads with it by default (the stdlib way is the fallback, tested above)."""
+    reads with it by default (the stdlib way is the fallback, tested above), and its structs
+    name the six counts the ledger sums, in order."""
+    from opstate.outcomes.ledger_rows import USAGE_GETTERS
+
     assert ledger_module.HAVE_MSGSPEC
     assert BatchLedger().use_msgspec
+    assert tuple(key for key, _ in USAGE_GETTERS) == USAGE_FIELDS
 
 
 @pytest.mark.parametrize("use_msgspec", [True, False], ids=["msgspec", "stdlib"])
