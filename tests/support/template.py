@@ -18,7 +18,23 @@ TEMPLATE = ROOT / "template.yaml"
 
 
 class _CfnLoader(yaml.SafeLoader):
-    pass
+    """SafeLoader with CloudFormation's tags, refusing a key given twice in one mapping (YAML
+    loaders keep the last one silently: a line merge that interleaves two resources would
+    otherwise load as one, half of it gone)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _value in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping",
+                    node.start_mark,
+                    f"found the key {key!r} twice",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _tag(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> dict[str, Any]:
@@ -40,9 +56,14 @@ _CfnLoader.add_multi_constructor("!", _tag)
 
 def load_template(path: Path = TEMPLATE) -> dict[str, Any]:
     with path.open(encoding="utf-8") as fh:
-        data = yaml.load(fh, Loader=_CfnLoader)
+        data = loads(fh.read())
     assert isinstance(data, dict)
     return data
+
+
+def loads(text: str) -> Any:
+    """YAML text with CloudFormation's tags; a key twice in one mapping raises."""
+    return yaml.load(text, Loader=_CfnLoader)
 
 
 @functools.lru_cache(maxsize=4)
