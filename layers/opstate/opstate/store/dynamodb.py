@@ -286,28 +286,15 @@ class DynamoDBStore:
 
     def iter_marked(self) -> Iterator[Due]:
         """Open records that are lost or overdue (operator listing: a filtered Scan)."""
-        start: dict[str, Any] | None = None
-        while True:
-            kwargs: dict[str, Any] = {
-                "TableName": self.table_name,
-                "FilterExpression": "attribute_not_exists(expires_at) AND "
-                "(lost_ns > :zero OR overdue_ns > :zero)",
-                "ExpressionAttributeValues": {":zero": {"N": "0"}},
-            }
-            if start:
-                kwargs["ExclusiveStartKey"] = start
-            try:
-                page = self.client.scan(**kwargs)
-            except (ClientError, BotoCoreError) as exc:
-                fault(exc, "Scan")
-            for raw in page.get("Items", []):
-                item = deserialize_item(raw)
-                record = record_from_item(item)
-                if not record.terminal:
-                    yield Due(record, poll_from_item(item))
-            start = page.get("LastEvaluatedKey")
-            if not start:
-                return
+        for item in self._pages(
+            "Scan",
+            FilterExpression="attribute_not_exists(expires_at) AND "
+            "(lost_ns > :zero OR overdue_ns > :zero)",
+            ExpressionAttributeValues={":zero": {"N": "0"}},
+        ):
+            record = record_from_item(item)
+            if not record.terminal:
+                yield Due(record, poll_from_item(item))
 
     def get_archive(self, name: str) -> ArchiveState | None:
         item = self._item(
@@ -379,36 +366,27 @@ class DynamoDBStore:
         """The due entries of one queue shard, in due order; a settled item still keyed there
         (a terminal record refreshed after its archive settled, by a release before the
         queue) leaves the queue instead."""
-        values = {":queue": {"S": f"due#{shard}"}, ":now": {"N": str(now_ns)}}
-        start: dict[str, Any] | None = None
-        while True:
-            kwargs: dict[str, Any] = {
-                "TableName": self.table_name,
-                "IndexName": ARCHIVE_INDEX,
-                "KeyConditionExpression": "archive_queue = :queue AND archive_due_ns <= :now",
-                "ExpressionAttributeValues": values,
-                "ScanIndexForward": True,
-            }
-            if start:
-                kwargs["ExclusiveStartKey"] = start
-            try:
-                page = self.client.query(**kwargs)
-            except ClientError as exc:
-                if _building(exc):
-                    raise _IndexNotReady from exc
-                fault(exc, "Query")
-            except BotoCoreError as exc:
-                fault(exc, "Query")
-            for raw in page.get("Items", []):
-                item = deserialize_item(raw)
+        items = self._pages(
+            "Query",
+            IndexName=ARCHIVE_INDEX,
+            KeyConditionExpression="archive_queue = :queue AND archive_due_ns <= :now",
+            ExpressionAttributeValues={
+                ":queue": {"S": f"due#{shard}"},
+                ":now": {"N": str(now_ns)},
+            },
+            ScanIndexForward=True,
+        )
+        try:
+            for item in items:
                 entry = ArchiveEntry(record_from_item(item), archive_from_item(item))
                 if entry.archive is not None and not entry.archive.open:
                     self._unqueue(entry.record.name, entry.archive.rev)
                 elif entry.record.terminal:
                     yield entry
-            start = page.get("LastEvaluatedKey")
-            if not start:
-                return
+        except ClientError as exc:  # what fault() raises for a refusal that is no fault
+            if _building(exc):
+                raise _IndexNotReady from exc
+            raise
 
     def _queue_legacy(self, now_ns: int) -> list[ArchiveEntry]:
         """Once per process and table: the unsettled archives of items written before the
@@ -443,29 +421,16 @@ class DynamoDBStore:
         """Every unsettled archive (``legacy``: only of items without ``archive_queue``): a
         filtered, consistent Scan of the whole table."""
         condition = _UNSETTLED + (" AND attribute_not_exists(archive_queue)" if legacy else "")
-        start: dict[str, Any] | None = None
-        while True:
-            kwargs: dict[str, Any] = {
-                "TableName": self.table_name,
-                "ConsistentRead": True,
-                "FilterExpression": condition,
-                "ExpressionAttributeValues": {
-                    ":pending": {"S": ARCHIVE_PENDING},
-                    ":failed": {"S": ARCHIVE_FAILED},
-                },
-            }
-            if start:
-                kwargs["ExclusiveStartKey"] = start
-            try:
-                page = self.client.scan(**kwargs)
-            except (ClientError, BotoCoreError) as exc:
-                fault(exc, "Scan")
-            for raw in page.get("Items", []):
-                item = deserialize_item(raw)
-                yield ArchiveEntry(record_from_item(item), archive_from_item(item))
-            start = page.get("LastEvaluatedKey")
-            if not start:
-                return
+        for item in self._pages(
+            "Scan",
+            ConsistentRead=True,
+            FilterExpression=condition,
+            ExpressionAttributeValues={
+                ":pending": {"S": ARCHIVE_PENDING},
+                ":failed": {"S": ARCHIVE_FAILED},
+            },
+        ):
+            yield ArchiveEntry(record_from_item(item), archive_from_item(item))
 
     def _unqueue(self, name: str, rev: int) -> None:
         self._update_if(
@@ -482,20 +447,8 @@ class DynamoDBStore:
 
     def iter_all(self) -> Iterator[OpRecord]:
         """Every record, in table order (operator listing only: a paginated, consistent Scan)."""
-        start: dict[str, Any] | None = None
-        while True:
-            kwargs: dict[str, Any] = {"TableName": self.table_name, "ConsistentRead": True}
-            if start:
-                kwargs["ExclusiveStartKey"] = start
-            try:
-                page = self.client.scan(**kwargs)
-            except (ClientError, BotoCoreError) as exc:
-                fault(exc, "Scan")
-            for item in page.get("Items", []):
-                yield record_from_wire(item)
-            start = page.get("LastEvaluatedKey")
-            if not start:
-                return
+        for item in self._pages("Scan", ConsistentRead=True):
+            yield record_from_item(item)
 
     def close(self) -> None:
         """Close the client's connections, if this store built the client (a client passed in
@@ -550,30 +503,37 @@ class DynamoDBStore:
         return WRITTEN
 
     def _due_pages(self, shard: int, now_ns: int | None, page_size: int) -> Iterator[Due]:
-        start: dict[str, Any] | None = None
         condition = "open_shard = :shard"
         values: dict[str, Any] = {":shard": {"N": str(shard)}}
         if now_ns is not None:
             condition += " AND open_update_ns <= :now"
             values[":now"] = {"N": str(now_ns)}
+        for item in self._pages(
+            "Query",
+            IndexName=OPEN_INDEX,
+            KeyConditionExpression=condition,
+            ExpressionAttributeValues=values,
+            ScanIndexForward=True,
+            Limit=max(1, page_size),
+        ):
+            yield Due(record_from_item(item), poll_from_item(item))
+
+    def _pages(self, operation: str, **request: Any) -> Iterator[dict[str, Any]]:
+        """The items (deserialised) of a paginated ``Scan`` or ``Query`` of the table with
+        ``request``, a page read only when the caller gets that far; a failed call is a fault
+        (``fault``: ``StoreUnavailableError``, or the ``ClientError`` itself)."""
+        call = self.client.scan if operation == "Scan" else self.client.query
+        start: dict[str, Any] | None = None
         while True:
-            kwargs: dict[str, Any] = {
-                "TableName": self.table_name,
-                "IndexName": OPEN_INDEX,
-                "KeyConditionExpression": condition,
-                "ExpressionAttributeValues": values,
-                "ScanIndexForward": True,
-                "Limit": max(1, page_size),
-            }
+            kwargs: dict[str, Any] = {"TableName": self.table_name, **request}
             if start:
                 kwargs["ExclusiveStartKey"] = start
             try:
-                page = self.client.query(**kwargs)
+                page = call(**kwargs)
             except (ClientError, BotoCoreError) as exc:
-                fault(exc, "Query")
+                fault(exc, operation)
             for raw in page.get("Items", []):
-                item = deserialize_item(raw)
-                yield Due(record_from_item(item), poll_from_item(item))
+                yield deserialize_item(raw)
             start = page.get("LastEvaluatedKey")
             if not start:
                 return
