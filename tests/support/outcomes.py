@@ -83,3 +83,15 @@ def generated_output(
             yield piece
 
     return chunks, exact, rows
+
+
+def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
+    """``data`` cut at ``cuts`` (each taken modulo its length + 1): the chunks a stream may
+    arrive in, empty ones included."""
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    pieces, start = [], 0
+    for point in points:
+        pieces.append(data[start:point])
+        start = point
+    pieces.append(data[start:])
+    return pieces

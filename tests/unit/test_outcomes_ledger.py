@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from opstate.outcomes.ledger import USAGE_FIELDS, BatchLedger, VideoLedger, inlined_lines
+from tests.support.outcomes import chunked
 
 counts = st.integers(min_value=0, max_value=10**9)
 usage = st.dictionaries(st.sampled_from(USAGE_FIELDS), counts, max_size=6)
@@ -64,16 +65,6 @@ def reference(lines: list[tuple[str, Any, bytes]]) -> dict[str, Any]:
         else:
             out["rows"]["unreadable"] += 1
     return out
-
-
-def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
-    points = sorted({c % (len(data) + 1) for c in cuts})
-    pieces, start = [], 0
-    for point in points:
-        pieces.append(data[start:point])
-        start = point
-    pieces.append(data[start:])
-    return pieces
 
 
 @settings(max_examples=300, deadline=None)

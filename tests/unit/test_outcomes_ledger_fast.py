@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from opstate.outcomes import ledger as ledger_module
 from opstate.outcomes.ledger import USAGE_FIELDS, BatchLedger
+from tests.support.outcomes import chunked
 
 
 def _count(value: object) -> int:
@@ -144,16 +145,6 @@ lines = st.lists(
     ),
     max_size=25,
 )
-
-
-def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
-    points = sorted({c % (len(data) + 1) for c in cuts})
-    pieces, start = [], 0
-    for point in points:
-        pieces.append(data[start:point])
-        start = point
-    pieces.append(data[start:])
-    return pieces
 
 
 @settings(max_examples=500, deadline=None)
