@@ -17,7 +17,7 @@ from opstate.store.port import ArchiveState, ArchivingStore
 from opstate.store.sqlite import SQLiteStore
 from opstate.times import parse_time
 from tests.integration.test_store_polls import LEGACY_ITEM, LEGACY_SCHEMA
-from tests.support.stores import STORE_KINDS, Harness, harness_for
+from tests.support.stores import STORE_KINDS, Harness, harness_of
 
 S = 1_000_000_000
 T0 = parse_time("2026-06-01T10:00:00Z")
@@ -26,13 +26,7 @@ NOW_NS = T0 + 3600 * S
 
 @pytest.fixture(params=STORE_KINDS)
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
-    def endpoint() -> str:
-        server = request.getfixturevalue("moto_server")
-        return str(server.endpoint)
-
-    with harness_for(
-        request.param, tmp_path=tmp_path, moto_endpoint=endpoint, clock=lambda: NOW_NS
-    ) as h:
+    with harness_of(request, tmp_path, clock=lambda: NOW_NS) as h:
         yield h
 
 

@@ -14,7 +14,7 @@ from opstate.model import OpEvent, OpRecord, Reason
 from opstate.states import State
 from opstate.store.dynamodb import shard_of
 from opstate.times import MAX_NS, NS_PER_SECOND, parse_time
-from tests.support.stores import STORE_KINDS, Harness, harness_for
+from tests.support.stores import STORE_KINDS, Harness, harness_of
 
 NOW_NS = parse_time("2026-06-01T12:00:00.123456789Z")
 RETENTION_DAYS = 30
@@ -23,17 +23,7 @@ T0 = parse_time("2026-06-01T10:00:00Z")
 
 @pytest.fixture(params=STORE_KINDS)
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
-    def endpoint() -> str:
-        server = request.getfixturevalue("moto_server")
-        return str(server.endpoint)
-
-    with harness_for(
-        request.param,
-        tmp_path=tmp_path,
-        moto_endpoint=endpoint,
-        retention_days=RETENTION_DAYS,
-        clock=lambda: NOW_NS,
-    ) as h:
+    with harness_of(request, tmp_path, retention_days=RETENTION_DAYS, clock=lambda: NOW_NS) as h:
         yield h
 
 

@@ -22,7 +22,7 @@ from opstate.store.sqlite import SQLiteStore
 from opstate.times import parse_time
 from tests.support.clock import FakeClock
 from tests.support.gemini_memory import MemoryGateway
-from tests.support.stores import STORE_KINDS, Harness, harness_for
+from tests.support.stores import STORE_KINDS, Harness, harness_of
 
 S = 1_000_000_000
 T0 = parse_time("2026-06-01T10:00:00Z")
@@ -32,13 +32,7 @@ SETTINGS = Settings(store_url="memory://", reconcile_workers=2, reconcile_max_pa
 
 @pytest.fixture(params=STORE_KINDS)
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
-    def endpoint() -> str:
-        server = request.getfixturevalue("moto_server")
-        return str(server.endpoint)
-
-    with harness_for(
-        request.param, tmp_path=tmp_path, moto_endpoint=endpoint, clock=lambda: NOW_NS
-    ) as h:
+    with harness_of(request, tmp_path, clock=lambda: NOW_NS) as h:
         yield h
 
 

@@ -201,6 +201,19 @@ def harness_for(
         raise ValueError(kind)
 
 
+@contextmanager
+def harness_of(request: Any, tmp_path: Path, **kwargs: Any) -> Iterator[Harness]:
+    """``harness_for`` the kind a fixture is parametrised with (``params=STORE_KINDS``,
+    ``request`` is its ``pytest.FixtureRequest``); the ``moto_server`` fixture is asked for
+    only when the kind needs it."""
+
+    def endpoint() -> str:
+        return str(request.getfixturevalue("moto_server").endpoint)
+
+    with harness_for(request.param, tmp_path=tmp_path, moto_endpoint=endpoint, **kwargs) as h:
+        yield h
+
+
 def signed_app(store: Store, now_ns: int) -> Any:
     """The API over ``store`` as the webhook tests drive it: the suite's static signing secret
     (signatures checked at ``EVENT_TIMESTAMP``), default settings, a fixed ingest clock."""
