@@ -12,12 +12,10 @@ import stat
 import subprocess
 import sys
 import uuid
-from dataclasses import dataclass
 
 import boto3
 import pytest
 
-from opstate.cli import main
 from opstate.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from opstate.cli.replay import Progress
 from opstate.config import settings
@@ -25,6 +23,7 @@ from opstate.signatures import StaticSecretsVerifier
 from opstate.store.sqlite import SQLiteStore
 from opstate.views import record_to_json
 from opstate.webhook_secrets import merge_new, parse_stored, secret_matches
+from tests.support.cli import Result, in_process
 from tests.support.fake_gemini_webhooks import FakeGeminiWebhooks
 from tests.support.fake_gemini_webhooks import new_secret as fake_new_secret
 from tests.support.serve_process import cli_env, run_cli
@@ -46,16 +45,6 @@ T1 = "2026-05-10T10:00:00Z"
 T0 = "2026-05-10T09:00:00Z"
 
 
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-    def json(self):
-        return json.loads(self.out)
-
-
 @pytest.fixture
 def cli(monkeypatch, tmp_path, capsys):
     """Run ``main(argv)`` in tmp_path with a clean environment; returns a ``Result``."""
@@ -70,18 +59,7 @@ def cli(monkeypatch, tmp_path, capsys):
     ):
         monkeypatch.delenv(key, raising=False)
 
-    def run(*argv: str, env: dict[str, str] | None = None) -> Result:
-        for key, value in (env or {}).items():
-            monkeypatch.setenv(key, value)
-        settings.cache_clear()
-        try:
-            code = main(list(argv))
-        finally:
-            settings.cache_clear()
-        captured = capsys.readouterr()
-        return Result(code, captured.out, captured.err)
-
-    yield run
+    yield in_process(monkeypatch, capsys)
     settings.cache_clear()
 
 

@@ -26,12 +26,12 @@ from typing import Any
 import boto3
 import pytest
 
-from opstate.cli import main
 from opstate.config import settings
 from opstate.model import OpRecord
 from opstate.states import State
 from opstate.store.port import StoreUnavailableError
 from opstate.store.sqlite import SQLiteStore
+from tests.support.cli import Result, in_process
 from tests.support.serve_process import OPSTATE, cli_env
 from tests.support.template import create_table_from_template
 
@@ -39,16 +39,6 @@ T0 = "2026-05-10T09:00:00Z"
 T1 = "2026-05-10T10:00:00Z"
 T2 = "2026-05-10T11:00:00Z"
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-    def json(self) -> Any:
-        return json.loads(self.out)
 
 
 @pytest.fixture
@@ -65,18 +55,7 @@ def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureF
     ):
         monkeypatch.delenv(key, raising=False)
 
-    def run(*argv: str, env: dict[str, str] | None = None) -> Result:
-        for key, value in (env or {}).items():
-            monkeypatch.setenv(key, value)
-        settings.cache_clear()
-        try:
-            code = main(list(argv))
-        finally:
-            settings.cache_clear()
-        captured = capsys.readouterr()
-        return Result(code, captured.out, captured.err)
-
-    yield run
+    yield in_process(monkeypatch, capsys)
     settings.cache_clear()
 
 

@@ -7,30 +7,19 @@ talking to the fake Gemini server (``tests/support/fake_gemini.py``).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from opstate.cli import main
 from opstate.cli.common import EXIT_FAILURE, EXIT_OK
 from opstate.config import settings
 from opstate.store import PollState
 from opstate.store.sqlite import SQLiteStore
+from tests.support.cli import Result, in_process
 
 T1 = "2026-05-10T10:00:00Z"
 T2 = "2026-05-10T11:00:00Z"
 FAR_FUTURE_NS = 4_000_000_000 * 10**9
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-    def json(self) -> dict:
-        return dict(json.loads(self.out))
 
 
 @pytest.fixture
@@ -43,16 +32,7 @@ def cli(monkeypatch, tmp_path, capsys, fake_gemini):
     monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", fake_gemini.base_url)
     monkeypatch.setenv("OPSTATE_RECONCILE_MAX_PAGES", "0")  # no discovery: only the polls
 
-    def run(*argv: str) -> Result:
-        settings.cache_clear()
-        try:
-            code = main(list(argv))
-        finally:
-            settings.cache_clear()
-        captured = capsys.readouterr()
-        return Result(code, captured.out, captured.err)
-
-    yield run
+    yield in_process(monkeypatch, capsys)
     settings.cache_clear()
 
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from opstate.cli import main
 from opstate.config import Settings, settings
 from opstate.ingest import ingest
 from opstate.model import OpEvent
@@ -27,6 +26,7 @@ from opstate.store import MemoryStore
 from opstate.store.port import ArchiveState
 from opstate.store.sqlite import SQLiteStore
 from opstate.times import NS_PER_SECOND, format_time
+from tests.support.cli import in_process
 from tests.support.fake_gemini import FakeGemini, repeated
 from tests.support.outcomes import batch_output
 
@@ -56,16 +56,7 @@ def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fake_gemini: FakeGemini
     monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", fake_gemini.base_url)
     fake_gemini.api_key = KEY
 
-    def run(*argv: str) -> tuple[int, str, str]:
-        settings.cache_clear()
-        try:
-            code = main(list(argv))
-        finally:
-            settings.cache_clear()
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    yield run
+    yield in_process(monkeypatch, capsys)
     settings.cache_clear()
 
 
