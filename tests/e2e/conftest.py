@@ -23,7 +23,7 @@ from tests.e2e.harness import (
     start_function,
 )
 from tests.support.motoserver import MotoServer
-from tests.support.template import create_table_from_template, table_properties
+from tests.support.template import create_table_from_template
 from tests.support.webhooks import TEST_SECRET
 
 STACK_NAME = "gemini-opstate-e2e"
@@ -103,7 +103,7 @@ def stack(moto_server: MotoServer) -> Stack:
     table = f"e2e-ops-{suffix}"
     create_table_from_template(clients["dynamodb"], table)
     waiters_table = f"e2e-waiters-{suffix}"
-    create_waiters_table(clients["dynamodb"], waiters_table)
+    create_table_from_template(clients["dynamodb"], waiters_table, "WaitersTable")
     bus = f"e2e-bus-{suffix}"
     clients["events"].create_event_bus(Name=bus)
     queue_url = clients["sqs"].create_queue(QueueName=f"e2e-consumer-{suffix}")["QueueUrl"]
@@ -147,21 +147,6 @@ def stack(moto_server: MotoServer) -> Stack:
         clients=clients,
         results_bucket=results_bucket,
         waiters_table=waiters_table,
-    )
-
-
-def create_waiters_table(client: Any, name: str) -> None:
-    """The waiters table as the template's ``WaitersTable`` shapes it."""
-    props = table_properties("WaitersTable")
-    client.create_table(
-        TableName=name,
-        AttributeDefinitions=props["AttributeDefinitions"],
-        KeySchema=props["KeySchema"],
-        BillingMode=props["BillingMode"],
-        StreamSpecification={
-            "StreamEnabled": True,
-            "StreamViewType": props["StreamSpecification"]["StreamViewType"],
-        },
     )
 
 

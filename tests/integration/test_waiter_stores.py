@@ -24,26 +24,16 @@ from opstate.waiters.model import Target, Waiter, When
 from opstate.waiters.port import TooManyWaitersError, WaiterStore
 from opstate.waiters.sqlite import SQLiteWaiterStore
 from tests.support.stores import harness_for, shared_client
-from tests.support.template import table_properties
+from tests.support.template import create_table_from_template
 
 T0 = parse_time("2026-06-01T10:00:00Z")
 KINDS = ("memory", "sqlite", "dynamodb-mock")
 
 
 def create_waiters_table(client: Any) -> str:
-    """A waiters table shaped by the template's ``WaitersTable``."""
-    props = table_properties("WaitersTable")
+    """A new waiters table shaped by the template's ``WaitersTable``; its name."""
     name = f"waiters-{uuid.uuid4().hex[:10]}"
-    client.create_table(
-        TableName=name,
-        AttributeDefinitions=props["AttributeDefinitions"],
-        KeySchema=props["KeySchema"],
-        BillingMode=props["BillingMode"],
-        StreamSpecification={
-            "StreamEnabled": True,
-            "StreamViewType": props["StreamSpecification"]["StreamViewType"],
-        },
-    )
+    create_table_from_template(client, name, "WaitersTable")
     return name
 
 

@@ -79,13 +79,16 @@ def table_properties(resource: str = "OperationsTable") -> dict[str, Any]:
     return props
 
 
-def create_table_from_template(client: Any, table_name: str) -> dict[str, Any]:
-    """Create ``table_name`` with the template's key schema, attributes, GSIs, stream and TTL.
+def create_table_from_template(
+    client: Any, table_name: str, resource: str = "OperationsTable"
+) -> dict[str, Any]:
+    """Create ``table_name`` with the key schema, attributes, GSIs, stream and TTL of the
+    template's table ``resource`` (``OperationsTable`` or ``WaitersTable``).
 
     ``client`` is a boto3 DynamoDB client (moto in-process or moto server). Returns the
     ``TableDescription``.
     """
-    props = table_properties()
+    props = table_properties(resource)
     kwargs: dict[str, Any] = {
         "TableName": table_name,
         "AttributeDefinitions": props["AttributeDefinitions"],
