@@ -21,6 +21,7 @@ from tests.e2e.harness import (
     rie_binary,
     stale_build_files,
     start_function,
+    subscribe,
 )
 from tests.support.motoserver import MotoServer
 from tests.support.template import create_table_from_template
@@ -107,20 +108,13 @@ def stack(moto_server: MotoServer) -> Stack:
     bus = f"e2e-bus-{suffix}"
     clients["events"].create_event_bus(Name=bus)
     queue_url = clients["sqs"].create_queue(QueueName=f"e2e-consumer-{suffix}")["QueueUrl"]
-    queue_arn = clients["sqs"].get_queue_attributes(
-        QueueUrl=queue_url, AttributeNames=["QueueArn"]
-    )["Attributes"]["QueueArn"]
     quarantine_url = clients["sqs"].create_queue(QueueName=f"e2e-quarantine-{suffix}")["QueueUrl"]
-    # A consumer's subscription, as docs/deploy.md describes it: a rule on the detail-type.
-    clients["events"].put_rule(
-        Name=f"e2e-state-changes-{suffix}",
-        EventBusName=bus,
-        EventPattern='{"source": ["gemini-opstate"], "detail-type": ["Operation State Changed"]}',
-    )
-    clients["events"].put_targets(
-        Rule=f"e2e-state-changes-{suffix}",
-        EventBusName=bus,
-        Targets=[{"Id": "consumer", "Arn": queue_arn}],
+    subscribe(
+        clients,
+        bus=bus,
+        queue_url=queue_url,
+        rule=f"e2e-state-changes-{suffix}",
+        detail_types=["Operation State Changed"],
     )
     # The secrets as an operator fills them (docs/deploy.md): put-secret-value on the stack's.
     webhook_secret = clients["secretsmanager"].create_secret(

@@ -416,6 +416,24 @@ def start_function(
     raise RuntimeError(f"aws-lambda-rie did not listen in time\n{proc.log_tail()}")
 
 
+def subscribe(
+    clients: Mapping[str, Any], *, bus: str, queue_url: str, rule: str, detail_types: list[str]
+) -> None:
+    """A consumer's subscription, as docs/deploy.md describes it: a rule on the bus matching
+    opstate's ``detail_types``, delivering to the queue at ``queue_url``."""
+    queue_arn = clients["sqs"].get_queue_attributes(
+        QueueUrl=queue_url, AttributeNames=["QueueArn"]
+    )["Attributes"]["QueueArn"]
+    clients["events"].put_rule(
+        Name=rule,
+        EventBusName=bus,
+        EventPattern=json.dumps({"source": ["gemini-opstate"], "detail-type": detail_types}),
+    )
+    clients["events"].put_targets(
+        Rule=rule, EventBusName=bus, Targets=[{"Id": "consumer", "Arn": queue_arn}]
+    )
+
+
 def load_event(name: str) -> dict[str, Any]:
     event: dict[str, Any] = json.loads((EVENTS_DIR / name).read_text(encoding="utf-8"))
     return event

@@ -33,6 +33,7 @@ from tests.e2e.harness import (
     BuiltTemplate,
     lambda_environment,
     load_event,
+    subscribe,
 )
 from tests.support.fake_gemini import FakeGemini
 from tests.support.fake_google_cloud import TOKEN_EXCHANGE, GoogleCloudSide, cloud_batch_resource
@@ -479,19 +480,12 @@ def test_built_reconciler_announces_lost_and_overdue_operations_on_the_bus(
     finally:
         store.close()
     # A consumer subscribed to the marks.
-    events, sqs = stack.client("events"), stack.client("sqs")
-    queue_arn = sqs.get_queue_attributes(QueueUrl=stack.queue_url, AttributeNames=["QueueArn"])[
-        "Attributes"
-    ]["QueueArn"]
-    events.put_rule(
-        Name="e2e-marks",
-        EventBusName=stack.bus,
-        EventPattern=json.dumps(
-            {"source": ["gemini-opstate"], "detail-type": ["Operation Lost", "Operation Overdue"]}
-        ),
-    )
-    events.put_targets(
-        Rule="e2e-marks", EventBusName=stack.bus, Targets=[{"Id": "marks", "Arn": queue_arn}]
+    subscribe(
+        stack.clients,
+        bus=stack.bus,
+        queue_url=stack.queue_url,
+        rule="e2e-marks",
+        detail_types=["Operation Lost", "Operation Overdue"],
     )
 
     with FakeGemini() as fake:
@@ -542,19 +536,12 @@ def test_built_archiver_copies_a_batch_output_to_s3_and_it_is_announced(
         ).applied
     finally:
         store.close()
-    events, sqs = stack.client("events"), stack.client("sqs")
-    queue_arn = sqs.get_queue_attributes(QueueUrl=stack.queue_url, AttributeNames=["QueueArn"])[
-        "Attributes"
-    ]["QueueArn"]
-    events.put_rule(
-        Name="e2e-results",
-        EventBusName=stack.bus,
-        EventPattern=json.dumps(
-            {"source": ["gemini-opstate"], "detail-type": ["Operation Results Archived"]}
-        ),
-    )
-    events.put_targets(
-        Rule="e2e-results", EventBusName=stack.bus, Targets=[{"Id": "r", "Arn": queue_arn}]
+    subscribe(
+        stack.clients,
+        bus=stack.bus,
+        queue_url=stack.queue_url,
+        rule="e2e-results",
+        detail_types=["Operation Results Archived"],
     )
     data = (
         b"".join(
