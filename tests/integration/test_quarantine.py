@@ -16,7 +16,6 @@ from opstate.quarantine import (
     Delivery,
     Kept,
     LogQuarantine,
-    MemoryQuarantine,
     Quarantine,
     QuarantineUnavailableError,
     SQLiteQuarantine,
@@ -24,24 +23,16 @@ from opstate.quarantine import (
     quarantine_from_settings,
 )
 from opstate.times import parse_time
+from tests.support.stores import QUARANTINE_KINDS, quarantine_for
 
 NOW_NS = parse_time("2026-05-10T10:00:00.123456789Z")
 BODIES = [b"{", b"\xff\xfe not utf-8", b'{"type":"video.generated","data":{"id":"a b"}}', b""]
 
 
-@pytest.fixture(params=["memory", "sqlite", "sqs"])
+@pytest.fixture(params=QUARANTINE_KINDS)
 def quarantine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Quarantine]:
-    if request.param == "memory":
-        yield MemoryQuarantine()
-    elif request.param == "sqlite":
-        yield SQLiteQuarantine(tmp_path / "q.db")
-    else:
-        from moto import mock_aws
-
-        with mock_aws():
-            sqs = boto3.client("sqs", region_name="us-east-1")
-            url = sqs.create_queue(QueueName="quarantine")["QueueUrl"]
-            yield SqsQuarantine(url, client=sqs, visibility_timeout_s=0)
+    with quarantine_for(request.param, tmp_path) as made:
+        yield made
 
 
 def delivery(body: bytes, i: int = 0) -> Delivery:

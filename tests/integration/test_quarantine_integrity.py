@@ -44,6 +44,7 @@ from opstate.signatures import StaticSecretsVerifier
 from opstate.states import State
 from opstate.store import MemoryStore
 from opstate.times import parse_time
+from tests.support.stores import QUARANTINE_KINDS, quarantine_for
 from tests.support.webhooks import (
     EVENT_TIMESTAMP,
     OTHER_SECRET,
@@ -72,19 +73,10 @@ def genuine(raw: bytes, i: int = 0, *, reason: str = "invalid-name") -> Delivery
     )
 
 
-@pytest.fixture(params=["memory", "sqlite", "sqs"])
+@pytest.fixture(params=QUARANTINE_KINDS)
 def quarantine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Quarantine]:
-    if request.param == "memory":
-        yield MemoryQuarantine()
-    elif request.param == "sqlite":
-        yield SQLiteQuarantine(tmp_path / "q.db")
-    else:
-        from moto import mock_aws
-
-        with mock_aws():
-            sqs = boto3.client("sqs", region_name="us-east-1")
-            url = sqs.create_queue(QueueName="quarantine")["QueueUrl"]
-            yield SqsQuarantine(url, client=sqs, visibility_timeout_s=0)
+    with quarantine_for(request.param, tmp_path) as made:
+        yield made
 
 
 # -- integrity ------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from opstate.store.sqlite import SQLiteStore
 from tests.support.template import create_table_from_template
 
 STORE_KINDS = ("dynamodb-mock", "dynamodb-server", "sqlite", "memory")
+QUARANTINE_KINDS = ("memory", "sqlite", "sqs")
 
 
 class DelegatingStore:
@@ -212,6 +213,27 @@ def harness_of(request: Any, tmp_path: Path, **kwargs: Any) -> Iterator[Harness]
 
     with harness_for(request.param, tmp_path=tmp_path, moto_endpoint=endpoint, **kwargs) as h:
         yield h
+
+
+@contextmanager
+def quarantine_for(kind: str, tmp_path: Path) -> Iterator[Any]:
+    """A fresh, empty quarantine of ``kind`` (``QUARANTINE_KINDS``; sqs: moto in-process,
+    messages visible again at once)."""
+    from opstate.quarantine import MemoryQuarantine, SQLiteQuarantine, SqsQuarantine
+
+    if kind == "memory":
+        yield MemoryQuarantine()
+    elif kind == "sqlite":
+        yield SQLiteQuarantine(tmp_path / "q.db")
+    elif kind == "sqs":
+        from moto import mock_aws
+
+        with mock_aws():
+            sqs = boto3.client("sqs", region_name="us-east-1")
+            url = sqs.create_queue(QueueName="quarantine")["QueueUrl"]
+            yield SqsQuarantine(url, client=sqs, visibility_timeout_s=0)
+    else:
+        raise ValueError(kind)
 
 
 def signed_app(store: Store, now_ns: int) -> Any:
