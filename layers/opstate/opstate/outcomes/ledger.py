@@ -142,11 +142,9 @@ class BatchLedger(Digest):
     use_msgspec: bool = field(default=HAVE_MSGSPEC, repr=False)
 
     def feed(self, chunk: bytes | bytearray | memoryview) -> None:
-        """Account for the next bytes of the output."""
-        if self._finished:
-            raise ValueError("the ledger is finished")
-        self.digest(chunk)
+        """Account for the next bytes of the output (``count`` refuses a finished ledger)."""
         self.count(chunk)
+        self.digest(chunk)
 
     write = feed  # a ledger is a writable stream too
 
@@ -190,12 +188,15 @@ class BatchLedger(Digest):
         the end). A block that is not UTF-8 is read line by line by the definition
         (``line``); any other goes the fast way (see the module docstring)."""
         view = memoryview(data)[start:stop]
-        if ascii_only or _is_utf8(view):
-            if self.use_msgspec:
+        if self.use_msgspec:
+            if ascii_only or _is_utf8(view):
                 self._read_structs(data, start, stop)
-            else:
-                self._scan(str(view, "utf-8"))
-            return
+                return
+        else:
+            text = _text(view)
+            if text is not None:
+                self._scan(text)
+                return
         for raw in bytes(view).split(b"\n"):
             self.line(raw)
 
@@ -318,12 +319,16 @@ class BatchLedger(Digest):
         self.errors[key] = self.errors.get(key, 0) + 1
 
 
-def _is_utf8(data: bytes | memoryview) -> bool:
+def _text(data: bytes | memoryview) -> str | None:
+    """``data`` decoded as UTF-8, or None when it is not UTF-8."""
     try:
-        str(data, "utf-8")
+        return str(data, "utf-8")
     except UnicodeDecodeError:
-        return False
-    return True
+        return None
+
+
+def _is_utf8(data: bytes | memoryview) -> bool:
+    return _text(data) is not None
 
 
 def _parse(raw: bytes) -> dict[str, Any] | None:
