@@ -36,6 +36,7 @@ from tests.support.fake_google_cloud import (
     GoogleCloudSide,
     cloud_batch_resource,
     cloud_video_response,
+    loopback_allowed,
 )
 
 SCOPE = ("p1", "us-central1")
@@ -272,7 +273,8 @@ def test_workload_identity_federation_from_aws(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """google-auth signs GetCallerIdentity with the role's AWS credentials (Lambda's env) and
-    exchanges it at STS, then impersonates the service account: no Google key anywhere."""
+    exchanges it at STS, then impersonates the service account: no Google key anywhere. The
+    fake's STS is on 127.0.0.1, admitted only by the tests' loopback switch."""
     monkeypatch.setenv("AWS_REGION", "eu-west-1")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "ASIATESTTESTTESTTEST")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test-secret-key")
@@ -284,7 +286,8 @@ def test_workload_identity_federation_from_aws(
     store = MemoryStore()
     track(store, name)
     s = settings(google_application_credentials=str(path))
-    assert run(store, s, GoogleCloudGateway(s)).errors == 0
+    with loopback_allowed(fake_gemini):
+        assert run(store, s, GoogleCloudGateway(s)).errors == 0
     found = store.get(name)
     assert found is not None and found.state is State.SUCCEEDED
     assert cloud.token_requests == [TOKEN_EXCHANGE]

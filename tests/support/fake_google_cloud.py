@@ -16,8 +16,14 @@ in enterprise mode, and the OAuth endpoints google-auth exchanges credentials at
 - ``POST v1/projects/-/serviceAccounts/E:generateAccessToken``: impersonation of E.
 
 Every Cloud request must carry ``Authorization: Bearer <a token this fake issued>``, else 401.
-``refuse = True`` makes the token endpoints answer ``invalid_grant`` (a refused credential);
-``token_requests`` lists the exchanges seen.
+``refuse = True`` makes the token endpoints answer ``invalid_grant`` (a refused credential, with
+a description no log may show: ``REFUSAL_DESCRIPTION``); ``token_requests`` lists the exchanges
+seen.
+
+``external_account_info`` points ``token_url`` (and the impersonation URL) at this fake, which
+``cloud_credentials_policy`` refuses unless the test turns on its loopback switch
+(``loopback_allowed(fake)``, i.e. ``allow_loopback_for_tests``): a module-level hook that only
+code in the test process sets, never a setting, a variable or the secret.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ import base64
 import json
 import secrets
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
@@ -34,6 +41,7 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from opstate.reconcile.cloud_credentials_policy import allow_loopback_for_tests
 from tests.support.fake_gemini import FakeGemini, Request, Response, error_body
 
 JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
@@ -42,6 +50,8 @@ AWS_SUBJECT = "urn:ietf:params:aws:token-type:aws4_request"
 # google-auth always signs service-account assertions for Google's token endpoint.
 OAUTH_AUDIENCE = "https://oauth2.googleapis.com/token"
 MODEL = r"projects/[^/]+/locations/[^/]+/publishers/[^/]+/models/[^/]+"
+# What a refusing token endpoint says beyond its error code (never to be logged).
+REFUSAL_DESCRIPTION = "Invalid JWT Signature. remote-body-marker-7f3a"
 WIF_AUDIENCE = (
     "//iam.googleapis.com/projects/123456/locations/global/workloadIdentityPools/aws-pool"
     "/providers/aws-provider"
@@ -189,7 +199,7 @@ class GoogleCloudSide:
         grant = form.get("grant_type", "")
         self.token_requests.append(grant)
         if self.refuse:
-            return 400, {"error": "invalid_grant", "error_description": "Invalid JWT Signature."}
+            return 400, {"error": "invalid_grant", "error_description": REFUSAL_DESCRIPTION}
         if grant == JWT_BEARER:
             return self._jwt_grant(form.get("assertion", ""))
         if grant == TOKEN_EXCHANGE:
@@ -279,6 +289,16 @@ class GoogleCloudSide:
         if not name.startswith(request.name + "/operations/") or body is None:
             return 404, error_body(404, f"{name} not found")
         return 200, body
+
+
+@contextmanager
+def loopback_allowed(fake: FakeGemini) -> Iterator[None]:
+    """Let credentials exchange at ``fake`` (on 127.0.0.1) for the block's duration."""
+    allow_loopback_for_tests(fake.base_url)
+    try:
+        yield
+    finally:
+        allow_loopback_for_tests(None)
 
 
 def b64(data: bytes) -> str:

@@ -352,6 +352,8 @@ class ReconcileSettings(_Part):
     google_cloud_max_rps: float = 10.0
     google_credentials_secret_arn: str | None = None
     google_application_credentials: str | None = None
+    # Where a local credentials file's "file" source may read (unset: nowhere; security.md).
+    google_subject_token_dir: str | None = None
 
     @property
     def google_cloud_configured(self) -> bool:
@@ -391,6 +393,7 @@ class ReconcileSettings(_Part):
             google_cloud_max_rps=_float(env, "OPSTATE_GOOGLE_CLOUD_MAX_RPS"),
             google_credentials_secret_arn=_str(env, "OPSTATE_GOOGLE_CREDENTIALS_SECRET_ARN"),
             google_application_credentials=_str(env, "GOOGLE_APPLICATION_CREDENTIALS"),
+            google_subject_token_dir=_str(env, "OPSTATE_GOOGLE_SUBJECT_TOKEN_DIR"),
         )
 
 

@@ -8,7 +8,8 @@ One module per concern:
   ``make_client``;
 - ``cloud_gateway``: the ``CloudGateway`` port on google-genai's enterprise (Vertex AI) mode,
   one client per project/location; ``cloud_credentials``: its google-auth credentials
-  (Secrets Manager or ``GOOGLE_APPLICATION_CREDENTIALS``; workload identity federation first);
+  (Secrets Manager or ``GOOGLE_APPLICATION_CREDENTIALS``; workload identity federation first),
+  once ``cloud_credentials_policy`` (pure) accepts what their JSON says;
 - ``pacing``: clock, token-bucket rate limit, shared backoff and breaker, time budget;
 - ``schedule``: when an operation is next due, and when it is lost or overdue (pure);
 - ``run``: one run, ``reconcile_once``, reporting through ``on_decision``; one operation's

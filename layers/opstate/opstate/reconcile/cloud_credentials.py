@@ -11,8 +11,13 @@ Where they come from, in order:
 2. ``GOOGLE_APPLICATION_CREDENTIALS``: the same JSON in a file (google-auth's standard
    variable), for local runs.
 
+Before any google-auth class sees the JSON, ``cloud_credentials_policy.refusal`` checks it:
+only Google's and AWS's endpoints, an ``aws`` source (a ``file`` source only locally, inside
+``OPSTATE_GOOGLE_SUBJECT_TOKEN_DIR``), or a ``service_account`` key (docs/security.md).
+
 ``load_credentials`` raises ``CredentialsError`` with a message that names where it looked and
-what was wrong, never the content. google-auth is imported inside functions.
+what was wrong, never the content; ``auth_error_reason`` says why a token request failed without
+a word of the answer's body. google-auth is imported inside functions.
 """
 
 from __future__ import annotations
@@ -22,6 +27,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from opstate.config import Settings
+from opstate.reconcile.cloud_credentials_policy import (
+    loopback_base,
+    refusal,
+    resolved_file_refusal,
+)
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 # The credential types google-auth loads from a JSON and this system accepts.
@@ -95,18 +105,26 @@ def _loader(info: Mapping[str, Any], where: str) -> Any:
         from google.auth import aws
 
         return aws.Credentials.from_info
-    if "file" in source or "url" in source:
+    if "file" in source:
         from google.auth import identity_pool
 
         return identity_pool.Credentials.from_info
-    # An "executable" source runs a program named in the JSON: never from a secret.
-    raise CredentialsError(f"{where}: external_account credential_source must be aws, file or url")
+    # Unreachable after refusal(); kept so this never hands google-auth another source.
+    raise CredentialsError(f"{where}: external_account credential_source must be aws or file")
 
 
-def credentials_from_info(info: Mapping[str, Any], where: str) -> Any:
-    """google-auth credentials (scoped to cloud-platform) of a credentials JSON object."""
+def credentials_from_info(
+    info: Mapping[str, Any], where: str, *, local_token_dir: str | None = None
+) -> Any:
+    """google-auth credentials (scoped to cloud-platform) of a credentials JSON object, once
+    ``cloud_credentials_policy`` accepts it (``local_token_dir``: where a local ``file`` source
+    may read; ``None`` refuses every file source)."""
     from google.auth import exceptions
 
+    problem = refusal(info, local_token_dir=local_token_dir, loopback=loopback_base())
+    problem = problem or resolved_file_refusal(info, local_token_dir)
+    if problem:
+        raise CredentialsError(f"{where} is refused: {problem}")
     load = _loader(info, where)
     try:
         return load(dict(info), scopes=[CLOUD_PLATFORM_SCOPE])
@@ -120,18 +138,62 @@ def credentials_from_info(info: Mapping[str, Any], where: str) -> Any:
 
 def load_credentials(settings: Settings) -> Any:
     """The reconciler's Google Cloud credentials (see the module docstring)."""
+    token_dir: str | None = None  # the secret never names a local file
     if settings.google_credentials_secret_arn:
         where = "the Google credentials secret (OPSTATE_GOOGLE_CREDENTIALS_SECRET_ARN)"
         text = _secret_text(settings.google_credentials_secret_arn, settings.secrets_cache_s)
     elif settings.google_application_credentials:
         where = "GOOGLE_APPLICATION_CREDENTIALS"
         text = _file_text(settings.google_application_credentials)
+        token_dir = settings.google_subject_token_dir
     else:
         raise CredentialsError(
             "no Google Cloud credentials: set OPSTATE_GOOGLE_CREDENTIALS_SECRET_ARN (AWS) or "
             "GOOGLE_APPLICATION_CREDENTIALS (a local file)"
         )
-    return credentials_from_info(parse_info(text, where), where)
+    return credentials_from_info(parse_info(text, where), where, local_token_dir=token_dir)
+
+
+# OAuth 2.0 (RFC 6749 5.2) and token exchange (RFC 8693) error codes: the only words of a
+# token endpoint's answer an error message may carry.
+OAUTH_ERROR_CODES = frozenset(
+    (
+        "invalid_request",
+        "invalid_client",
+        "invalid_grant",
+        "unauthorized_client",
+        "unsupported_grant_type",
+        "invalid_scope",
+        "invalid_target",
+        "access_denied",
+        "server_error",
+        "temporarily_unavailable",
+    )
+)
+
+
+def auth_error_reason(exc: BaseException) -> str:
+    """Why a google-auth token request failed, safe to log: the exception's type and, when the
+    answer was an OAuth error, its standard code; never the body (a token or metadata endpoint's
+    answer is not ours to echo, and google-auth puts it in its messages)."""
+    for arg in getattr(exc, "args", ()):
+        code = _oauth_error_code(arg)
+        if code is not None:
+            return f"{type(exc).__name__} ({code})"
+    return type(exc).__name__
+
+
+def _oauth_error_code(value: Any) -> str | None:
+    if isinstance(value, (str, bytes)):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if isinstance(value, Mapping):
+        code = value.get("error")
+        if isinstance(code, str) and code in OAUTH_ERROR_CODES:
+            return code
+    return None
 
 
 def token_request(timeout_s: float = TOKEN_TIMEOUT_S) -> Any:

@@ -9,9 +9,11 @@
   ``.../publishers/google/models/M/operations/ID``.
 - ``batch_pages(scope, n)``: ``batches.list(config={"page_size": n})`` in that scope.
 - Credentials (``cloud_credentials``) are loaded and refreshed here, under one lock, before any
-  request: a missing, malformed or refused credential is an ``AuthError`` (kept for the
-  gateway's life, so the run asks once), a token endpoint that could not be reached is a
-  transient ``GatewayError``. A 401 from the API is an ``AuthError`` too.
+  request: a missing, malformed, policy-refused or Google-refused credential is an
+  ``AuthError`` (kept for the gateway's life, so the run asks once), a token endpoint that could
+  not be reached is a transient ``GatewayError``. A 401 from the API is an ``AuthError`` too.
+  Their messages name the exception and at most an OAuth error code, never a response body
+  (``auth_error_reason``).
 
 Owns no state beyond the clients and the credentials; imports google-genai and google-auth
 inside functions only.
@@ -28,7 +30,12 @@ from opstate.config import Settings
 from opstate.events import EventError, from_batch_job, from_operation
 from opstate.model import OpEvent, OpRecord
 from opstate.names import Kind, cloud_scope
-from opstate.reconcile.cloud_credentials import CredentialsError, load_credentials, token_request
+from opstate.reconcile.cloud_credentials import (
+    CredentialsError,
+    auth_error_reason,
+    load_credentials,
+    token_request,
+)
 from opstate.reconcile.gateway import AuthError, GatewayError, Listed, Scope
 from opstate.reconcile.genai_gateway import batch_job_pages, classify
 
@@ -96,10 +103,12 @@ class GoogleCloudGateway:
             except exceptions.GoogleAuthError as exc:
                 if exc.retryable:
                     raise GatewayError(
-                        f"Google token refresh failed (retryable): {_first_line(exc)}",
+                        f"Google token refresh failed (retryable): {auth_error_reason(exc)}",
                         transient=True,
                     ) from None
-                self._refused = AuthError(f"Google refused the credentials: {_first_line(exc)}")
+                self._refused = AuthError(
+                    f"Google refused the credentials: {auth_error_reason(exc)}"
+                )
                 raise self._refused from None
             return self._credentials
 
@@ -143,11 +152,6 @@ class GoogleCloudGateway:
             clients, self._clients = list(self._clients.values()), {}
         for client in clients:
             client.close()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc)
-    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
 
 
 def _classify(exc: BaseException) -> GatewayError:
