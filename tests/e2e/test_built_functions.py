@@ -11,14 +11,19 @@ The chains tested are the deployed ones:
 
 Test-only environment overrides, on top of the built template's variables:
 ``OPSTATE_WEBHOOK_TOLERANCE_SECONDS`` (the sample events carry a fixed 2026-05-10 timestamp) and
-``GOOGLE_GEMINI_BASE_URL`` (the fake Gemini server). Nothing else is changed.
+``GOOGLE_GEMINI_BASE_URL`` (the fake Gemini server). The Google Cloud test also puts a folder of
+its own first on ``PYTHONPATH``: a ``sitecustomize`` that turns on the credentials policy's
+loopback switch for its fake STS (``loopback_sitecustomize``), test code the built artifact does
+not contain. Nothing else is changed.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -388,13 +393,27 @@ def test_a_signed_pubsub_push_reaches_the_table_through_the_built_webhook(
 # --- schedule -> reconciler -> Google Cloud (federated credentials) -> table -----------------
 
 
+def loopback_sitecustomize(folder: Path, fake_base_url: str) -> Path:
+    """A folder whose ``sitecustomize`` (run at the interpreter's start) turns on
+    ``allow_loopback_for_tests`` for the fake in the built reconciler's process. Only code can
+    turn the switch on: the built artifact has none that does, and no variable or secret can."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(
+        "from opstate.reconcile.cloud_credentials_policy import allow_loopback_for_tests\n"
+        f"allow_loopback_for_tests({fake_base_url!r})\n",
+        encoding="utf-8",
+    )
+    return folder
+
+
 def test_scheduled_reconcile_polls_a_google_cloud_job_with_federated_credentials(
-    start: StartFunction, stack: Stack
+    start: StartFunction, stack: Stack, built_template: BuiltTemplate, tmp_path: Path
 ) -> None:
     """The built reconciler reads an external_account JSON from the stack's (template-created)
     Google credentials secret, signs GetCallerIdentity with its own AWS credentials, exchanges
     it at the fake STS, impersonates the service account, and polls a Cloud job and a Cloud
-    scope through its own google-genai build in enterprise mode."""
+    scope through its own google-genai build in enterprise mode. The fake STS is on 127.0.0.1,
+    which the credentials policy admits only through the tests' loopback switch."""
     job = "projects/p1/locations/us-central1/batchPredictionJobs/e2e1"
     untracked = "projects/p1/locations/us-central1/batchPredictionJobs/e2e2"
     store = DynamoDBStore(stack.table, client=stack.client("dynamodb"))
@@ -420,12 +439,20 @@ def test_scheduled_reconcile_polls_a_google_cloud_job_with_federated_credentials
             ),
         )
         fake.put(untracked, cloud_batch_resource(untracked, "RUNNING"))
+        python_path = lambda_environment(
+            built_template,
+            "ReconcileFunction",
+            refs=stack.refs,
+            aws_endpoint=stack.endpoint,
+        )["PYTHONPATH"]
+        switch = loopback_sitecustomize(tmp_path / "loopback-switch", fake.base_url)
         reconcile = start(
             "ReconcileFunction",
             overrides={
                 "GOOGLE_GEMINI_BASE_URL": fake.base_url,
                 "GOOGLE_VERTEX_BASE_URL": fake.base_url,
                 "OPSTATE_GOOGLE_CLOUD_SCOPES": "p1/us-central1",
+                "PYTHONPATH": os.pathsep.join([str(switch), python_path]),
             },
         )
         result = reconcile.invoke(load_event("schedule.json"))
