@@ -10,8 +10,9 @@ What runs, and from where:
   ``.aws-sam/build/<Function>`` (the function's code and its own requirements, like
   ``/var/task``) and ``.aws-sam/build/<Layer>/python`` (like ``/opt/python``);
 - the environment variables of the *built* template (Globals merged with the function's own),
-  with ``Ref``/``Fn::GetAtt``/``Fn::Sub``/``Fn::FindInMap`` resolved to the test's resources and
-  parameters at their defaults; the test may add overrides (named at the call site).
+  with ``Ref``/``Fn::GetAtt``/``Fn::Sub``/``Fn::FindInMap``/``Fn::Join`` resolved to the test's
+  resources and parameters at their defaults; the test may add overrides (named at the call
+  site).
 
 Every process is started in its own session on 127.0.0.1 free ports and stopped (the whole
 process group) by ``LambdaProcess.stop``.
@@ -154,6 +155,7 @@ class BuiltTemplate:
                 "Fn::GetAtt": self._get_att,
                 "Fn::FindInMap": self._find_in_map,
                 "Fn::Sub": self._sub,
+                "Fn::Join": self._join,
             }
             if fn in intrinsics:
                 return intrinsics[fn](arg, refs)
@@ -168,6 +170,14 @@ class BuiltTemplate:
     def _find_in_map(self, arg: Any, refs: Mapping[str, str]) -> str:
         m, k1, k2 = (self.resolve(a, refs) for a in arg)
         return str(self.data["Mappings"][m][k1][k2])
+
+    def _join(self, arg: Any, refs: Mapping[str, str]) -> str:
+        """``Fn::Join [delimiter, items]``: items a list, or a ``Ref`` to a
+        ``CommaDelimitedList`` parameter (its text, items separated by commas)."""
+        delimiter, items = arg
+        if isinstance(items, list):
+            return str(delimiter).join(self.resolve(item, refs) for item in items)
+        return str(delimiter).join(self.resolve(items, refs).split(","))
 
     def _sub(self, arg: Any, refs: Mapping[str, str]) -> str:
         text, local = (arg, {}) if isinstance(arg, str) else (arg[0], arg[1])

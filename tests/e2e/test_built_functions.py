@@ -622,7 +622,9 @@ def test_a_waiter_registered_through_the_api_is_resumed_by_the_built_resumer(
 ) -> None:
     name = "batches/e2e-waiter"
     token = "e2e-task-token-" + "t" * 40
-    webhook = start("WebhookFunction", overrides=WEBHOOK_OVERRIDES)
+    # The stack's WaiterStateMachineArns parameter, as the template passes it (default: off).
+    waiters_on = {"OPSTATE_WAITER_STATE_MACHINE_ARNS": "arn:aws:states:us-east-1:1:stateMachine:e"}
+    webhook = start("WebhookFunction", overrides={**WEBHOOK_OVERRIDES, **waiters_on})
     put = load_event("report-stale.json")
     put["rawPath"] = f"/operations/{name}"
     put["pathParameters"] = {"name": name}
@@ -644,7 +646,7 @@ def test_a_waiter_registered_through_the_api_is_resumed_by_the_built_resumer(
     assert sorted(i["waiter_id"]["S"] for i in kept)[0] == "#count" and len(kept) == 2
     record_before = get_item(stack, name)
 
-    resumer = start("WaiterResumerFunction")
+    resumer = start("WaiterResumerFunction", overrides=waiters_on)
     # The registration's stream record: the job still runs, nothing to resume yet.
     inserts = lambda_stream_records(ddb, stack.client("dynamodbstreams"), stack.waiters_table)
     assert {r["eventName"] for r in inserts} == {"INSERT"}

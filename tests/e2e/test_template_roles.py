@@ -5,6 +5,12 @@ Issue 24 item 5: SAM's DynamoDB event gave the notifier the managed
 AWSLambdaDynamoDBExecutionRole, which reads every stream in the account. The same rule holds for
 every stream consumer (the waiter resumer reads two streams): an explicit role whose stream
 statements name exactly the streams its mappings consume.
+
+Issue 31: the resumer may answer Step Functions tasks and durable callbacks only of the ARNs the
+operator named (WaiterStateMachineArns / WaiterDurableFunctionArns); with the defaults (empty)
+its role has no statement for them at all. Statements are read with the template's conditions
+decided (``tests.support.cfn_conditions``) for the parameters' defaults unless a test names
+others.
 """
 
 from __future__ import annotations
@@ -16,11 +22,17 @@ from typing import Any
 
 import pytest
 
+from tests.support.cfn_conditions import decided
 from tests.support.prerequisites import require
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS_PYTHON = ROOT / ".tools-venv" / "bin" / "python"
 ALLOWED_MANAGED = {"AWSLambdaBasicExecutionRole", "AWSXrayWriteOnlyAccess"}
+# An operator who enabled both kinds of waiter.
+WAITERS_NAMED = {
+    "WaiterStateMachineArns": "arn:aws:states:us-east-1:123456789012:stateMachine:flow",
+    "WaiterDurableFunctionArns": "arn:aws:lambda:us-east-1:123456789012:function:durable",
+}
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +67,13 @@ def managed_names(role: dict[str, Any]) -> set[str]:
     return names
 
 
-def role_statements(role: dict[str, Any]) -> list[dict[str, Any]]:
+def role_statements(
+    role: dict[str, Any], translated: dict[str, Any], parameters: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """The role's statements as deployed with ``parameters`` (else the defaults)."""
     out: list[dict[str, Any]] = []
     for policy in role["Properties"].get("Policies", []):
-        out.extend(policy["PolicyDocument"]["Statement"])
+        out.extend(decided(policy["PolicyDocument"]["Statement"], translated, parameters))
     return out
 
 
@@ -114,7 +129,7 @@ def test_the_notifier_reads_only_its_tables_stream(translated: dict[str, Any]) -
     assert function["Role"] == {"Fn::GetAtt": ["NotifyFunctionRole", "Arn"]}
     role = resources["NotifyFunctionRole"]
     assert "AWSLambdaDynamoDBExecutionRole" not in managed_names(role)
-    by_action = {a: s for s in role_statements(role) for a in actions(s)}
+    by_action = {a: s for s in role_statements(role, translated) for a in actions(s)}
     assert set(by_action) == {
         "dynamodb:DescribeStream",
         "dynamodb:GetRecords",
@@ -137,8 +152,9 @@ def test_the_notifier_reads_only_its_tables_stream(translated: dict[str, Any]) -
     assert stream_sources(resources, "NotifyFunction") == [stream]
 
 
+@pytest.mark.parametrize("named", [False, True], ids=["defaults", "arns-named"])
 def test_the_waiter_resumer_reads_only_the_two_streams_it_consumes(
-    translated: dict[str, Any],
+    translated: dict[str, Any], named: bool
 ) -> None:
     resources = translated["Resources"]
     function = resources["WaiterResumerFunction"]["Properties"]
@@ -154,11 +170,17 @@ def test_the_waiter_resumer_reads_only_the_two_streams_it_consumes(
     consumed = stream_sources(resources, "WaiterResumerFunction")
     assert sorted(map(json.dumps, consumed)) == sorted(map(json.dumps, streams))
     by_action: dict[str, dict[str, Any]] = {}
-    for statement in role_statements(role):
+    for statement in role_statements(role, translated, WAITERS_NAMED if named else None):
         assert statement["Effect"] == "Allow", statement
         for action in actions(statement):
             assert action not in by_action, action  # one statement per action
             by_action[action] = statement
+    resume = {
+        "states:SendTaskSuccess",
+        "states:SendTaskFailure",
+        "lambda:SendDurableExecutionCallbackSuccess",
+        "lambda:SendDurableExecutionCallbackFailure",
+    }
     assert set(by_action) == {
         "dynamodb:DescribeStream",
         "dynamodb:GetRecords",
@@ -168,12 +190,8 @@ def test_the_waiter_resumer_reads_only_the_two_streams_it_consumes(
         "dynamodb:Query",
         "dynamodb:DeleteItem",
         "dynamodb:UpdateItem",
-        "states:SendTaskSuccess",
-        "states:SendTaskFailure",
-        "lambda:SendDurableExecutionCallbackSuccess",
-        "lambda:SendDurableExecutionCallbackFailure",
         "sqs:SendMessage",
-    }
+    } | (resume if named else set())
     for action in ("dynamodb:DescribeStream", "dynamodb:GetRecords", "dynamodb:GetShardIterator"):
         assert by_action[action]["Resource"] == streams, action
     assert by_action["dynamodb:ListStreams"]["Resource"] == [
@@ -183,22 +201,24 @@ def test_the_waiter_resumer_reads_only_the_two_streams_it_consumes(
     assert by_action["dynamodb:GetItem"]["Resource"] == {"Fn::GetAtt": ["OperationsTable", "Arn"]}
     for action in ("dynamodb:Query", "dynamodb:DeleteItem", "dynamodb:UpdateItem"):
         assert by_action[action]["Resource"] == {"Fn::GetAtt": ["WaitersTable", "Arn"]}, action
-    for action in ("states:SendTaskSuccess", "states:SendTaskFailure"):
-        assert by_action[action]["Resource"] == {"Ref": "WaiterStateMachineArns"}, action
-    for action in (
-        "lambda:SendDurableExecutionCallbackSuccess",
-        "lambda:SendDurableExecutionCallbackFailure",
-    ):
-        assert by_action[action]["Resource"] == {"Ref": "WaiterDurableFunctionArns"}, action
+    if named:  # with the defaults (empty) no statement resumes anything (issue 31)
+        for action in ("states:SendTaskSuccess", "states:SendTaskFailure"):
+            assert by_action[action]["Resource"] == {"Ref": "WaiterStateMachineArns"}, action
+        for action in (
+            "lambda:SendDurableExecutionCallbackSuccess",
+            "lambda:SendDurableExecutionCallbackFailure",
+        ):
+            assert by_action[action]["Resource"] == {"Ref": "WaiterDurableFunctionArns"}, action
     # The mappings' and the async invocations' OnFailure destination.
     assert by_action["sqs:SendMessage"]["Resource"] == {
         "Fn::GetAtt": ["WaiterDeadLetterQueue", "Arn"]
     }
 
 
-def test_no_role_statement_allows_every_resource(translated: dict[str, Any]) -> None:
+@pytest.mark.parametrize("named", [False, True], ids=["defaults", "arns-named"])
+def test_no_role_statement_allows_every_resource(translated: dict[str, Any], named: bool) -> None:
     for name, role in roles(translated).items():
-        for statement in role_statements(role):
+        for statement in role_statements(role, translated, WAITERS_NAMED if named else None):
             resource = statement["Resource"]
             listed = resource if isinstance(resource, list) else [resource]
             assert "*" not in listed, (name, statement)

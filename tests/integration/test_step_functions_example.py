@@ -29,6 +29,7 @@ from opstate.local.http_server import ApiGatewayApp, LocalHTTPServer
 from opstate.signatures import StaticSecretsVerifier
 from opstate.store import MemoryStore
 from opstate.waiters.callbacks import AwsCallbacks
+from opstate.waiters.enabled import ALL_TARGETS
 from opstate.waiters.memory import MemoryWaiterStore
 from opstate.waiters.run import Registrar, Resumer, store_status
 from opstate.waiters.wiring import handle
@@ -180,13 +181,14 @@ def _rig(archiving: bool, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
             waiters,
             store_status(store, (lambda n: archive) if archiving else None),
             AwsCallbacks(sfn=sfn),
+            targets=ALL_TARGETS,  # the stack's WaiterStateMachineArns names this machine
         )
         app = create_app(
             store=store,
             verifier=StaticSecretsVerifier([TEST_SECRET]),
             settings=Settings(),
             operations_auth=require_bearer_token(API_TOKEN),
-            registrar=Registrar(waiters, limit=3, archiving=archiving),
+            registrar=Registrar(waiters, limit=3, archiving=archiving, targets=ALL_TARGETS),
             on_waiter=resumer.resume,
         )
         server = LocalHTTPServer("127.0.0.1", 0, ApiGatewayApp(app.resolve, say=lambda line: None))

@@ -15,6 +15,7 @@ from opstate.api import create_app
 from opstate.config import Settings
 from opstate.signatures import StaticSecretsVerifier
 from opstate.store import MemoryStore
+from opstate.waiters.enabled import ALL_TARGETS
 from opstate.waiters.memory import MemoryWaiterStore
 from opstate.waiters.model import Waiter
 from opstate.waiters.port import ARCHIVING_UNAVAILABLE, WaiterStoreUnavailableError
@@ -41,12 +42,14 @@ def _app(*, archiving: bool = False, limit: int = 2, waiters: Any = None) -> Any
     waiters = waiters if waiters is not None else MemoryWaiterStore()
     callbacks = Recorder()
     reader = (lambda name: {"status": "archived", "location": "s3://b/k"}) if archiving else None
-    resumer = Resumer(waiters, store_status(store, reader), callbacks, sleep=lambda s: None)
+    resumer = Resumer(
+        waiters, store_status(store, reader), callbacks, targets=ALL_TARGETS, sleep=lambda s: None
+    )
     app = create_app(
         store=store,
         verifier=StaticSecretsVerifier([TEST_SECRET], clock_s=lambda: EVENT_TIMESTAMP),
         settings=Settings(),
-        registrar=Registrar(waiters, limit=limit, archiving=archiving),
+        registrar=Registrar(waiters, limit=limit, archiving=archiving, targets=ALL_TARGETS),
         on_waiter=resumer.resume,
     )
     return app, store, waiters, callbacks
@@ -75,7 +78,7 @@ def test_a_waiter_on_a_running_job_is_kept_and_resumed_when_it_ends(
     assert again["waiter"]["added"] is False and len(waiters.list(NAME)) == 1
     # the job ends (any report; the resumer in AWS is triggered by the bus)
     _put(app, {"state": "SUCCEEDED", "updateTime": "2026-03-01T00:00:00Z"})
-    Resumer(waiters, store_status(store, None), callbacks).resume(NAME)
+    Resumer(waiters, store_status(store, None), callbacks, targets=ALL_TARGETS).resume(NAME)
     assert [c[0:2] for c in callbacks.calls] == [("succeed", TOKEN)]
     assert callbacks.calls[0][2]["record"]["state"] == "SUCCEEDED"
     assert waiters.list(NAME) == []
@@ -181,3 +184,65 @@ def test_without_waiters_a_waiter_is_refused() -> None:
     )
     status, body = _put(app, {"waiter": {"stepFunctionsTaskToken": TOKEN}})
     assert (status, body["error"]) == (400, "waiters-not-enabled")
+
+
+# -- issue 31: waiters are off until the operator names the ARNs they may resume ----------------
+
+
+def _deployed_app(settings: Settings) -> tuple[Any, MemoryStore, MemoryWaiterStore, Recorder]:
+    """The app as the Lambda and ``opstate serve`` wire it: registrar and resumer from settings."""
+    from opstate.waiters.wiring import registrar_for, resumer_for
+
+    store, waiters, callbacks = MemoryStore(), MemoryWaiterStore(), Recorder()
+    resumer = resumer_for(store, waiters, settings, callbacks)
+
+    def on_waiter(name: str) -> None:
+        resumer.resume(name)
+
+    app = create_app(
+        store=store,
+        verifier=StaticSecretsVerifier([TEST_SECRET], clock_s=lambda: EVENT_TIMESTAMP),
+        settings=settings,
+        registrar=registrar_for(waiters, settings),
+        on_waiter=on_waiter,
+    )
+    return app, store, waiters, callbacks
+
+
+@pytest.mark.parametrize(
+    ("field", "parameter"),
+    [
+        ("stepFunctionsTaskToken", "WaiterStateMachineArns"),
+        ("lambdaDurableCallbackId", "WaiterDurableFunctionArns"),
+    ],
+)
+def test_by_default_a_waiter_is_refused_and_nothing_is_written(
+    field: str, parameter: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The confused deputy: a producer allowed only to report attaches another workflow's task
+    token to its own job and reports it SUCCEEDED. With no ARNs named, nothing is kept, nothing
+    is ingested and no token is answered."""
+    app, store, waiters, callbacks = _deployed_app(Settings.from_env({}))
+    with caplog.at_level(logging.DEBUG):
+        status, body = _put(
+            app, {"state": "SUCCEEDED", "details": {"forged": True}, "waiter": {field: TOKEN}}
+        )
+    assert (status, body["error"]) == (400, "waiters-not-enabled")
+    assert f"waiters are not enabled: set {parameter} (" in body["message"]
+    assert body["message"].endswith("ARNs whose tasks may be resumed")
+    assert store.get(NAME) is None and waiters.list(NAME) == [] and callbacks.calls == []
+    assert TOKEN not in caplog.text and TOKEN not in json.dumps(body)
+
+
+def test_naming_the_state_machines_enables_step_functions_waiters_only() -> None:
+    arn = "arn:aws:states:eu-west-1:123456789012:stateMachine:flow"
+    env = {"OPSTATE_WAITER_STATE_MACHINE_ARNS": arn, "OPSTATE_WAITER_DURABLE_FUNCTION_ARNS": ""}
+    app, _, waiters, callbacks = _deployed_app(Settings.from_env(env))
+    status, body = _put(app, {"state": "SUCCEEDED", "waiter": {"stepFunctionsTaskToken": TOKEN}})
+    assert status == 200 and body["waiter"]["added"] is True
+    assert [c[:2] for c in callbacks.calls] == [("succeed", TOKEN)]
+    # The output is the record as the job's reporters wrote it (docs/waiters.md).
+    assert callbacks.calls[0][2]["record"]["state"] == "SUCCEEDED"
+    status, body = _put(app, {"waiter": {"lambdaDurableCallbackId": "callback-1"}})
+    assert (status, body["error"]) == (400, "waiters-not-enabled")
+    assert "set WaiterDurableFunctionArns" in body["message"] and waiters.list(NAME) == []

@@ -16,6 +16,7 @@ from opstate.states import TERMINAL, State
 from opstate.store.memory import MemoryStore
 from opstate.times import parse_time
 from opstate.views import record_to_json
+from opstate.waiters.enabled import ALL_TARGETS
 from opstate.waiters.memory import MemoryWaiterStore
 from opstate.waiters.model import (
     MAX_CAUSE_LENGTH,
@@ -156,7 +157,7 @@ def test_failure_cause_carries_the_error_details_clipped() -> None:
 
 
 def test_registration_is_bounded_and_idempotent() -> None:
-    registrar = Registrar(MemoryWaiterStore(), limit=2, archiving=False)
+    registrar = Registrar(MemoryWaiterStore(), limit=2, archiving=False, targets=ALL_TARGETS)
     one = Waiter("batches/a", Target.STEP_FUNCTIONS, "t1")
     assert registrar.register(one) is True
     assert registrar.register(one) is False  # same token: a no-op, never counted twice
@@ -167,7 +168,7 @@ def test_registration_is_bounded_and_idempotent() -> None:
 
 
 def test_archived_is_refused_where_archiving_is_not_built() -> None:
-    registrar = Registrar(MemoryWaiterStore(), limit=2, archiving=False)
+    registrar = Registrar(MemoryWaiterStore(), limit=2, archiving=False, targets=ALL_TARGETS)
     with pytest.raises(ArchivingUnavailableError, match=ARCHIVING_UNAVAILABLE):
         registrar.register(Waiter("batches/a", Target.STEP_FUNCTIONS, "t", When.ARCHIVED))
     assert registrar.waiters.list("batches/a") == []
@@ -205,7 +206,9 @@ def setup(
     waiters = MemoryWaiterStore()
     slept: list[float] = []
     reader = (lambda name: results) if results is not None else (lambda name: None)
-    resumer = Resumer(waiters, store_status(store, reader), callbacks, sleep=slept.append)
+    resumer = Resumer(
+        waiters, store_status(store, reader), callbacks, targets=ALL_TARGETS, sleep=slept.append
+    )
     return store, waiters, resumer, slept
 
 
@@ -424,7 +427,8 @@ def test_the_results_port_turns_archived_on_everywhere(monkeypatch: pytest.Monke
     store.put_if_absent(rec(State.SUCCEEDED))
     callbacks = FakeCallbacks()
     waiters.add(Waiter("batches/a", Target.STEP_FUNCTIONS, "t", When.ARCHIVED), 4)
-    wiring.resumer_for(store, waiters, callbacks).resume("batches/a")
+    enabled = Settings(waiter_state_machine_arns=("*",))
+    wiring.resumer_for(store, waiters, enabled, callbacks).resume("batches/a")
     assert calls == [(store, "batches/a")]
     assert callbacks.calls[0][2]["results"] == {"status": "none"}
 
@@ -452,3 +456,96 @@ def test_waiter_settings() -> None:
     for bad in ("0", "-1", "many", "1.5"):
         with pytest.raises(ConfigError, match="OPSTATE_MAX_WAITERS_PER_OPERATION"):
             Settings.from_env({"OPSTATE_MAX_WAITERS_PER_OPERATION": bad})
+
+
+# -- enabled kinds (issue 31: no confused deputy) -------------------------------------------------
+
+STATE_MACHINE = "arn:aws:states:eu-west-1:123456789012:stateMachine:flow"
+
+
+def test_the_waiter_arns_are_read_and_checked() -> None:
+    from opstate.config import ConfigError, Settings
+    from opstate.waiters.enabled import enabled_targets
+
+    assert Settings.from_env({}).waiter_state_machine_arns == ()
+    assert enabled_targets(Settings.from_env({})) == frozenset()  # the default: none
+    # What the template passes: its CommaDelimitedList joined with commas ("" when empty).
+    empty = {"OPSTATE_WAITER_STATE_MACHINE_ARNS": "", "OPSTATE_WAITER_DURABLE_FUNCTION_ARNS": ""}
+    assert enabled_targets(Settings.from_env(empty)) == frozenset()
+    env = {
+        "OPSTATE_WAITER_STATE_MACHINE_ARNS": f" {STATE_MACHINE}, {STATE_MACHINE}-2 ,",
+        "OPSTATE_WAITER_DURABLE_FUNCTION_ARNS": "*",
+    }
+    settings = Settings.from_env(env)
+    assert settings.waiter_state_machine_arns == (STATE_MACHINE, f"{STATE_MACHINE}-2")
+    assert settings.waiter_durable_function_arns == ("*",)
+    assert enabled_targets(settings) == frozenset(Target)
+    only_sfn = Settings.from_env({"OPSTATE_WAITER_STATE_MACHINE_ARNS": STATE_MACHINE})
+    assert enabled_targets(only_sfn) == {Target.STEP_FUNCTIONS}
+    # A value meant to turn waiters off must not turn them on.
+    for bad in ("none", "off", "false", f"{STATE_MACHINE},flow"):
+        with pytest.raises(ConfigError, match="OPSTATE_WAITER_STATE_MACHINE_ARNS must be ARNs"):
+            Settings.from_env({"OPSTATE_WAITER_STATE_MACHINE_ARNS": bad})
+
+
+@pytest.mark.parametrize(
+    ("target", "parameter"),
+    [
+        (Target.STEP_FUNCTIONS, "WaiterStateMachineArns"),
+        (Target.LAMBDA_DURABLE, "WaiterDurableFunctionArns"),
+    ],
+)
+def test_a_kind_that_is_not_enabled_is_refused_before_anything_is_kept(
+    target: Target, parameter: str
+) -> None:
+    from opstate.config import Settings
+    from opstate.waiters import wiring
+    from opstate.waiters.enabled import TargetNotEnabledError
+
+    waiters = MemoryWaiterStore()
+    registrar = wiring.registrar_for(waiters, Settings())
+    assert registrar is not None
+    waiter = Waiter("batches/a", target, TOKEN)
+    with pytest.raises(TargetNotEnabledError) as caught:
+        registrar.register(waiter)
+    assert f"waiters are not enabled: set {parameter} " in str(caught.value)
+    assert TOKEN not in str(caught.value)
+    assert waiters.list("batches/a") == []
+    other = next(t for t in Target if t is not target)
+    enabling = {
+        Target.STEP_FUNCTIONS: Settings(waiter_state_machine_arns=(STATE_MACHINE,)),
+        Target.LAMBDA_DURABLE: Settings(waiter_durable_function_arns=("*",)),
+    }
+    registrar = wiring.registrar_for(waiters, enabling[other])  # the other kind only
+    assert registrar is not None
+    with pytest.raises(TargetNotEnabledError):
+        registrar.register(waiter)
+    registrar = wiring.registrar_for(waiters, enabling[target])
+    assert registrar is not None and registrar.register(waiter) is True
+
+
+def test_the_resumer_never_answers_a_kind_that_is_not_enabled(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A waiter kept before its kind was disabled (an upgrade from the old ``*`` default, a
+    SQLite file from another run): its token is never sent, the waiter ends as gone."""
+    from opstate.config import Settings
+    from opstate.waiters import wiring
+
+    store = MemoryStore()
+    waiters = MemoryWaiterStore()
+    store.put_if_absent(rec(State.SUCCEEDED))
+    waiters.add(Waiter("batches/a", Target.STEP_FUNCTIONS, TOKEN), 5)
+    waiters.add(Waiter("batches/a", Target.LAMBDA_DURABLE, "callback-1"), 5)
+    callbacks = FakeCallbacks()
+    only_sfn = Settings(waiter_state_machine_arns=(STATE_MACHINE,))
+    tally = wiring.resumer_for(store, waiters, only_sfn, callbacks).resume("batches/a")
+    assert [c[:2] for c in callbacks.calls] == [("succeed", TOKEN)]
+    assert (len(tally.outcomes["succeeded"]), len(tally.outcomes["gone"])) == (1, 1)
+    assert waiters.list("batches/a") == []
+    (gone,) = [r for r in caplog.records if r.getMessage() == "waiter gone"]
+    assert gone.__dict__["code"] == "WaitersNotEnabled"
+    assert all("callback-1" not in str(r.__dict__) for r in caplog.records)
+    waiters.add(Waiter("batches/a", Target.STEP_FUNCTIONS, TOKEN), 5)
+    tally = wiring.resumer_for(store, waiters, Settings(), callbacks).resume("batches/a")
+    assert len(callbacks.calls) == 1 and len(tally.outcomes["gone"]) == 1  # nothing sent

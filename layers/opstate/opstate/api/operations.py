@@ -21,6 +21,7 @@ from opstate.outcomes.results import record_outcome
 from opstate.routes import OPERATIONS_PREFIX
 from opstate.store.port import RetryableError, Store
 from opstate.views import decision_to_json, record_to_json
+from opstate.waiters.enabled import TargetNotEnabledError
 from opstate.waiters.model import InvalidWaiterError, Waiter, parse_waiter
 from opstate.waiters.port import TooManyWaitersError
 from opstate.waiters.run import ArchivingUnavailableError, Registrar
@@ -126,6 +127,8 @@ class OperationsRoutes:
             self.registrar.check(waiter)
         except InvalidWaiterError as exc:
             raise ApiError(400, "invalid-waiter", str(exc)) from None
+        except TargetNotEnabledError as exc:
+            raise ApiError(400, "waiters-not-enabled", str(exc)) from None
         except ArchivingUnavailableError as exc:
             raise ApiError(400, "archiving-not-available", str(exc)) from None
         return waiter

@@ -6,6 +6,11 @@ Resumes go through the AWS callbacks (boto3: point ``AWS_ENDPOINT_URL_SFN`` at S
 Local or a moto server). A resume that must be retried (throttling, 5xx, no endpoint) stays
 registered and is tried again on the operation's next change or the next registration; the
 server never fails a request for it.
+
+The same rule as in AWS: a kind of waiter is enabled only when its ARNs are set
+(``OPSTATE_WAITER_STATE_MACHINE_ARNS``, ``OPSTATE_WAITER_DURABLE_FUNCTION_ARNS``;
+``opstate.waiters.enabled``). Here nothing enforces the list itself: the credentials boto3
+finds are what restrict which tasks can be answered.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ class LocalWaiters:
     def __init__(self, store: Store, settings: Settings) -> None:
         waiters = waiter_store_for(store, settings)
         self.registrar: Registrar | None = registrar_for(waiters, settings)
-        self._resumer = resumer_for(store, waiters) if waiters is not None else None
+        self._resumer = resumer_for(store, waiters, settings) if waiters is not None else None
         self._names: queue.Queue[str | None] = queue.Queue()
         self._thread: threading.Thread | None = None
 

@@ -9,6 +9,8 @@ One module per concern:
   readers, and their errors;
 - ``memory``, ``sqlite``, ``dynamodb``: one waiter store each (never the record's row or item);
 - ``callbacks``: ``Callbacks`` on Step Functions and Lambda durable functions (boto3);
+- ``enabled``: which kinds of waiter are on (only those whose ARNs the operator named; issue
+  31), the refusal the API answers with otherwise;
 - ``run``: ``Registrar`` (bounded, idempotent registration) and ``Resumer`` (resume the
   waiters of one operation, at least once, retrying throttling with backoff);
 - ``wiring``: the waiter store a store URL implies, the production resumer, the Lambda event

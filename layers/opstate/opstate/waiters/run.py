@@ -6,6 +6,8 @@ resumes the ones whose condition holds: once per call, safe to repeat (a waiter 
 after its task answered; a repeat finds the task already done, which ends the waiter as gone).
 Throttling and 5xx are retried with jittered exponential backoff, a few times; what still fails
 is left registered and reported in the tally (``retry_later``) so the trigger delivers again.
+Both are given the kinds of waiter that are enabled (``opstate.waiters.enabled``): a waiter of
+any other kind is refused at registration and never sent by the resumer (it ends as gone).
 Nothing here writes the record: the record store is only read.
 """
 
@@ -19,7 +21,18 @@ from dataclasses import dataclass, field
 from opstate.model import OpRecord
 from opstate.observability import count, log_fields, logger
 from opstate.store.port import Store
-from opstate.waiters.model import PENDING, Failure, Status, Success, Verdict, Waiter, When, decide
+from opstate.waiters.enabled import NOT_ENABLED_CODE, TargetNotEnabledError
+from opstate.waiters.model import (
+    PENDING,
+    Failure,
+    Status,
+    Success,
+    Target,
+    Verdict,
+    Waiter,
+    When,
+    decide,
+)
 from opstate.waiters.port import (
     ARCHIVING_UNAVAILABLE,
     CallbackGoneError,
@@ -61,25 +74,36 @@ def store_status(store: Store, results: ResultsReader | None) -> Callable[[str, 
 
 
 class Registrar:
-    """Keeps waiters: at most ``limit`` per operation; ``archiving`` False refuses
-    ``when: archived`` (``ArchivingUnavailableError``) instead of keeping a waiter that could
-    never fire."""
+    """Keeps waiters: at most ``limit`` per operation; only of the kinds in ``targets`` (none
+    by default: ``TargetNotEnabledError``); ``archiving`` False refuses ``when: archived``
+    (``ArchivingUnavailableError``) instead of keeping a waiter that could never fire."""
 
-    __slots__ = ("archiving", "limit", "waiters")
+    __slots__ = ("archiving", "limit", "targets", "waiters")
 
-    def __init__(self, waiters: WaiterStore, *, limit: int, archiving: bool) -> None:
+    def __init__(
+        self,
+        waiters: WaiterStore,
+        *,
+        limit: int,
+        archiving: bool,
+        targets: frozenset[Target] = frozenset(),
+    ) -> None:
         self.waiters = waiters
         self.limit = limit
         self.archiving = archiving
+        self.targets = targets
 
     def check(self, waiter: Waiter) -> None:
-        """Refuse, before anything is written, a waiter this build cannot serve."""
+        """Refuse, before anything is written, a waiter this deployment cannot serve."""
+        if waiter.target not in self.targets:
+            raise TargetNotEnabledError(waiter.target)
         if waiter.when is When.ARCHIVED and not self.archiving:
             raise ArchivingUnavailableError
 
     def register(self, waiter: Waiter) -> bool:
         """Keep ``waiter``; False when it was already kept. Raises ``TooManyWaitersError``,
-        ``WaiterStoreUnavailableError`` or ``ArchivingUnavailableError``."""
+        ``WaiterStoreUnavailableError``, ``TargetNotEnabledError`` or
+        ``ArchivingUnavailableError``."""
         self.check(waiter)
         added = self.waiters.add(waiter, self.limit)
         if added:
@@ -105,7 +129,8 @@ class ResumeTally:
 
 
 class Resumer:
-    """Resumes the waiters of one operation whose condition holds (see the module docstring)."""
+    """Resumes the waiters of one operation whose condition holds (see the module docstring);
+    ``callbacks`` are called only for the kinds in ``targets`` (none by default)."""
 
     def __init__(
         self,
@@ -113,6 +138,7 @@ class Resumer:
         status: Callable[[str, bool], Status],
         callbacks: Callbacks,
         *,
+        targets: frozenset[Target] = frozenset(),
         attempts: int = DEFAULT_ATTEMPTS,
         base_delay_s: float = DEFAULT_BASE_DELAY_S,
         sleep: Callable[[float], None] = time.sleep,
@@ -120,6 +146,7 @@ class Resumer:
         self.waiters = waiters
         self.status = status
         self.callbacks = callbacks
+        self.targets = targets
         self.attempts = attempts
         self.base_delay_s = base_delay_s
         self.sleep = sleep
@@ -135,7 +162,10 @@ class Resumer:
             if verdict is PENDING:
                 tally.pending += 1
                 continue
-            outcome, code = self._deliver(waiter, verdict)
+            if waiter.target in self.targets:
+                outcome, code = self._deliver(waiter, verdict)
+            else:  # never answered with our rights: registered before the kind was disabled
+                outcome, code = "gone", NOT_ENABLED_CODE
             tally.outcomes[outcome].append(waiter.waiter_id)
             if outcome != "retry-later":
                 self.waiters.remove(name, waiter.waiter_id)

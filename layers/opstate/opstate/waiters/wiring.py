@@ -23,6 +23,7 @@ from opstate.config import Settings
 from opstate.outcomes.results import results_json
 from opstate.store import Store
 from opstate.store.port import RetryableError
+from opstate.waiters.enabled import enabled_targets
 from opstate.waiters.memory import MemoryWaiterStore
 from opstate.waiters.model import COUNTER_ID
 from opstate.waiters.port import Callbacks, ResultsReader, WaiterStore
@@ -69,18 +70,32 @@ def waiter_store_for(store: Store, settings: Settings) -> WaiterStore | None:
 
 
 def registrar_for(waiters: WaiterStore | None, settings: Settings) -> Registrar | None:
+    """The registrar over ``waiters``: the kinds of waiter whose ARNs ``settings`` name."""
     if waiters is None:
         return None
-    return Registrar(waiters, limit=settings.max_waiters, archiving=RESULTS_JSON is not None)
+    return Registrar(
+        waiters,
+        limit=settings.max_waiters,
+        archiving=RESULTS_JSON is not None,
+        targets=enabled_targets(settings),
+    )
 
 
-def resumer_for(store: Store, waiters: WaiterStore, callbacks: Callbacks | None = None) -> Resumer:
-    """The resumer over ``store`` and ``waiters``; AWS callbacks unless ``callbacks`` given."""
+def resumer_for(
+    store: Store, waiters: WaiterStore, settings: Settings, callbacks: Callbacks | None = None
+) -> Resumer:
+    """The resumer over ``store`` and ``waiters``, answering only the kinds of waiter whose
+    ARNs ``settings`` name; AWS callbacks unless ``callbacks`` given."""
     if callbacks is None:
         from opstate.waiters.callbacks import AwsCallbacks
 
         callbacks = AwsCallbacks()
-    return Resumer(waiters, store_status(store, results_reader_for(store)), callbacks)
+    return Resumer(
+        waiters,
+        store_status(store, results_reader_for(store)),
+        callbacks,
+        targets=enabled_targets(settings),
+    )
 
 
 def names_in(event: Mapping[str, Any]) -> list[str]:
@@ -140,7 +155,7 @@ def default_resumer() -> Resumer:
         waiters = waiter_store_for(store, config)
         if waiters is None:
             raise RuntimeError("OPSTATE_WAITERS_TABLE_NAME is not set: no waiters to resume")
-        _resumer = resumer_for(store, waiters)
+        _resumer = resumer_for(store, waiters, config)
     return _resumer
 
 
