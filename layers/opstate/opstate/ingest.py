@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -136,14 +136,15 @@ def ingest_counted(
 
 
 def find_record(
-    store: Store, name: str, details: Mapping[str, Any] | None = None
+    store: Store, name: str, details: Mapping[str, Any] | None = None, also: Iterable[str] = ()
 ) -> OpRecord | None:
-    """The record of canonical ``name``, or of the key an earlier release stored it under
-    (``names.legacy_names``: a video operation keyed by its full name), or None."""
+    """The record of canonical ``name``, or of a key an earlier release stored it under
+    (``names.legacy_names``: a video operation keyed by its full name; ``also``, a lookup's
+    ``ParsedName.legacy``: a Google Cloud name keyed with its location as written), or None."""
     record = store.get(name)
     if record is not None:
         return record
-    for legacy in legacy_names(name, details or {}):
+    for legacy in (*legacy_names(name, details or {}), *also):
         record = store.get(legacy)
         if record is not None:
             return record

@@ -18,8 +18,13 @@ Google Cloud (Vertex AI) resources are keyed by their full resource name, projec
 a Veo operation's model) included: ``projects/P/locations/L/batchPredictionJobs/N`` (a batch) and
 ``projects/P/locations/L/publishers/google/models/M/operations/ID`` (a video). A Cloud batch job
 named without its project and location (``batchPredictionJobs/N``, or the bare number the SDK
-also accepts) is refused: the same number can exist in every project. ``backend_of`` says which
-service a key belongs to.
+also accepts) is refused: the same number can exist in every project. Project and location ids
+are Google's: lowercase letters, digits and hyphens (a project number is digits). Google reads
+a location in any case, so ``US-CENTRAL1`` is keyed as ``us-central1``; a project id in another
+case, any other character in either (``evil.example``) and a ``projects/...`` name that is no
+batch job or Veo operation (``projects/p/locations/l``, what ``.../l#/batchPredictionJobs/1``
+leaves) are refused. A record an earlier release keyed with the location as written is found by
+that spelling through ``ParsedName.legacy``. ``backend_of`` says which service a key belongs to.
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ _CLOUD_BATCH = re.compile(r"projects/[^/]+/locations/[^/]+/batchPredictionJobs/[
 _CLOUD_VIDEO = re.compile(
     r"projects/[^/]+/locations/[^/]+/publishers/[^/]+/models/[^/]+/operations/[^/]+", re.ASCII
 )
+# A Google Cloud project id or number, and a location id (after lowercasing): Google's alphabet.
+_CLOUD_ID = re.compile(r"[a-z0-9-]+", re.ASCII)
 
 
 class Kind(StrEnum):
@@ -81,10 +88,13 @@ class InvalidNameError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ParsedName:
-    """A canonical key, and the video model the raw name carried (None for anything else)."""
+    """A canonical key, the video model the raw name carried (None for anything else), and
+    ``legacy``: the key an earlier release gave the same spelling when it differs (a Google
+    Cloud location not written in lowercase), for a lookup to fall back to."""
 
     key: str
     model: str | None = None
+    legacy: tuple[str, ...] = ()
 
 
 def canonical_name(raw: object, kind_hint: Kind | str | None = None) -> str:
@@ -111,8 +121,8 @@ def parse_name(raw: object, kind_hint: Kind | str | None = None) -> ParsedName:
         text = _bare_id_key(raw, text, hint)
     text, model = _video_key(raw, text, hint)
     _check_key(raw, text)
-    _check_cloud(raw, text)
-    return ParsedName(text, model)
+    key = _cloud_key(raw, text)
+    return ParsedName(key, model, (text,) if key != text else ())
 
 
 def _resource_path(raw: str) -> str:
@@ -172,15 +182,44 @@ def _check_key(raw: str, text: str) -> None:
             raise InvalidNameError(raw, "empty, '.' or '..' path segment")
 
 
-def _check_cloud(raw: str, text: str) -> None:
-    """``InvalidNameError`` for a Cloud batch job named without its project and location."""
-    if CLOUD_BATCH_COLLECTION in text.split("/") and _CLOUD_BATCH.fullmatch(text) is None:
+def _cloud_key(raw: str, text: str) -> str:
+    """``text``, with a Google Cloud name's location in lowercase; ``InvalidNameError`` for a
+    Cloud batch job named without its project and location, a project or location id outside
+    Google's alphabet, and a ``projects/...`` name that is no batch job or Veo operation."""
+    parts = text.split("/")
+    if CLOUD_BATCH_COLLECTION in parts and _CLOUD_BATCH.fullmatch(text) is None:
         raise InvalidNameError(
             raw,
             "a Google Cloud batch job needs its full name "
             "'projects/<project>/locations/<location>/batchPredictionJobs/<id>' "
             "(its number alone is ambiguous across projects)",
         )
+    if parts[0] != "projects":
+        return text
+    if len(parts) < 4 or parts[2] != "locations":
+        raise InvalidNameError(
+            raw, "a Google Cloud name starts 'projects/<project>/locations/<location>/'"
+        )
+    if _CLOUD_ID.fullmatch(parts[1]) is None:
+        raise InvalidNameError(
+            raw,
+            "a Google Cloud project id is lowercase letters, digits and hyphens "
+            "(a project number is digits)",
+        )
+    parts[3] = parts[3].lower()
+    if _CLOUD_ID.fullmatch(parts[3]) is None:
+        raise InvalidNameError(
+            raw, "a Google Cloud location is letters, digits and hyphens (e.g. us-central1)"
+        )
+    key = "/".join(parts)
+    if _CLOUD_BATCH.fullmatch(key) is None and _CLOUD_VIDEO.fullmatch(key) is None:
+        raise InvalidNameError(
+            raw,
+            "a Google Cloud name must be a batch job "
+            "('projects/<project>/locations/<location>/batchPredictionJobs/<id>') or a Veo "
+            "operation ('.../publishers/<publisher>/models/<model>/operations/<id>')",
+        )
+    return key
 
 
 def backend_of(name: str) -> Backend:

@@ -76,9 +76,13 @@ class OperationsRoutes:
         parsed = _path_parsed(path)
         name = parsed.key
         try:
-            # A video operation tracked before its key dropped the model is still found.
+            # A video operation tracked before its key dropped the model, and a Cloud job keyed
+            # with its location as written, are still found.
             record = find_record(
-                self.store, name, {VIDEO_DETAIL: parsed.model} if parsed.model else None
+                self.store,
+                name,
+                {VIDEO_DETAIL: parsed.model} if parsed.model else None,
+                parsed.legacy,
             )
         except RetryableError as exc:
             raise unavailable(exc, name=name) from None

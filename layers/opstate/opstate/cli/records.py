@@ -74,8 +74,10 @@ def cmd_get(args: argparse.Namespace) -> int:
     name = name_arg(args.name)
     parsed = parse_name(args.name)
     with open_store(config) as store:
-        # A video record stored under its full name by an earlier release is still found.
-        record = find_record(store, name, {VIDEO_DETAIL: parsed.model} if parsed.model else None)
+        # A video record stored under its full name by an earlier release, and a Cloud job
+        # keyed with its location as written, are still found.
+        details = {VIDEO_DETAIL: parsed.model} if parsed.model else None
+        record = find_record(store, name, details, parsed.legacy)
         results, progress = (
             record_outcome(store, record.name) if record is not None else (None, None)
         )

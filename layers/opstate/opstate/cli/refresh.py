@@ -40,9 +40,11 @@ def cmd_refresh(args: argparse.Namespace) -> int:
     from opstate.store.port import PollingStore
 
     with open_store(config) as store:
-        model = parse_name(args.name).model
-        # A video record stored under its full name by an earlier release is still found.
-        record = find_record(store, name, {VIDEO_DETAIL: model} if model else None)
+        parsed = parse_name(args.name)
+        # A video record stored under its full name by an earlier release, and a Cloud job
+        # keyed with its location as written, are still found.
+        details = {VIDEO_DETAIL: parsed.model} if parsed.model else None
+        record = find_record(store, name, details, parsed.legacy)
         if record is None:
             raise CliError(
                 f"no record for {name} in {config.store_url}: track it first (opstate track {name})"
