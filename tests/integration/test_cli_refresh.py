@@ -1,4 +1,5 @@
-"""``opstate reconcile --once`` when every request failed, and ``opstate refresh NAME``.
+"""``opstate reconcile --once`` when every request failed, a running batch's progress after
+it (listed or polled), and ``opstate refresh NAME``.
 
 In-process through ``main``, on the embedded SQLite store, against the real google-genai client
 talking to the fake Gemini server (``tests/support/fake_gemini.py``).
@@ -7,6 +8,7 @@ talking to the fake Gemini server (``tests/support/fake_gemini.py``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from opstate.config import settings
 from opstate.store import PollState
 from opstate.store.sqlite import SQLiteStore
 from tests.support.cli import Result, in_process
+from tests.support.fake_gemini import FakeGemini
 
 T1 = "2026-05-10T10:00:00Z"
 T2 = "2026-05-10T11:00:00Z"
@@ -78,6 +81,41 @@ def test_a_pass_with_nothing_to_do_and_no_error_exits_0_quietly(cli):
     result = cli("reconcile", "--once")
     assert result.code == EXIT_OK, result.err
     assert error_lines(result) == []
+
+
+# --- reconcile --once keeps a running batch's progress, listed or polled (issue 31) ---------------
+
+
+@pytest.mark.parametrize("pages", ["5", "0"])  # discovery lists it first (the default), or off
+def test_a_running_batch_shows_its_progress_after_a_pass(
+    cli: Callable[..., Result],
+    fake_gemini: FakeGemini,
+    monkeypatch: pytest.MonkeyPatch,
+    pages: str,
+) -> None:
+    monkeypatch.setenv("OPSTATE_RECONCILE_MAX_PAGES", pages)
+    fake_gemini.put_batch("batches/run", "BATCH_STATE_RUNNING", update_time=T1)
+    body = fake_gemini.resource("batches/run") or {}
+    body["metadata"]["batchStats"] = {
+        "requestCount": "100",
+        "successfulRequestCount": "40",
+        "failedRequestCount": "2",
+        "pendingRequestCount": "58",
+    }
+    fake_gemini.put("batches/run", body)
+    assert cli("report", "batches/run", "RUNNING", "--time", T1).code == EXIT_OK
+    run = cli("reconcile", "--once").json()
+    assert (run["discovered"], run["polled"], run["errors"]) == (
+        (1, 0, 0) if pages == "5" else (0, 1, 0)
+    )
+    got = cli("get", "batches/run", "--json").json()
+    assert (got["state"], got["version"]) == ("RUNNING", 1)  # the same answer: dropped...
+    assert got["progress"] == {
+        "requestCount": 100,
+        "successfulRequestCount": 40,
+        "failedRequestCount": 2,
+        "pendingRequestCount": 58,
+    }  # ...its progress kept
 
 
 # --- refresh NAME ---------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -553,3 +554,89 @@ def test_filtered_videos_error_code_zero_and_naive_times_through_the_sdk(fake, c
         State.RUNNING,
         parse_time("2026-05-01T10:30:00Z"),
     )
+
+
+# --- issue 31: a running batch's progress, whichever way the run read it ----------------------
+
+BATCH_STATS = {
+    "requestCount": "100",
+    "successfulRequestCount": "40",
+    "failedRequestCount": "2",
+    "pendingRequestCount": "58",
+}
+PROGRESS = {
+    "requestCount": 100,
+    "successfulRequestCount": 40,
+    "failedRequestCount": 2,
+    "pendingRequestCount": 58,
+}
+
+
+def put_running_with_stats(fake: FakeGemini, name: str, stats: dict[str, str]) -> None:
+    """A RUNNING batch whose REST resource (``GET`` and the listing) carries ``batchStats``."""
+    fake.put_batch(name, "BATCH_STATE_RUNNING", update_time=T0)
+    body = fake.resource(name) or {}
+    body["metadata"]["batchStats"] = dict(stats)
+    fake.put(name, body)
+
+
+@pytest.mark.parametrize("created", ["now", "long-ago"])  # long ago: the poll marks it overdue
+@pytest.mark.parametrize("tracked", ["RUNNING", "PENDING"])  # the answer dropped, or applied
+@pytest.mark.parametrize("path", ["listed", "polled"])
+def test_a_running_batch_keeps_its_progress_whichever_way_it_was_read(
+    fake: FakeGemini, client: Any, path: str, tracked: str, created: str
+) -> None:
+    store = MemoryStore()
+    event = from_report("batches/run", {"state": tracked, "updateTime": T0}, now_ns=NOW_NS)
+    if created == "long-ago":
+        assert ingest(store, event, clock_ns=lambda: NOW_NS).applied
+    else:
+        assert ingest(store, event).applied
+    put_running_with_stats(fake, "batches/run", BATCH_STATS)
+
+    pages = 5 if path == "listed" else 0
+    result = run(store, client, settings=settings(reconcile_max_pages=pages))
+
+    assert result.errors == 0 and result.overdue == (1 if created == "long-ago" else 0)
+    if path == "listed":
+        # Discovery read it: rescheduled from the listing, no request of its own.
+        assert (result.discovered, result.polled, fake.hits("batches/run")) == (1, 0, 0)
+    else:
+        assert (result.discovered, result.polled, fake.hits("batches/run")) == (0, 1, 1)
+    assert record(store, "batches/run").state is State.RUNNING
+    assert store.get_progress("batches/run") == PROGRESS
+
+
+def test_the_next_listing_s_progress_replaces_the_last(fake: FakeGemini, client: Any) -> None:
+    store = MemoryStore()
+    track(store, "batches/run", "RUNNING", T0)
+    put_running_with_stats(fake, "batches/run", BATCH_STATS)
+    run(store, client)
+    later = {**BATCH_STATS, "successfulRequestCount": "90", "pendingRequestCount": "8"}
+    put_running_with_stats(fake, "batches/run", later)
+    # The next run, once the record is due again (a day later on the wall).
+    result = run(store, client, clock_ns=lambda: time.time_ns() + 86_400 * 10**9)
+    assert (result.discovered, result.polled, result.errors) == (1, 0, 0)
+    assert store.get_progress("batches/run") == {
+        **PROGRESS,
+        "successfulRequestCount": 90,
+        "pendingRequestCount": 8,
+    }
+    assert fake.hits("batches/run") == 0
+
+
+def test_a_listed_batch_is_read_as_a_polled_one_is(fake: FakeGemini, client: Any) -> None:
+    """The listing and ``GET batches/{id}`` give the same event: error, output, name."""
+    fake.put_batch(
+        "batches/failed",
+        "BATCH_STATE_FAILED",
+        update_time=T0,
+        error={"code": 3, "message": "bad input"},
+    )
+    fake.put_batch("batches/ok", "BATCH_STATE_SUCCEEDED", responses_file="files/out-ok")
+    listed = {name: event for page in GenaiGateway(client).batch_pages(10) for name, event in page}
+    for name in ("batches/failed", "batches/ok"):
+        tracked = track(MemoryStore(), name)
+        assert listed[name] == GenaiGateway(client).fetch(tracked)
+    assert listed["batches/failed"].details["error_code"] == 3  # type: ignore[union-attr]
+    assert fake.hits("batches") == 1

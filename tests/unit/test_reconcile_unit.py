@@ -114,3 +114,58 @@ def test_classify_keeps_what_the_server_said_for_the_sentence() -> None:
     )
     assert failure.sentence == "PERMISSION_DENIED: API key not valid"
     assert failure.message.startswith("ClientError: 403")  # the logged text is unchanged
+
+
+class _Answer:
+    def __init__(self, body: str) -> None:
+        self.body = body
+
+
+class _ListingClient:
+    """A client whose ``_api_client.request`` answers the Gemini API's listing from bodies."""
+
+    def __init__(self, *bodies: str) -> None:
+        self.bodies = list(bodies)
+        self.paths: list[str] = []
+        self._api_client = self
+
+    def request(self, method: str, path: str, body: object) -> _Answer:
+        assert (method, body) == ("get", {})
+        self.paths.append(path)
+        return _Answer(self.bodies.pop(0))
+
+
+def test_the_rest_listing_pages_and_keeps_progress_and_refusals_in_place() -> None:
+    import json
+
+    import pytest
+
+    from opstate.events import EventError
+    from opstate.reconcile.gateway import GatewayError
+    from opstate.reconcile.genai_gateway import rest_batch_pages
+
+    running = {
+        "name": "batches/a",
+        "metadata": {
+            "state": "BATCH_STATE_RUNNING",
+            "updateTime": "2026-05-01T10:00:00Z",
+            "batchStats": {"requestCount": "3", "pendingRequestCount": "2"},
+        },
+    }
+    client = _ListingClient(
+        json.dumps({"operations": [running, "not a batch"], "nextPageToken": "t/2"}),
+        json.dumps({"operations": [{"name": "batches/b"}]}),
+    )
+    pages = list(rest_batch_pages(client, 2))
+    assert client.paths == ["batches?pageSize=2", "batches?pageSize=2&pageToken=t%2F2"]
+    (name, event), (bad_name, bad) = pages[0]
+    assert name == "batches/a" and not isinstance(event, EventError)
+    assert event.details["batch_stats"] == {"requestCount": 3, "pendingRequestCount": 2}
+    assert bad_name == "None" and isinstance(bad, EventError)
+    ((b_name, no_state),) = pages[1]
+    assert b_name == "batches/b" and isinstance(no_state, EventError)
+    # An empty or odd body is an empty last page; a body that is no JSON is a GatewayError.
+    assert list(rest_batch_pages(_ListingClient(""), 5)) == [[]]
+    assert list(rest_batch_pages(_ListingClient("[1]"), 5)) == [[]]
+    with pytest.raises(GatewayError):
+        list(rest_batch_pages(_ListingClient("{not json"), 5))

@@ -14,8 +14,8 @@ One module per concern:
 - ``schedule``: when an operation is next due, and when it is lost or overdue (pure);
 - ``run``: one run, ``reconcile_once``, reporting through ``on_decision``; one operation's
   poll now, ``refresh_one`` (the same poll code, without the schedule);
-- ``poll_writer``: writing what a poll decided (the next ``PollState``, each lost / overdue
-  mark in its own write);
+- ``poll_writer``: writing what a poll decided (the next ``PollState`` with a batch's
+  progress, polled or listed, each lost / overdue mark in its own write);
 - ``tally``: what a run reports: ``RunResult``, ``MarkDecision``, its counters and metrics;
 - ``wiring``: ``run_from_settings`` (then the archive re-drive, ``opstate.outcomes.redrive``),
   ``refresh_with``.

@@ -3,7 +3,9 @@
 It imports the SDK inside functions, so ``import opstate.reconcile`` stays cheap for the CLI.
 
 - ``webhooks``: ``client.webhooks.list()``, at most ``MAX_WEBHOOK_PAGES`` pages.
-- ``batch_pages``: ``client.batches.list(config={"page_size": n})``, one page per step.
+- ``batch_pages``: the REST listing (``GET batches?pageSize=n&pageToken=t``), one page per
+  step, each job read as ``fetch`` reads one (``rest_batch_event``), so a listed batch keeps its
+  progress too.
 - ``fetch`` by kind: a batch's REST resource (``GET batches/{id}`` through the client's own
   ``_api_client.request``, so ``metadata.batchStats`` is kept as the ``batch_stats`` detail:
   the SDK's ``BatchJob`` drops it, python-genai #1323); ``operations.get`` with a
@@ -25,6 +27,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 from opstate.config import ConfigError, Settings
 from opstate.events import EventError, from_batch_job, from_interaction, from_operation
@@ -98,8 +101,8 @@ def batch_job_pages(
     client: Any, page_size: int, classify: Callable[[BaseException], GatewayError]
 ) -> Iterator[Sequence[Listed]]:
     """``client.batches.list`` page by page, each job as an event or the ``EventError`` that
-    refused it; an SDK failure as ``classify`` says (the Gemini API's and Google Cloud's
-    listings alike)."""
+    refused it; an SDK failure as ``classify`` says (Google Cloud's listing: the SDK keeps a
+    Cloud job's ``completionStats``)."""
     try:
         pager = client.batches.list(config={"page_size": page_size})
     except Exception as exc:
@@ -182,7 +185,7 @@ class GenaiGateway:
         return found
 
     def batch_pages(self, page_size: int) -> Iterator[Sequence[Listed]]:
-        return batch_job_pages(self.client, page_size, classify)
+        return rest_batch_pages(self.client, page_size)
 
     def fetch(self, record: OpRecord) -> OpEvent:
         try:
@@ -223,13 +226,7 @@ class GenaiGateway:
         through the client's own request path (same base URL, key, timeout, errors)."""
         answer = self.client._api_client.request("get", name, {})
         body = json.loads(answer.body or "{}")
-        if not isinstance(body, Mapping):
-            body = {}
-        event = from_batch_job(rest_batch_job(body))
-        stats = batch_stats(body)
-        if stats is None:
-            return event
-        return replace(event, details={**event.details, BATCH_STATS_DETAIL: stats})
+        return rest_batch_event(body if isinstance(body, Mapping) else {})
 
     def close(self) -> None:
         self.client.close()
@@ -259,6 +256,48 @@ def batch_stats(body: Mapping[str, Any]) -> dict[str, int] | None:
         return None
     out = {str(k): n for k, n in ((k, _count(v)) for k, v in stats.items()) if n is not None}
     return out or None
+
+
+def rest_batch_event(body: Mapping[str, Any]) -> OpEvent:
+    """A REST batch resource (polled or listed) as an event, its ``metadata.batchStats`` kept
+    as the ``batch_stats`` detail."""
+    event = from_batch_job(rest_batch_job(body))
+    stats = batch_stats(body)
+    if stats is None:
+        return event
+    return replace(event, details={**event.details, BATCH_STATS_DETAIL: stats})
+
+
+def rest_batch_pages(client: Any, page_size: int) -> Iterator[Sequence[Listed]]:
+    """The Gemini API's REST listing (``{"operations": [...], "nextPageToken"}``) page by page
+    through the client's own request path, each job as ``rest_batch_event`` reads it or the
+    ``EventError`` that refused it; a failure as ``classify`` says."""
+    token: str | None = None
+    while True:
+        query: dict[str, Any] = {"pageSize": page_size}
+        if token:
+            query["pageToken"] = token
+        try:
+            answer = client._api_client.request("get", f"batches?{urlencode(query)}", {})
+            body = json.loads(answer.body or "{}")
+        except Exception as exc:
+            raise classify(exc) from exc
+        if not isinstance(body, Mapping):
+            body = {}
+        operations = body.get("operations")
+        yield [_listed(item) for item in (operations if isinstance(operations, list) else [])]
+        token = body.get("nextPageToken")
+        if not isinstance(token, str) or not token:
+            return
+
+
+def _listed(item: object) -> Listed:
+    resource = item if isinstance(item, Mapping) else {}
+    raw_name = str(resource.get("name"))
+    try:
+        return raw_name, rest_batch_event(resource)
+    except EventError as exc:
+        return raw_name, exc
 
 
 def rest_batch_job(body: Mapping[str, Any]) -> dict[str, Any]:

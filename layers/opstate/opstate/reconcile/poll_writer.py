@@ -3,18 +3,42 @@
 Each mark is written on its own (``set_poll``, conditional on the record's version), so the
 table's stream announces each once; a lost condition means the record moved on meanwhile and the
 next run sees it afresh. A store fault is counted and left for the next run.
+
+A batch's progress (``batch_stats``, ``progress_of`` its answer) goes with every write, whichever
+way the run read the batch: polled, or listed by discovery (``Discovered``) and rescheduled
+without a request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 
-from opstate.model import OpRecord
+from opstate.model import OpEvent, OpRecord
 from opstate.observability import log_fields, logger, record_retry_later
 from opstate.reconcile.schedule import Mark
 from opstate.reconcile.tally import MarkDecision, RunDecision, Tally
 from opstate.store.port import PollingStore, PollState, RetryableError
 from opstate.times import format_time
+from opstate.views import PROGRESS_DETAIL
+
+Progress = Mapping[str, int]
+
+
+def progress_of(event: OpEvent | None) -> Progress | None:
+    """A batch's progress in an answer (the gateway's ``batch_stats`` detail), whatever the
+    reducer said of the answer (an equal update time drops the event, not its progress)."""
+    progress = event.details.get(PROGRESS_DETAIL) if event is not None else None
+    return progress if isinstance(progress, Mapping) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Discovered:
+    """One batch job the run's listing read: its record after the answer's ingest (None: the
+    ingest failed) and the progress the listing carried, written when the run reschedules it."""
+
+    record: OpRecord | None
+    progress: Progress | None = None
 
 
 class PollWriter:
@@ -28,9 +52,17 @@ class PollWriter:
         self.report = report
 
     def write(
-        self, record: OpRecord, before: PollState, poll: PollState, marks: list[Mark]
+        self,
+        record: OpRecord,
+        before: PollState,
+        poll: PollState,
+        marks: list[Mark],
+        progress: Progress | None = None,
     ) -> None:
-        """Write the poll state; each mark in its own write (one stream record each)."""
+        """Write the poll state, with ``progress`` when there is one; each mark in its own
+        write (one stream record each)."""
+        if progress is not None:
+            poll = replace(poll, progress=dict(progress))
         step = before
         for mark in marks:
             if mark is Mark.OVERDUE:
@@ -40,6 +72,7 @@ class PollWriter:
                     missing_since_ns=poll.missing_since_ns,
                     lost_ns=step.lost_ns,
                     overdue_ns=poll.overdue_ns,
+                    progress=poll.progress,
                 )
             else:
                 step = poll

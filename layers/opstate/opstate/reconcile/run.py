@@ -12,7 +12,8 @@ run goes as far as its budget allows and the next run continues with what is sti
    it goes through ``ingest``;
 3. a terminal record is done (it left the index); an open one gets its next ``PollState``
    from the ``Schedule`` (``set_poll``, conditional on the version), with the lost / overdue
-   marks it reached, each written on its own so the table's stream announces each once.
+   marks it reached, each written on its own so the table's stream announces each once, and
+   a batch's progress (``batch_stats``) beside it.
 
 A 404 never changes the record: it counts towards ``lost``. A transient failure (408, 429,
 5xx, timeout) leaves the entry due, feeds the shared backoff (``Retry-After`` honoured) and
@@ -32,7 +33,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 
 from opstate.config import Settings, parse_overdue
@@ -58,7 +59,7 @@ from opstate.reconcile.pacing import (
     Throttle,
     TokenBucket,
 )
-from opstate.reconcile.poll_writer import PollWriter
+from opstate.reconcile.poll_writer import Discovered, PollWriter, progress_of
 from opstate.reconcile.schedule import Schedule
 from opstate.reconcile.tally import (
     DecisionHook,
@@ -68,14 +69,7 @@ from opstate.reconcile.tally import (
     Tally,
 )
 from opstate.reducer import apply_event
-from opstate.store.port import (
-    Due,
-    PollingStore,
-    PollState,
-    RetryableError,
-    StoreUnavailableError,
-)
-from opstate.views import PROGRESS_DETAIL
+from opstate.store.port import Due, PollingStore, RetryableError, StoreUnavailableError
 
 # Batch jobs asked per discovery page (the API caps it; fewer may come back).
 DISCOVERY_PAGE_SIZE = 100
@@ -312,10 +306,10 @@ class _Run:
 
     # --- 2. discovery -------------------------------------------------------------------------
 
-    def discover(self, pool: ThreadPoolExecutor) -> dict[str, OpRecord | None]:
+    def discover(self, pool: ThreadPoolExecutor) -> dict[str, Discovered]:
         """Ingest up to ``reconcile_max_pages`` pages of batch jobs from the Gemini API, then
-        as many from each Google Cloud scope; name -> record after."""
-        seen: dict[str, OpRecord | None] = {}
+        as many from each Google Cloud scope; name -> record after, and its progress."""
+        seen: dict[str, Discovered] = {}
         if self.settings.reconcile_max_pages <= 0:
             return seen
         self.discover_pages(pool, partial(self.gateway.batch_pages, DISCOVERY_PAGE_SIZE), seen)
@@ -337,7 +331,7 @@ class _Run:
         self,
         pool: ThreadPoolExecutor,
         pages: Callable[[], Iterator[Sequence[Listed]]],
-        seen: dict[str, OpRecord | None],
+        seen: dict[str, Discovered],
         scope: str | None = None,
     ) -> None:
         """One listing's pages into ``seen`` (``AuthError`` escapes, other failures count)."""
@@ -348,9 +342,9 @@ class _Run:
         try:
             for page in pages():
                 read += 1
-                for name, record in pool.map(self.ingest_job, page):
+                for name, discovered in pool.map(self.ingest_job, page):
                     if name is not None:
-                        seen[name] = record
+                        seen[name] = discovered
                 if read >= self.settings.reconcile_max_pages:
                     break
                 if not self.budget.left():
@@ -367,29 +361,28 @@ class _Run:
                 **({"scope": scope} if scope else {}),
             )
 
-    def ingest_job(
-        self, listed: tuple[str, OpEvent | EventError]
-    ) -> tuple[str | None, OpRecord | None]:
+    def ingest_job(self, listed: tuple[str, OpEvent | EventError]) -> tuple[str | None, Discovered]:
         raw_name, answer = listed
         self.tally.add(discovered=1)
         if isinstance(answer, UnsupportedEventError):
             self.unsupported(answer, raw_name, "discover")
-            return None, None
+            return None, Discovered(None)
         if not isinstance(answer, EventError):
             answer = self.skewed(answer)
         if isinstance(answer, EventError):
             self.error("batch job refused", name=raw_name, code=answer.code, error=answer.message)
-            return None, None
+            return None, Discovered(None)
         try:
             decision = self.ingest(answer, "discover")
         except Exception as exc:
             self.error("ingest failed", name=answer.name, error=f"{type(exc).__name__}: {exc}")
-            return None, None
-        return answer.name, decision.record if decision is not None else None
+            return None, Discovered(None)
+        record = decision.record if decision is not None else None
+        return answer.name, Discovered(record, progress_of(answer))
 
     # --- 3. polling ---------------------------------------------------------------------------
 
-    def poll_due(self, pool: ThreadPoolExecutor, discovered: Mapping[str, OpRecord | None]) -> None:
+    def poll_due(self, pool: ThreadPoolExecutor, discovered: Mapping[str, Discovered]) -> None:
         """Poll the due entries with ``reconcile_workers`` workers, until done or stopped."""
         entries = iter(self.store.iter_due(self.clock.now_ns(), DUE_PAGE_SIZE))
         queue = _DueQueue(self, entries, discovered)
@@ -423,13 +416,15 @@ class _Run:
                     error=f"{type(exc).__name__}: {exc}",
                 )
 
-    def reschedule_discovered(self, entry: Due, record: OpRecord | None) -> None:
+    def reschedule_discovered(self, entry: Due, discovered: Discovered) -> None:
+        """The listing just read ``entry``: its next poll state, with the listed progress."""
+        record = discovered.record
         if record is None or record.terminal:
             return
         poll, marks = self.schedule.after_poll(
             record, entry.poll, found=True, now_ns=self.clock.now_ns()
         )
-        self.writer.write(record, entry.poll, poll, marks)
+        self.writer.write(record, entry.poll, poll, marks, discovered.progress)
 
     def fetch_checked(self, record: OpRecord, lane: _Lane) -> OpEvent:
         """The lane's answer for ``record``; ``invalid-time`` if it is too far ahead."""
@@ -446,7 +441,7 @@ class _Run:
             polled.current, entry.poll, found=polled.found, now_ns=self.clock.now_ns()
         )
         event = polled.decision.event if polled.decision is not None else None
-        self.writer.write(polled.current, entry.poll, _with_progress(poll, event), marks)
+        self.writer.write(polled.current, entry.poll, poll, marks, progress_of(event))
 
     def poll_record(self, record: OpRecord, lane: _Lane) -> Polled:
         """One request for ``record``'s operation through its backend's lane and its answer
@@ -550,20 +545,11 @@ def error_sentence(message: str, context: Mapping[str, object]) -> str:
     return text
 
 
-def _with_progress(poll: PollState, event: OpEvent | None) -> PollState:
-    """A batch's progress (``batch_stats``) kept beside the record, whatever the reducer said
-    of the event (an equal update time drops the event, not its progress)."""
-    progress = event.details.get(PROGRESS_DETAIL) if event is not None else None
-    if isinstance(progress, Mapping):
-        return replace(poll, progress=dict(progress))
-    return poll
-
-
 class _DueQueue:
     """A run's due entries, handed to its workers one at a time (under a lock)."""
 
     def __init__(
-        self, run: _Run, entries: Iterator[Due], discovered: Mapping[str, OpRecord | None]
+        self, run: _Run, entries: Iterator[Due], discovered: Mapping[str, Discovered]
     ) -> None:
         self.run = run
         self.entries = entries
@@ -574,7 +560,8 @@ class _DueQueue:
     def take(self) -> Due | None:
         """The next entry to poll; None once the run stopped, reached ``max_polls`` or ran out.
 
-        An entry the discovery just read is rescheduled without a request, never handed out.
+        An entry the discovery just read is rescheduled without a request (with the progress
+        the listing carried), never handed out.
         """
         with self._lock:
             while (entry := self._next()) is not None:
