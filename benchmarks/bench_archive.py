@@ -90,12 +90,12 @@ def _plain(url: str, dest: Path) -> dict[str, Any]:
 def _archive(base_url: str, dest: Path) -> dict[str, Any]:
     os.environ["GOOGLE_GEMINI_BASE_URL"] = base_url
     from opstate.config import Settings
+    from opstate.domain.model import OpEvent
+    from opstate.domain.states import State
     from opstate.ingest import ingest
-    from opstate.model import OpEvent
     from opstate.outcomes.file_sink import FileSink
     from opstate.outcomes.genai_source import GenaiSource, make_client
     from opstate.outcomes.run import archive_once
-    from opstate.states import State
     from opstate.store import MemoryStore
 
     store = MemoryStore()

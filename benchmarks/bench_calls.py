@@ -44,10 +44,10 @@ for _entry in (str(HERE), str(ROOT), str(ROOT / "layers" / "opstate")):
 
 import bench_ingest  # noqa: E402
 
-from opstate.events import Source  # noqa: E402
+from opstate.domain.events import Source  # noqa: E402
+from opstate.domain.model import OpEvent  # noqa: E402
+from opstate.domain.states import State  # noqa: E402
 from opstate.ingest import ingest  # noqa: E402
-from opstate.model import OpEvent  # noqa: E402
-from opstate.states import State  # noqa: E402
 from opstate.store.port import Store  # noqa: E402
 
 TARGETS = {"new": 2.0, "advancing": 2.0, "duplicate": 1.0, "stale": 1.0, "contended": 3.0}

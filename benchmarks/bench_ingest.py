@@ -26,13 +26,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from opstate.events import Source
+from opstate.domain.events import Source
+from opstate.domain.model import OpEvent, OpRecord
+from opstate.domain.states import State, rank
+from opstate.domain.times import format_time
 from opstate.ingest import ingest, ingest_counted
 from opstate.local.apigw import LocalLambdaContext
-from opstate.model import OpEvent, OpRecord
-from opstate.states import State, rank
 from opstate.store.port import RetryableError, Store
-from opstate.times import format_time
 from tests.support.webhooks import http_event, signed_headers
 
 SECRET = "whsec_YmVuY2htYXJrLXNlY3JldC1mb3Itb3BzdGF0ZS0zMmI="
@@ -136,7 +136,7 @@ def breakdown(store: Store, label: str, n: int) -> dict[str, float]:
     right after the whole handler: signature check, JSON parse + normalise, ingest (store round
     trips + reduce), decision log line + metric; ``router_and_rest`` is the handler's time per
     event minus those (the Powertools resolver, response building, the app's own code)."""
-    from opstate.events import from_webhook
+    from opstate.domain.events import from_webhook
     from opstate.observability import record_decision
     from opstate.signatures import StaticSecretsVerifier
 

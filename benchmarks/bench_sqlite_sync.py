@@ -26,10 +26,10 @@ for entry in (str(HERE.parent), str(HERE.parent / "layers" / "opstate")):
     if entry not in sys.path:
         sys.path.insert(0, entry)
 
-from opstate.events import Source  # noqa: E402
+from opstate.domain.events import Source  # noqa: E402
+from opstate.domain.model import OpEvent  # noqa: E402
+from opstate.domain.states import State  # noqa: E402
 from opstate.ingest import ingest  # noqa: E402
-from opstate.model import OpEvent  # noqa: E402
-from opstate.states import State  # noqa: E402
 from opstate.store import sqlite as sqlite_store  # noqa: E402
 
 T0_NS = 1_780_000_000 * 1_000_000_000

@@ -69,12 +69,12 @@ for _key, _value in {
 import logging  # noqa: E402
 
 from opstate.config import Settings  # noqa: E402
-from opstate.model import OpEvent, OpRecord  # noqa: E402
+from opstate.domain.model import OpEvent, OpRecord  # noqa: E402
+from opstate.domain.states import State  # noqa: E402
 from opstate.observability import logger, metrics  # noqa: E402
 from opstate.reconcile.gateway import GatewayError  # noqa: E402
 from opstate.reconcile.run import MarkDecision, RunDecision, reconcile_once  # noqa: E402
 from opstate.reconcile.schedule import Schedule  # noqa: E402
-from opstate.states import State  # noqa: E402
 from opstate.store import MemoryStore, PollingStore  # noqa: E402
 from tests.support.clock import FakeClock  # noqa: E402
 from tests.support.stores import CountingStore  # noqa: E402

@@ -35,12 +35,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from opstate.config import Settings  # noqa: E402
-from opstate.model import OpRecord  # noqa: E402
+from opstate.domain.model import OpRecord  # noqa: E402
+from opstate.domain.states import State  # noqa: E402
+from opstate.domain.times import format_time, parse_time  # noqa: E402
 from opstate.reconcile.genai_gateway import GenaiGateway, make_client  # noqa: E402
 from opstate.reconcile.run import reconcile_once  # noqa: E402
-from opstate.states import State  # noqa: E402
 from opstate.store import MemoryStore, PollingStore  # noqa: E402
-from opstate.times import format_time, parse_time  # noqa: E402
 from tests.support.fake_gemini import FakeGemini  # noqa: E402
 from tests.support.stores import CountingStore  # noqa: E402
 

@@ -32,12 +32,12 @@ if str(ROOT) not in sys.path:  # run as a script: ``tests.support`` lives at the
 
 from seed_port import STATE_RANK, SeedApp, SeedEvent  # noqa: E402
 
-from opstate.events import Source  # noqa: E402
+from opstate.domain.events import Source  # noqa: E402
+from opstate.domain.model import OpEvent, OpRecord  # noqa: E402
+from opstate.domain.states import State  # noqa: E402
+from opstate.domain.times import parse_time  # noqa: E402
 from opstate.ingest import ingest  # noqa: E402
-from opstate.model import OpEvent, OpRecord  # noqa: E402
-from opstate.states import State  # noqa: E402
 from opstate.store.port import RetryableError, Store, WriteOutcome  # noqa: E402
-from opstate.times import parse_time  # noqa: E402
 from tests.support.stores import DelegatingStore  # noqa: E402
 
 _BASE = datetime(2026, 5, 1, 12, 0, 0, tzinfo=UTC)

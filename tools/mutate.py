@@ -49,17 +49,17 @@ SNAPSHOT_PARTS = (
 
 # Module -> the tests that pin it (the unit tests and the ingest-conflict tests).
 TARGETS: dict[str, list[str]] = {
-    "states": ["tests/unit/test_states.py", "tests/unit/test_reducer.py"],
-    "times": ["tests/unit/test_times.py", "tests/unit/test_properties.py"],
-    "names": ["tests/unit/test_names.py", "tests/unit/test_events.py"],
-    "events": ["tests/unit/test_events.py", "tests/unit/test_reducer.py"],
-    "reducer": [
+    "domain.states": ["tests/unit/test_states.py", "tests/unit/test_reducer.py"],
+    "domain.times": ["tests/unit/test_times.py", "tests/unit/test_properties.py"],
+    "domain.names": ["tests/unit/test_names.py", "tests/unit/test_events.py"],
+    "domain.events": ["tests/unit/test_events.py", "tests/unit/test_reducer.py"],
+    "domain.reducer": [
         "tests/unit/test_reducer.py",
         "tests/unit/test_properties.py",
         "tests/unit/test_ingest.py",
         "tests/integration/test_ingest_conflicts.py",
     ],
-    "model": [
+    "domain.model": [
         "tests/unit/test_reducer.py",
         "tests/unit/test_properties.py",
         "tests/unit/test_time_bounds.py",
@@ -67,7 +67,7 @@ TARGETS: dict[str, list[str]] = {
         "tests/unit/test_notify.py",
         "tests/unit/test_model.py",
     ],
-    "details": ["tests/unit/test_details.py", "tests/unit/test_reducer.py"],
+    "domain.details": ["tests/unit/test_details.py", "tests/unit/test_reducer.py"],
     "signatures.standard": ["tests/unit/test_signatures.py"],
     "signatures.jwt_tokens": ["tests/unit/test_signatures.py"],
     "signatures.wiring": ["tests/unit/test_signatures.py"],

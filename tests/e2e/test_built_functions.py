@@ -28,9 +28,9 @@ from typing import Any
 
 import pytest
 
+from opstate.domain.model import OpEvent
+from opstate.domain.states import State
 from opstate.ingest import ingest
-from opstate.model import OpEvent
-from opstate.states import State
 from opstate.store.dynamodb import DynamoDBStore
 from tests.e2e.conftest import GEMINI_TEST_KEY, STACK_NAME, Stack, StartFunction
 from tests.e2e.harness import (
@@ -552,7 +552,7 @@ def test_built_archiver_copies_a_batch_output_to_s3_and_it_is_announced(
     import hashlib
     import time
 
-    from opstate.times import format_time
+    from opstate.domain.times import format_time
 
     name = "batches/e2e-archived"
     now_ns = time.time_ns()

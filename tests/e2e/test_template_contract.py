@@ -183,7 +183,7 @@ def test_archiver_is_triggered_by_terminal_changes_with_bounded_retries_and_a_dl
     props = event["Properties"]
     assert props["EventBusName"] == {"Ref": "EventBus"}
     assert props["Pattern"]["detail-type"] == ["Operation State Changed"]
-    from opstate.states import State, is_terminal
+    from opstate.domain.states import State, is_terminal
 
     assert set(props["Pattern"]["detail"]["state"]) == {str(s) for s in State if is_terminal(s)}
     assert props["RetryPolicy"]["MaximumRetryAttempts"] <= 3

@@ -19,9 +19,9 @@ import pytest
 from opstate.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from opstate.cli.replay import Progress
 from opstate.config import settings
+from opstate.domain.views import record_to_json
 from opstate.signatures import StaticSecretsVerifier
 from opstate.store.sqlite import SQLiteStore
-from opstate.views import record_to_json
 from opstate.webhook_secrets import merge_new, parse_stored, secret_matches
 from tests.support.cli import Result, in_process
 from tests.support.fake_gemini_webhooks import FakeGeminiWebhooks

@@ -27,8 +27,8 @@ import boto3
 import pytest
 
 from opstate.config import settings
-from opstate.model import OpRecord
-from opstate.states import State
+from opstate.domain.model import OpRecord
+from opstate.domain.states import State
 from opstate.store.port import StoreUnavailableError
 from opstate.store.sqlite import SQLiteStore
 from tests.support.cli import Result, in_process
@@ -129,7 +129,7 @@ def test_lines_the_store_refuses_are_bad_lines_and_the_replay_goes_on(cli, dynam
     assert result.code == 1, result.err
     assert "Traceback" not in result.err
     summary = result.json()
-    # Details no store can hold are refused before the store is asked (opstate.details).
+    # Details no store can hold are refused before the store is asked (opstate.domain.details).
     assert [(b["line"], b["error"]) for b in summary["badLines"]] == [
         (2, "invalid-details"),
         (3, "invalid-details"),
@@ -321,7 +321,7 @@ def test_get_and_list_print_strict_json_for_an_old_row_holding_nan(cli, tmp_path
     db = tmp_path / "old.db"
     old = SQLiteStore(db)
     try:
-        # Today's store refuses such a record (opstate.details): write the row as it was.
+        # Today's store refuses such a record (opstate.domain.details): write the row as it was.
         assert old.put_if_absent(OpRecord("batches/old", State.RUNNING, 1, 1, "report")).ok
         with sqlite3.connect(db) as conn:
             conn.execute(

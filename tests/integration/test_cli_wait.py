@@ -14,12 +14,12 @@ import pytest
 
 from opstate.cli import main
 from opstate.config import settings
+from opstate.domain.model import OpEvent
+from opstate.domain.states import State
+from opstate.domain.times import parse_time
 from opstate.ingest import ingest
-from opstate.model import OpEvent
-from opstate.states import State
 from opstate.store.port import PollState
 from opstate.store.sqlite import SQLiteStore
-from opstate.times import parse_time
 from opstate.waiters import wiring
 from opstate.waiters.model import PENDING, Failure, Status, Success, When
 from opstate.waiters.run import WAIT_POLL_INTERVAL_S, store_status, wait_until

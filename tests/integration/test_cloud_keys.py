@@ -13,18 +13,18 @@ from typing import Any
 import pytest
 
 from opstate.config import Settings
-from opstate.events import from_report
+from opstate.domain.events import from_report
+from opstate.domain.model import OpRecord
+from opstate.domain.states import State
+from opstate.domain.times import parse_time
 from opstate.ingest import ingest
-from opstate.model import OpRecord
 from opstate.reconcile.cloud_gateway import GoogleCloudGateway
 from opstate.reconcile.genai_gateway import GenaiGateway, make_client
 from opstate.reconcile.pacing import Backoff
 from opstate.reconcile.run import reconcile_once
-from opstate.states import State
 from opstate.store import MemoryStore
 from opstate.store.dynamodb import serialize_item
 from opstate.store.sqlite import SQLiteStore
-from opstate.times import parse_time
 from tests.support.fake_gemini import FakeGemini
 from tests.support.fake_google_cloud import GoogleCloudSide, cloud_batch_resource
 from tests.support.stores import Harness, harness_for, signed_app

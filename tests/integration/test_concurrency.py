@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
+from opstate.domain.model import OpEvent
+from opstate.domain.states import State, is_terminal
+from opstate.domain.times import parse_time
 from opstate.ingest import ingest
-from opstate.model import OpEvent
-from opstate.states import State, is_terminal
 from opstate.store import RetryableError, Store
 from opstate.store.sqlite import SQLiteStore
-from opstate.times import parse_time
 from tests.support.stores import dynamodb_client, dynamodb_harness
 
 T0 = parse_time("2026-06-01T10:00:00Z")

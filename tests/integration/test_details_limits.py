@@ -1,6 +1,6 @@
 """Whatever a sender puts in details, never a 500, never a write on a 4xx, and a state always
 applies: on SQLite and on DynamoDB (moto, which does not enforce every DynamoDB limit, so the
-checks in ``opstate.details`` must)."""
+checks in ``opstate.domain.details`` must)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from botocore.exceptions import ClientError
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from opstate import strict_json
-from opstate.details import MAX_DETAILS_BYTES, size
+from opstate.domain import strict_json
+from opstate.domain.details import MAX_DETAILS_BYTES, size
+from opstate.domain.model import OpEvent, OpRecord, Reason
+from opstate.domain.states import State
+from opstate.domain.times import parse_time
 from opstate.ingest import ingest
-from opstate.model import OpEvent, OpRecord, Reason
-from opstate.states import State
 from opstate.store.dynamodb import DynamoDBStore, serialize_item
 from opstate.store.port import RecordRejectedError
-from opstate.times import parse_time
 from tests.support.stores import Harness, harness_for, signed_app
 from tests.support.webhooks import (
     operation_event,

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from opstate import notify
-from opstate.names import Kind
+from opstate.domain.names import Kind
+from opstate.domain.states import State, is_terminal
 from opstate.notify import SOURCE, Notifier
-from opstate.states import State, is_terminal
 from opstate.store.dynamodb import item_from_record, serialize_item
 from opstate.store.port import PollState
 from tests.integration.test_notify import Rig, drive_timelines, lambda_event, rig

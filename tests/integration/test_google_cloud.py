@@ -14,10 +14,13 @@ from typing import Any
 import pytest
 
 from opstate.config import Settings
-from opstate.events import COMPLETION_STATS, OUTPUT_LOCATION, from_report
+from opstate.domain.events import COMPLETION_STATS, OUTPUT_LOCATION, from_report
+from opstate.domain.model import OpRecord
+from opstate.domain.names import Kind
+from opstate.domain.states import State
+from opstate.domain.times import parse_time
+from opstate.domain.views import record_to_json
 from opstate.ingest import ingest
-from opstate.model import OpRecord
-from opstate.names import Kind
 from opstate.observability import metrics
 from opstate.reconcile.cloud_credentials import CredentialsError, load_credentials
 from opstate.reconcile.cloud_gateway import GoogleCloudGateway
@@ -25,10 +28,7 @@ from opstate.reconcile.gateway import AuthError
 from opstate.reconcile.genai_gateway import GenaiGateway, make_client
 from opstate.reconcile.pacing import SYSTEM_CLOCK, Backoff, Clock, SystemClock
 from opstate.reconcile.run import reconcile_once
-from opstate.states import State
 from opstate.store import MemoryStore
-from opstate.times import parse_time
-from opstate.views import record_to_json
 from tests.support.fake_gemini import FakeGemini, operation_resource
 from tests.support.fake_google_cloud import (
     JWT_BEARER,

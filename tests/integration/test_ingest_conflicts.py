@@ -13,13 +13,13 @@ from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 from moto import mock_aws
 
+from opstate.domain.model import OpEvent, OpRecord, Reason
+from opstate.domain.states import State
+from opstate.domain.times import parse_time
 from opstate.ingest import IngestContentionError, ingest, ingest_counted
-from opstate.model import OpEvent, OpRecord, Reason
-from opstate.states import State
 from opstate.store import MemoryStore, RetryableError, StoreUnavailableError, WriteOutcome
 from opstate.store.dynamodb import DynamoDBStore, item_from_record, serialize_item
 from opstate.store.port import RecordRejectedError
-from opstate.times import parse_time
 from tests.support.motoserver import free_port
 from tests.support.stores import dynamodb_client, unique_table
 from tests.support.template import create_table_from_template

@@ -21,14 +21,14 @@ import pytest
 import scripts.observability_block as generator
 from opstate.api import create_app
 from opstate.config import Settings
-from opstate.model import OpRecord
+from opstate.domain.model import OpRecord
+from opstate.domain.states import State
+from opstate.domain.times import parse_time
 from opstate.observability import SERVICE, logger
 from opstate.reconcile import Backoff, GenaiGateway, make_client, reconcile_once
 from opstate.signatures import StaticSecretsVerifier
-from opstate.states import State
 from opstate.store import MemoryStore
 from opstate.store.port import StoreUnavailableError, WriteOutcome
-from opstate.times import parse_time
 from tests.support.fake_gemini import FakeGemini
 from tests.support.insights import parse_filter, referenced_fields, run_query
 from tests.support.webhooks import (

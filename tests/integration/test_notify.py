@@ -35,12 +35,12 @@ from moto import mock_aws
 
 from opstate import config as config_module
 from opstate import notify
+from opstate.domain.model import Decision, OpEvent
+from opstate.domain.states import State
 from opstate.ingest import ingest
 from opstate.local.apigw import LocalLambdaContext
-from opstate.model import Decision, OpEvent
 from opstate.notify import DETAIL_TYPE, SOURCE, Notifier
 from opstate.observability import metrics as obs_metrics
-from opstate.states import State
 from opstate.store.dynamodb import DynamoDBStore
 from tests.support.event_schemas import check_envelope
 from tests.support.template import create_table_from_template

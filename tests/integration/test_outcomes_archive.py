@@ -15,17 +15,17 @@ from typing import Any
 import pytest
 
 from opstate.config import Settings, settings
+from opstate.domain.model import OpEvent
+from opstate.domain.states import State
+from opstate.domain.times import NS_PER_SECOND, format_time
 from opstate.ingest import ingest
-from opstate.model import OpEvent
 from opstate.outcomes.file_sink import FileSink
 from opstate.outcomes.genai_source import GenaiSource, make_client
 from opstate.outcomes.results import results_json
 from opstate.outcomes.run import archive_once
-from opstate.states import State
 from opstate.store import MemoryStore
 from opstate.store.port import ArchiveState
 from opstate.store.sqlite import SQLiteStore
-from opstate.times import NS_PER_SECOND, format_time
 from tests.support.cli import in_process
 from tests.support.fake_gemini import FakeGemini, repeated
 from tests.support.outcomes import batch_output

@@ -15,8 +15,10 @@ import jsonschema
 import pytest
 
 from opstate.config import Settings
+from opstate.domain.model import OpEvent
+from opstate.domain.states import State
+from opstate.domain.times import NS_PER_SECOND, format_time
 from opstate.ingest import ingest
-from opstate.model import OpEvent
 from opstate.notify import (
     RESULTS_ARCHIVED_DETAIL_TYPE,
     RESULTS_LOST_DETAIL_TYPE,
@@ -26,8 +28,6 @@ from opstate.notify import (
 from opstate.outcomes.genai_source import GenaiSource, make_client
 from opstate.outcomes.run import archive_once
 from opstate.outcomes.s3_sink import S3Sink
-from opstate.states import State
-from opstate.times import NS_PER_SECOND, format_time
 from tests.integration.test_notify import Rig, lambda_event, rig
 from tests.support.fake_gemini import FakeGemini
 from tests.support.outcomes import batch_output

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from opstate.config import Settings
-from opstate.model import OpRecord
+from opstate.domain.model import OpRecord
+from opstate.domain.states import State
+from opstate.domain.times import parse_time
 from opstate.outcomes.genai_source import GenaiSource, make_client
 from opstate.outcomes.ledger import BatchLedger
 from opstate.outcomes.source import BATCH_OUTPUT, VIDEO, SourceError
-from opstate.states import State
-from opstate.times import parse_time
 from tests.support.fake_gemini import FakeGemini, repeated
 from tests.support.outcomes import batch_output
 

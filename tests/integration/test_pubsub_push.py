@@ -14,8 +14,8 @@ import pytest
 
 from opstate import api as api_module
 from opstate.config import settings
+from opstate.domain.routes import PUBSUB_PATH
 from opstate.local.apigw import LocalLambdaContext
-from opstate.routes import PUBSUB_PATH
 from opstate.store.sqlite import SQLiteStore
 from tests.integration.test_api_events import load_entry
 from tests.support.fake_google_cloud import cloud_video_response

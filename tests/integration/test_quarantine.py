@@ -11,6 +11,7 @@ from typing import Any
 import boto3
 import pytest
 
+from opstate.domain.times import parse_time
 from opstate.observability import SERVICE, logger
 from opstate.quarantine import (
     Delivery,
@@ -22,7 +23,6 @@ from opstate.quarantine import (
     SqsQuarantine,
     quarantine_from_settings,
 )
-from opstate.times import parse_time
 from tests.support.stores import QUARANTINE_KINDS, quarantine_for
 
 NOW_NS = parse_time("2026-05-10T10:00:00.123456789Z")

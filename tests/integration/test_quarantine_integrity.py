@@ -29,7 +29,9 @@ from opstate.config import (
     ConfigError,
     Settings,
 )
-from opstate.model import Reason
+from opstate.domain.model import Reason
+from opstate.domain.states import State
+from opstate.domain.times import parse_time
 from opstate.quarantine import (
     Bounds,
     Delivery,
@@ -41,9 +43,7 @@ from opstate.quarantine import (
 )
 from opstate.replay import replay
 from opstate.signatures import StaticSecretsVerifier
-from opstate.states import State
 from opstate.store import MemoryStore
-from opstate.times import parse_time
 from tests.support.stores import QUARANTINE_KINDS, quarantine_for
 from tests.support.webhooks import (
     EVENT_TIMESTAMP,

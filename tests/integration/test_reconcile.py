@@ -12,18 +12,18 @@ from typing import Any
 import pytest
 
 from opstate.config import Settings
-from opstate.events import from_report, from_webhook
+from opstate.domain.events import from_report, from_webhook
+from opstate.domain.model import OpRecord
+from opstate.domain.names import Kind, canonical_name
+from opstate.domain.states import State
+from opstate.domain.times import parse_time
 from opstate.ingest import ingest
-from opstate.model import OpRecord
-from opstate.names import Kind, canonical_name
 from opstate.observability import metrics
 from opstate.reconcile.gateway import GatewayError
 from opstate.reconcile.genai_gateway import GenaiGateway, make_client, retry_after_s
 from opstate.reconcile.pacing import Backoff, SystemClock
 from opstate.reconcile.run import reconcile_once
-from opstate.states import State
 from opstate.store import MemoryStore, StoreUnavailableError
-from opstate.times import parse_time
 from tests.support.fake_gemini import FakeGemini, Request
 
 API_KEY = "test-key"

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 
 from opstate.config import Settings
+from opstate.domain.model import OpEvent
+from opstate.domain.states import State
 from opstate.ingest import ingest
-from opstate.model import OpEvent
 from opstate.notify import LOST_DETAIL_TYPE, OVERDUE_DETAIL_TYPE, SOURCE, Notifier
 from opstate.reconcile.run import reconcile_once
-from opstate.states import State
 from tests.integration.test_notify import Rig, lambda_event, rig
 from tests.support.clock import FakeClock
 from tests.support.gemini_memory import MemoryGateway

@@ -13,14 +13,14 @@ import pytest
 
 from opstate import config
 from opstate.config import ConfigError, Settings
-from opstate.events import from_report
+from opstate.domain.events import from_report
+from opstate.domain.states import State
+from opstate.domain.times import parse_time
 from opstate.ingest import ingest
 from opstate.local.apigw import LocalLambdaContext
 from opstate.observability import metrics
 from opstate.reconcile import api_key, make_client, run_from_settings
-from opstate.states import State
 from opstate.store.sqlite import SQLiteStore
-from opstate.times import parse_time
 from tests.support.fake_gemini import FakeGemini
 
 ROOT = Path(__file__).resolve().parents[2]

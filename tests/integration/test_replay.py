@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 
-from opstate.events import WEBHOOK_TYPES
-from opstate.model import Reason
+from opstate.domain.events import WEBHOOK_TYPES
+from opstate.domain.model import Reason
+from opstate.domain.states import State
+from opstate.domain.times import parse_time
 from opstate.quarantine import Delivery, MemoryQuarantine
 from opstate.replay import replay
 from opstate.signatures import StaticSecretsVerifier
-from opstate.states import State
 from opstate.store import MemoryStore, StoreUnavailableError
-from opstate.times import parse_time
 from tests.support.webhooks import TEST_SECRET, signed_headers
 
 NOW_NS = parse_time("2026-05-10T10:00:00Z")

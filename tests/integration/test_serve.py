@@ -27,7 +27,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from opstate.config import Settings
-from opstate.events import from_report
+from opstate.domain.events import from_report
 from opstate.ingest import ingest
 from opstate.local.apigw import build_event, response_parts
 from opstate.store import store_from_url

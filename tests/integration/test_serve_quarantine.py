@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from opstate.model import OpRecord
+from opstate.domain.model import OpRecord
+from opstate.domain.states import State
+from opstate.domain.times import parse_time
 from opstate.quarantine import Delivery, SQLiteQuarantine
-from opstate.states import State
 from opstate.store.sqlite import SQLiteStore
-from opstate.times import parse_time
 from tests.support.serve_process import http, run_cli, start_serve
 
 SECRET = "whsec_" + base64.b64encode(b"opstate-serve-test-secret-32byte").decode()

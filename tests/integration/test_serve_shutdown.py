@@ -11,8 +11,8 @@ import signal
 import threading
 from pathlib import Path
 
-from opstate.model import OpRecord
-from opstate.states import State
+from opstate.domain.model import OpRecord
+from opstate.domain.states import State
 from opstate.store.sqlite import SQLiteStore
 from tests.support.fake_gemini import FakeGemini, Request
 from tests.support.serve_process import start_serve

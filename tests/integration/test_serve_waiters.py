@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from opstate.config import Settings
+from opstate.domain.model import OpRecord
+from opstate.domain.states import State
 from opstate.local.waiters import LocalWaiters
-from opstate.model import OpRecord
-from opstate.states import State
 from opstate.store import store_from_url
 from opstate.waiters.model import Target, Waiter
 from opstate.waiters.sqlite import SQLiteWaiterStore

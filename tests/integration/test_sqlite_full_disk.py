@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from opstate.events import from_report
+from opstate.domain.events import from_report
 from opstate.ingest import ingest
 from opstate.store.port import StoreUnavailableError
 from opstate.store.sqlite import JOURNAL_SIZE_LIMIT_BYTES, SQLiteStore

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from opstate.domain.model import OpEvent
+from opstate.domain.states import State
+from opstate.domain.times import parse_time
 from opstate.ingest import ingest
-from opstate.model import OpEvent
-from opstate.states import State
 from opstate.store.port import ArchiveState, ArchivingStore
 from opstate.store.sqlite import SQLiteStore
-from opstate.times import parse_time
 from tests.integration.test_store_polls import LEGACY_ITEM, LEGACY_SCHEMA
 from tests.support.stores import STORE_KINDS, Harness, harness_of
 

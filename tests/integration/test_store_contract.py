@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
+from opstate.domain.model import OpEvent, OpRecord, Reason
+from opstate.domain.states import State
+from opstate.domain.times import MAX_NS, NS_PER_SECOND, parse_time
 from opstate.ingest import ingest
-from opstate.model import OpEvent, OpRecord, Reason
-from opstate.states import State
 from opstate.store.dynamodb import shard_of
-from opstate.times import MAX_NS, NS_PER_SECOND, parse_time
 from tests.support.stores import STORE_KINDS, Harness, harness_of
 
 NOW_NS = parse_time("2026-06-01T12:00:00.123456789Z")

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from opstate.config import Settings
+from opstate.domain.model import OpEvent
+from opstate.domain.states import State
+from opstate.domain.times import parse_time
 from opstate.ingest import ingest
-from opstate.model import OpEvent
 from opstate.reconcile.run import reconcile_once
-from opstate.states import State
 from opstate.store import PollState
 from opstate.store.dynamodb import DynamoDBStore
 from opstate.store.sqlite import SQLiteStore
-from opstate.times import parse_time
 from tests.support.clock import FakeClock
 from tests.support.gemini_memory import MemoryGateway
 from tests.support.stores import STORE_KINDS, Harness, harness_of

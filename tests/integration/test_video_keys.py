@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from opstate.events import from_operation
+from opstate.domain.events import from_operation
+from opstate.domain.model import OpRecord
+from opstate.domain.states import State
+from opstate.domain.times import parse_time
 from opstate.ingest import ingest
-from opstate.model import OpRecord
-from opstate.states import State
 from opstate.store.dynamodb import serialize_item
 from opstate.store.sqlite import SQLiteStore
-from opstate.times import parse_time
 from tests.support.stores import Harness, harness_for, signed_app
 from tests.support.webhooks import (
     operation_event,

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from opstate.domain.model import OpEvent
+from opstate.domain.states import State
+from opstate.domain.times import parse_time
 from opstate.ingest import ingest
-from opstate.model import OpEvent
-from opstate.states import State
 from opstate.store.port import PollState
-from opstate.times import parse_time
 from opstate.waiters.dynamodb import DynamoDBWaiterStore
 from opstate.waiters.memory import MemoryWaiterStore
 from opstate.waiters.model import Target, Waiter, When

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
-from opstate.events import from_report, from_webhook
+from opstate.domain.events import from_report, from_webhook
+from opstate.domain.model import OpRecord
+from opstate.domain.states import RANK, State
+from opstate.domain.times import parse_time
 from opstate.ingest import ingest
 from opstate.local.apigw import LocalLambdaContext
-from opstate.model import OpRecord
-from opstate.states import RANK, State
 from opstate.store.port import RetryableError, Store
-from opstate.times import parse_time
 from tests.support.webhooks import http_event, signed_headers
 
 SECRET = "whsec_" + base64.b64encode(b"opstate-reliability-secret-32byt").decode()

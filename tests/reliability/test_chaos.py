@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from opstate.model import Reason
-from opstate.states import State
+from opstate.domain.model import Reason
+from opstate.domain.states import State
 from opstate.store import MemoryStore
 from opstate.store.port import Store
 from opstate.store.sqlite import SQLiteStore
@@ -103,7 +103,7 @@ def test_retry_after_lost_response_is_answered_200_stale(
     """The write lands, the response is lost: 503; the sender's retry: 200 stale-or-equal."""
     name = f"batches/lost-{path}-{first_state.value.lower()}"
     text = "2026-06-01T08:00:00.5+09:00"
-    from opstate.times import parse_time
+    from opstate.domain.times import parse_time
 
     d = Delivery(name, first_state, text, parse_time(text))
     inner = sqlite_store(tmp_path)
@@ -129,7 +129,7 @@ def test_retry_after_lost_response_is_answered_200_stale(
 @pytest.mark.parametrize("path", PATHS)
 def test_lost_response_on_an_advancing_write_then_retry(path: str) -> None:
     """Same on an existing record: the advance lands with its response lost, the retry is 200."""
-    from opstate.times import parse_time
+    from opstate.domain.times import parse_time
 
     name = f"batches/advance-{path}"
     pending = Delivery(
@@ -152,7 +152,7 @@ def test_lost_response_on_an_advancing_write_then_retry(path: str) -> None:
 
 def test_chaos_store_faults_behave_as_documented() -> None:
     """The wrapper itself: throttle and timeout write nothing, a lost response writes."""
-    from opstate.model import OpRecord
+    from opstate.domain.model import OpRecord
 
     inner = MemoryStore()
     chaos = ChaosStore(inner, ChaosRates(0, 0, 0))

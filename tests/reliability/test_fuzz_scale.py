@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from opstate.events import (
+from opstate.domain.events import (
     InvalidEventError,
     UnsupportedEventError,
     from_batch_job,
@@ -27,13 +27,13 @@ from opstate.events import (
     from_report,
     from_webhook,
 )
+from opstate.domain.model import OpEvent, OpRecord
+from opstate.domain.names import canonical_name
+from opstate.domain.states import State
+from opstate.domain.times import MAX_NS
 from opstate.local.apigw import LocalLambdaContext
-from opstate.model import OpEvent, OpRecord
-from opstate.names import canonical_name
-from opstate.states import State
 from opstate.store import MemoryStore
 from opstate.store.port import WriteOutcome
-from opstate.times import MAX_NS
 from tests.reliability.support import SECRET, live_headers
 from tests.support.webhooks import http_event
 

@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 import pytest
 
-from opstate.times import parse_time
+from opstate.domain.times import parse_time
 from tests.reliability.support import (
     SECRET,
     Delivery,

@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
+from opstate.domain.model import OpEvent
+from opstate.domain.states import State
+from opstate.domain.times import format_time
 from opstate.ingest import ingest
-from opstate.model import OpEvent
 from opstate.outcomes.results import results_json
-from opstate.states import State
 from opstate.store.dynamodb import DynamoDBStore
-from opstate.times import format_time
 from tests.samlocal.conftest import LocalStack, record_invocation, record_timing
 from tests.samlocal.harness import (
     EVENTS_DIR,

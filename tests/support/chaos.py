@@ -24,7 +24,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass
 
-from opstate.model import OpRecord
+from opstate.domain.model import OpRecord
 from opstate.store.port import Store, StoreUnavailableError, WriteOutcome
 from tests.support.stores import DelegatingStore
 

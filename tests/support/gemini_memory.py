@@ -13,10 +13,10 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from opstate.events import Source
-from opstate.model import OpEvent, OpRecord
+from opstate.domain.events import Source
+from opstate.domain.model import OpEvent, OpRecord
+from opstate.domain.states import State
 from opstate.reconcile.gateway import GatewayError, Listed, WebhookInfo
-from opstate.states import State
 
 
 @dataclass

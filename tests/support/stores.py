@@ -20,7 +20,7 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from opstate.model import OpRecord
+from opstate.domain.model import OpRecord
 from opstate.store import Due, MemoryStore, PollingStore, PollState, Store, WriteOutcome
 from opstate.store.dynamodb import CLIENT_CONFIG, DynamoDBStore, deserialize_item, plain
 from opstate.store.sqlite import SQLiteStore

@@ -15,14 +15,14 @@ import pytest
 
 from opstate.api import create_app
 from opstate.config import Settings
-from opstate.model import Decision, OpRecord
+from opstate.domain.model import Decision, OpRecord
+from opstate.domain.states import State
+from opstate.domain.times import parse_time
 from opstate.observability import SERVICE, logger, metrics
 from opstate.quarantine import Delivery, MemoryQuarantine, QuarantineUnavailableError
 from opstate.signatures import SecretsUnavailableError, StaticSecretsVerifier
-from opstate.states import State
 from opstate.store import MemoryStore
 from opstate.store.port import StoreUnavailableError, WriteOutcome
-from opstate.times import parse_time
 from tests.support.webhooks import (
     EVENT_TIMESTAMP,
     OTHER_SECRET,

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from opstate.api import create_app
 from opstate.config import Settings
-from opstate.events import WEBHOOK_TYPES
+from opstate.domain.events import WEBHOOK_TYPES
+from opstate.domain.times import parse_time
 from opstate.signatures import StaticSecretsVerifier
 from opstate.store import MemoryStore
-from opstate.times import parse_time
 from tests.support.webhooks import (
     EVENT_TIMESTAMP,
     TEST_SECRET,

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from opstate.events import (
+from opstate.domain.events import (
     COMPLETION_STATS,
     OUTPUT_LOCATION,
     InvalidEventError,
@@ -24,9 +24,9 @@ from opstate.events import (
     from_operation,
     from_pubsub,
 )
-from opstate.names import Kind, kind_of
-from opstate.states import State
-from opstate.times import parse_time
+from opstate.domain.names import Kind, kind_of
+from opstate.domain.states import State
+from opstate.domain.times import parse_time
 from tests.support.fake_gemini import operation_resource
 from tests.support.fake_google_cloud import cloud_batch_resource, cloud_video_response
 from tests.unit.test_events import JOB_TABLE

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from opstate.names import (
+from opstate.domain.names import (
     GEMINI_API,
     GOOGLE_CLOUD,
     InvalidNameError,

@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 
 from opstate.api_token import bearer_token_ok
+from opstate.domain.model import OpEvent, OpRecord
+from opstate.domain.states import State
+from opstate.domain.times import format_time, parse_time
 from opstate.ingest import ingest
 from opstate.local.console import CSP, Console, DecisionLog
-from opstate.model import OpEvent, OpRecord
 from opstate.reconcile.schedule import Mark
 from opstate.reconcile.tally import MarkDecision
-from opstate.states import State
 from opstate.store import MemoryStore
 from opstate.store.port import PollState, StoreUnavailableError
-from opstate.times import format_time, parse_time
 
 ROOT = Path(__file__).resolve().parents[2]
 STATIC = ROOT / "layers" / "opstate" / "opstate" / "local" / "static"

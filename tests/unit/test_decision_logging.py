@@ -15,15 +15,15 @@ import pytest
 
 from opstate.api import create_app
 from opstate.config import Settings
+from opstate.domain.model import OpEvent, OpRecord
+from opstate.domain.states import State
+from opstate.domain.times import parse_time
 from opstate.ingest import ingest
-from opstate.model import OpEvent, OpRecord
 from opstate.observability import SERVICE, logger, metrics
 from opstate.reconcile.run import reconcile_once
 from opstate.signatures import StaticSecretsVerifier
-from opstate.states import State
 from opstate.store import MemoryStore
 from opstate.store.port import WriteOutcome
-from opstate.times import parse_time
 from tests.support.clock import FakeClock
 from tests.support.gemini_memory import MemoryGateway
 from tests.support.webhooks import (

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opstate.details import (
+from opstate.domain.details import (
     MAX_DEPTH,
     MAX_DETAILS_BYTES,
     InvalidDetailsError,

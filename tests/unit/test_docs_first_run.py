@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from opstate.config import DEFAULT_LOCAL_STORE, serve_store_url
-from opstate.model import OpRecord
+from opstate.domain.model import OpRecord
+from opstate.domain.states import State
 from opstate.notify import idempotency_key
 from opstate.observability import WEBHOOK_OUTCOMES
-from opstate.states import State
 from tests.support.template import load_template
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from opstate.events import (
+from opstate.domain.events import (
     INTERACTION_STATUSES,
     JOB_STATES,
     UNKNOWN_STATE,
@@ -28,10 +28,10 @@ from opstate.events import (
     from_webhook,
     webhook_kind_hint,
 )
-from opstate.model import OpEvent
-from opstate.names import Kind
-from opstate.states import State
-from opstate.times import NS_PER_SECOND
+from opstate.domain.model import OpEvent
+from opstate.domain.names import Kind
+from opstate.domain.states import State
+from opstate.domain.times import NS_PER_SECOND
 
 T0 = 1_767_225_600 * NS_PER_SECOND  # 2026-01-01T00:00:00Z
 TS = "2026-01-01T00:00:00Z"

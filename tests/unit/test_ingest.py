@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
+from opstate.domain.model import OpEvent, OpRecord, Reason
+from opstate.domain.states import State
 from opstate.ingest import (
     DEFAULT_BASE_DELAY_S,
     DEFAULT_MAX_ATTEMPTS,
@@ -14,8 +16,6 @@ from opstate.ingest import (
     ingest,
     ingest_counted,
 )
-from opstate.model import OpEvent, OpRecord, Reason
-from opstate.states import State
 from opstate.store import MemoryStore, RetryableError, StoreUnavailableError, WriteOutcome
 from opstate.store.port import RecordRejectedError
 

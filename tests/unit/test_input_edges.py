@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from opstate.config import DEFAULT_MAX_FUTURE_SKEW_S, ConfigError, Settings
-from opstate.events import (
+from opstate.domain.events import (
     RAI_FILTERED_COUNT,
     RAI_FILTERED_REASONS,
     InvalidEventError,
@@ -30,16 +30,16 @@ from opstate.events import (
     from_operation,
     from_report,
 )
+from opstate.domain.model import OpEvent, OpRecord
+from opstate.domain.states import State
+from opstate.domain.times import MAX_EVENT_NS, NS_PER_SECOND, parse_time
 from opstate.ingest import ingest
-from opstate.model import OpEvent, OpRecord
 from opstate.notify.entries import event_detail
 from opstate.quarantine import MemoryQuarantine
 from opstate.reconcile.gateway import Listed, WebhookInfo
 from opstate.reconcile.pacing import Backoff
 from opstate.reconcile.run import reconcile_once
-from opstate.states import State
 from opstate.store import MemoryStore
-from opstate.times import MAX_EVENT_NS, NS_PER_SECOND, parse_time
 from tests.support.webhooks import (
     EVENT_TIMESTAMP,
     TEST_SECRET,

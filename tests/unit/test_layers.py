@@ -3,7 +3,8 @@ what it owns and what it may import.
 
 Layers, bottom up (a module may import its own layer and the ones below, never above):
 
-0. the domain (pure: no AWS, HTTP or Gemini code; test_purity.py checks that) and settings;
+0. the domain (``opstate/domain/``, pure: no AWS, HTTP or Gemini code; test_purity.py checks
+   that) and settings;
 1. the store, webhook authenticity (signatures, secrets, the local API token), observability and
    ingest;
 2. the API, the notifier and the reconciler;
@@ -24,18 +25,10 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "layers" / "opstate" / "opstate"
 
-# The pure domain (test_purity.py probes every one of these that exists).
+# The pure domain: the folder opstate/domain/ and the pure parts of two packages beside it
+# (test_purity.py probes every module these prefixes place).
 DOMAIN = (
-    "opstate.states",
-    "opstate.times",
-    "opstate.names",
-    "opstate.events",
-    "opstate.reducer",
-    "opstate.model",
-    "opstate.views",
-    "opstate.strict_json",
-    "opstate.details",
-    "opstate.routes",
+    "opstate.domain",
     "opstate.outcomes.ledger",
     "opstate.outcomes.ledger_rows",  # the ledger's msgspec structs (msgspec: a JSON parser)
     "opstate.outcomes.plan",
@@ -206,34 +199,38 @@ def test_no_cycle() -> None:
 
 
 def test_the_types_live_apart_from_the_decision() -> None:
-    # Stores, views and logs need the domain's types (opstate.model), never the reducer.
+    # Stores, views and logs need the domain's types (opstate.domain.model), never the reducer.
     needs_types_only = [
         m
         for m in GRAPH
-        if m.startswith("opstate.store") or m in {"opstate.observability", "opstate.views"}
+        if m.startswith("opstate.store") or m in {"opstate.observability", "opstate.domain.views"}
     ]
     assert "opstate.store.port" in needs_types_only
-    assert [m for m in needs_types_only if "opstate.reducer" in GRAPH[m]] == []
-    assert "opstate.model" in GRAPH["opstate.store.port"]
-    assert GRAPH["opstate.model"] <= {"opstate.names", "opstate.states", "opstate.times"}
+    assert [m for m in needs_types_only if "opstate.domain.reducer" in GRAPH[m]] == []
+    assert "opstate.domain.model" in GRAPH["opstate.store.port"]
+    assert GRAPH["opstate.domain.model"] <= {
+        "opstate.domain.names",
+        "opstate.domain.states",
+        "opstate.domain.times",
+    }
 
 
 def test_the_checks_can_fail() -> None:
     bad = {
-        "opstate.reducer": {"opstate.store.port"},  # domain -> store: upward
-        "opstate.store.port": {"opstate.reducer"},  # ... and back: a cycle
+        "opstate.domain.reducer": {"opstate.store.port"},  # domain -> store: upward
+        "opstate.store.port": {"opstate.domain.reducer"},  # ... and back: a cycle
         "opstate.api": {"opstate.cli.app"},  # api -> cli: upward
         "opstate.cli.app": {"opstate.api"},
-        "opstate.names": set(),
+        "opstate.domain.names": set(),
     }
     assert upward_arrows(bad) == [
         "opstate.api (api, notify, reconcile) imports opstate.cli.app (local, cli)",
-        "opstate.reducer (domain and settings) imports opstate.store.port "
+        "opstate.domain.reducer (domain and settings) imports opstate.store.port "
         "(store, signatures, secrets, observability, ingest)",
     ]
     assert cycles(bad) == [
         ["opstate.api", "opstate.cli.app"],
-        ["opstate.reducer", "opstate.store.port"],
+        ["opstate.domain.reducer", "opstate.store.port"],
     ]
     assert layer_of("opstate.brand_new") is None
     assert layer_of("opstate.reconcile.brand_new") == 2

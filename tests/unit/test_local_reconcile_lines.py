@@ -3,12 +3,12 @@ replaced the store wrapper guessing the previous record per thread)."""
 
 from __future__ import annotations
 
+from opstate.domain.model import OpEvent, OpRecord
+from opstate.domain.reducer import apply_event
+from opstate.domain.states import State
 from opstate.local.reconcile_loop import decision_line
-from opstate.model import OpEvent, OpRecord
 from opstate.reconcile.run import MarkDecision
 from opstate.reconcile.schedule import Mark
-from opstate.reducer import apply_event
-from opstate.states import State
 from opstate.store import PollState
 
 S = 1_000_000_000

@@ -1,4 +1,5 @@
-"""The domain types (opstate.model): immutable, slotted, with the defaults the stores rely on."""
+"""The domain types (opstate.domain.model): immutable, slotted, with the defaults the stores
+rely on."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from opstate.model import Decision, OpEvent, OpRecord, Reason
-from opstate.reducer import apply_event
-from opstate.states import State
+from opstate.domain.model import Decision, OpEvent, OpRecord, Reason
+from opstate.domain.reducer import apply_event
+from opstate.domain.states import State
 
 T = 1_778_400_000_000_000_000
 

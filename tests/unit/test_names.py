@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from opstate.names import (
+from opstate.domain.names import (
     MAX_NAME_LENGTH,
     InvalidNameError,
     Kind,

@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 
 from opstate import notify
 from opstate.config import ConfigError, Settings
+from opstate.domain.model import OpRecord
+from opstate.domain.states import State
 from opstate.local.apigw import LocalLambdaContext
-from opstate.model import OpRecord
 from opstate.notify import (
     DETAIL_TYPE,
     MAX_REQUEST_BYTES,
@@ -32,7 +33,6 @@ from opstate.notify import (
     notifier_from_settings,
 )
 from opstate.observability import metrics as obs_metrics
-from opstate.states import State
 from opstate.store.dynamodb import item_from_record, serialize_item
 
 BUS = "opstate-test-bus"

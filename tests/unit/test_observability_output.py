@@ -147,9 +147,9 @@ def test_a_reserved_field_is_written_verbatim(lines: Any) -> None:
 def test_log_decision_builds_no_fields_when_its_level_is_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from opstate.events import Source
-    from opstate.model import Decision, OpEvent, Reason
-    from opstate.states import State
+    from opstate.domain.events import Source
+    from opstate.domain.model import Decision, OpEvent, Reason
+    from opstate.domain.states import State
 
     built: list[object] = []
     monkeypatch.setattr(observability, "decision_fields", lambda *a, **k: built.append(a) or {})

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 
 from opstate.config import Settings
+from opstate.domain.model import OpEvent, OpRecord
+from opstate.domain.states import State
+from opstate.domain.times import NS_PER_SECOND
 from opstate.ingest import ingest
-from opstate.model import OpEvent, OpRecord
 from opstate.outcomes.file_sink import FileSink
 from opstate.outcomes.run import WRITE_QUEUE_CHUNKS, archive_once
 from opstate.outcomes.source import BATCH_OUTPUT, Output, Outputs, Writer
-from opstate.states import State
 from opstate.store import MemoryStore
-from opstate.times import NS_PER_SECOND
 
 CHUNK = 1 << 20
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 from opstate.config import Settings
+from opstate.domain.model import OpEvent
+from opstate.domain.states import State
 from opstate.ingest import ingest
-from opstate.model import OpEvent
 from opstate.outcomes.redrive import redrive
-from opstate.states import State
 from opstate.store import MemoryStore
 from opstate.store.port import ArchiveState
 

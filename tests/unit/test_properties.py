@@ -21,16 +21,16 @@ from datetime import UTC, datetime, timedelta, timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from opstate.details import MAX_DETAILS_BYTES
-from opstate.details import size as details_size
-from opstate.events import Source
+from opstate.domain.details import MAX_DETAILS_BYTES
+from opstate.domain.details import size as details_size
+from opstate.domain.events import Source
+from opstate.domain.model import OpEvent, OpRecord
+from opstate.domain.reducer import OBSERVATION_SCOPED_KEYS, STATE_SCOPED_KEYS, apply_event
+from opstate.domain.states import TERMINAL, State, rank
+from opstate.domain.times import MAX_EVENT_NS, MAX_NS, NS_PER_SECOND, format_time, parse_time
 from opstate.ingest import ingest, ingest_counted
-from opstate.model import OpEvent, OpRecord
-from opstate.reducer import OBSERVATION_SCOPED_KEYS, STATE_SCOPED_KEYS, apply_event
-from opstate.states import TERMINAL, State, rank
 from opstate.store import MemoryStore
 from opstate.store.port import WriteOutcome
-from opstate.times import MAX_EVENT_NS, MAX_NS, NS_PER_SECOND, format_time, parse_time
 
 NAME = "batches/prop"
 NON_TERMINAL = [s for s in State if s not in TERMINAL]

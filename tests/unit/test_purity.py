@@ -61,5 +61,10 @@ def test_the_probe_can_fail() -> None:
 
 
 def test_the_domain_list_is_read_from_the_layer_table() -> None:
-    expected = {"opstate.states", "opstate.model", "opstate.events", "opstate.reducer"}
-    assert expected | {"opstate.views"} <= set(DOMAIN)
+    expected = {
+        "opstate.domain.states",
+        "opstate.domain.model",
+        "opstate.domain.events",
+        "opstate.domain.reducer",
+    }
+    assert expected | {"opstate.domain.views"} <= set(DOMAIN)

@@ -8,14 +8,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 from opstate.config import Settings
-from opstate.events import Source
+from opstate.domain.events import Source
+from opstate.domain.model import OpEvent, OpRecord
+from opstate.domain.states import State
 from opstate.ingest import ingest
-from opstate.model import OpEvent, OpRecord
 from opstate.observability import metrics
 from opstate.reconcile.gateway import AuthError, GatewayError, Listed, Scope
 from opstate.reconcile.pacing import Backoff
 from opstate.reconcile.run import reconcile_once
-from opstate.states import State
 from opstate.store import MemoryStore
 from tests.support.clock import FakeClock
 from tests.support.gemini_memory import MemoryGateway

@@ -7,13 +7,13 @@ from dataclasses import replace
 import pytest
 
 from opstate.config import Settings, parse_overdue
+from opstate.domain.model import Decision, OpEvent, OpRecord
+from opstate.domain.states import State
 from opstate.ingest import ingest
-from opstate.model import Decision, OpEvent, OpRecord
 from opstate.reconcile.gateway import GatewayError
 from opstate.reconcile.pacing import TokenBucket
 from opstate.reconcile.run import MarkDecision, RunDecision, RunResult, reconcile_once
 from opstate.reconcile.schedule import Mark, Schedule
-from opstate.states import State
 from opstate.store import MemoryStore
 from tests.support.clock import FakeClock
 from tests.support.gemini_memory import MemoryGateway

@@ -140,7 +140,7 @@ def test_the_rest_listing_pages_and_keeps_progress_and_refusals_in_place() -> No
 
     import pytest
 
-    from opstate.events import EventError
+    from opstate.domain.events import EventError
     from opstate.reconcile.gateway import GatewayError
     from opstate.reconcile.genai_gateway import rest_batch_pages
 

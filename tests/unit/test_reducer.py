@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from opstate.events import Source, from_batch_job, from_interaction, from_webhook
-from opstate.model import APPLIED_REASONS, Decision, OpEvent, OpRecord, Reason
-from opstate.names import Kind
-from opstate.reducer import OBSERVATION_SCOPED_KEYS, STATE_SCOPED_KEYS, apply_event
-from opstate.states import State
-from opstate.times import parse_time
+from opstate.domain.events import Source, from_batch_job, from_interaction, from_webhook
+from opstate.domain.model import APPLIED_REASONS, Decision, OpEvent, OpRecord, Reason
+from opstate.domain.names import Kind
+from opstate.domain.reducer import OBSERVATION_SCOPED_KEYS, STATE_SCOPED_KEYS, apply_event
+from opstate.domain.states import State
+from opstate.domain.times import parse_time
 
 NAME = "batches/b1"
 P, R, A = State.PENDING, State.RUNNING, State.REQUIRES_ACTION

@@ -9,12 +9,12 @@ from pathlib import Path
 
 from opstate.api import create_app
 from opstate.config import Settings
+from opstate.domain.model import OpRecord
+from opstate.domain.states import State
+from opstate.domain.strict_json import dumps
 from opstate.local.apigw import response_parts
-from opstate.model import OpRecord
 from opstate.signatures import StaticSecretsVerifier
-from opstate.states import State
 from opstate.store.sqlite import SQLiteStore
-from opstate.strict_json import dumps
 from tests.support.webhooks import TEST_SECRET, operation_event
 
 

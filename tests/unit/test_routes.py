@@ -1,11 +1,11 @@
-"""The API's paths have one home, ``opstate.routes``, which ``template.yaml`` agrees with."""
+"""The API's paths have one home, ``opstate.domain.routes``, which ``template.yaml`` agrees with."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from opstate.domain.routes import OPERATIONS_PATH, OPERATIONS_PREFIX, PUBSUB_PATH, WEBHOOK_PATH
 from opstate.local.apigw import build_event
-from opstate.routes import OPERATIONS_PATH, OPERATIONS_PREFIX, PUBSUB_PATH, WEBHOOK_PATH
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "layers" / "opstate" / "opstate"

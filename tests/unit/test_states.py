@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from opstate.states import RANK, TERMINAL, State, UnknownStateError, is_terminal, parse_state, rank
+from opstate.domain.states import (
+    RANK,
+    TERMINAL,
+    State,
+    UnknownStateError,
+    is_terminal,
+    parse_state,
+    rank,
+)
 
 
 def test_ranks_are_the_architecture_table() -> None:

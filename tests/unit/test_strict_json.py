@@ -1,4 +1,5 @@
-"""One JSON rule for every input path, strict JSON on every output (``opstate.strict_json``)."""
+"""One JSON rule for every input path, strict JSON on every output
+(``opstate.domain.strict_json``)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from opstate import strict_json
 from opstate.api import ApiError, create_app, parse_json
 from opstate.api import request as api_request
 from opstate.config import Settings
-from opstate.model import OpRecord
+from opstate.domain import strict_json
+from opstate.domain.model import OpRecord
+from opstate.domain.states import State
+from opstate.domain.strict_json import InvalidJSONError, dumps, loads
 from opstate.signatures import StaticSecretsVerifier
-from opstate.states import State
 from opstate.store.sqlite import SQLiteStore
-from opstate.strict_json import InvalidJSONError, dumps, loads
 from tests.support.webhooks import TEST_SECRET, operation_event
 
 
@@ -117,7 +118,7 @@ def test_api_serves_an_old_sqlite_row_holding_nan_as_strict_json(tmp_path: Path)
             source="report",
         )
         assert store.put_if_absent(record).ok
-        # Today's store refuses NaN (opstate.details): write the row as the old release did.
+        # Today's store refuses NaN (opstate.domain.details): write the row as the old release did.
         with sqlite3.connect(tmp_path / "old.db") as conn:
             conn.execute(
                 "UPDATE operations SET details = ? WHERE name = ?",

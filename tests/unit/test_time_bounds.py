@@ -9,13 +9,13 @@ import pytest
 
 from opstate.api import create_app
 from opstate.config import Settings
-from opstate.events import Source
-from opstate.model import OpEvent, OpRecord
+from opstate.domain.events import Source
+from opstate.domain.model import OpEvent, OpRecord
+from opstate.domain.states import State
+from opstate.domain.times import MAX_EVENT_NS, MAX_NS, InvalidTimeError, format_time
+from opstate.domain.views import record_to_json
 from opstate.signatures import StaticSecretsVerifier
-from opstate.states import State
 from opstate.store import MemoryStore
-from opstate.times import MAX_EVENT_NS, MAX_NS, InvalidTimeError, format_time
-from opstate.views import record_to_json
 from tests.support.webhooks import TEST_SECRET, operation_event
 
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta, timezone, tzinfo
 
 import pytest
 
-from opstate.times import (
+from opstate.domain.times import (
     MARKER_ROOM_NS,
     MAX_EVENT_NS,
     MAX_NS,

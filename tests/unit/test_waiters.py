@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from opstate.model import OpRecord
-from opstate.states import TERMINAL, State
+from opstate.domain.model import OpRecord
+from opstate.domain.states import TERMINAL, State
+from opstate.domain.times import parse_time
+from opstate.domain.views import record_to_json
 from opstate.store.memory import MemoryStore
-from opstate.times import parse_time
-from opstate.views import record_to_json
 from opstate.waiters.enabled import ALL_TARGETS
 from opstate.waiters.memory import MemoryWaiterStore
 from opstate.waiters.model import (

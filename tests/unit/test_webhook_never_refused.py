@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from opstate.api import create_app
 from opstate.config import Settings
+from opstate.domain.times import parse_time
 from opstate.quarantine import MemoryQuarantine
 from opstate.signatures import StaticSecretsVerifier
 from opstate.store import MemoryStore
-from opstate.times import parse_time
 from tests.support.webhooks import EVENT_TIMESTAMP, TEST_SECRET, http_event, sign
 
 NOW_NS = parse_time("2026-05-10T10:00:00Z")

@@ -3,9 +3,10 @@
 Owns, in layers (a module imports its own layer and the ones below, never above; no cycles;
 tests/unit/test_layers.py checks both):
 
-0. the domain - ``states``, ``times``, ``names``, ``events``, ``reducer``, ``views``,
-   ``strict_json``, ``routes`` (the API's paths) - and the settings, ``config`` (one class per
-   part). The domain is pure: no AWS, HTTP or Gemini code, no clock (tests/unit/test_purity.py);
+0. the domain - the folder ``domain/``: ``states``, ``times``, ``names``, ``events``,
+   ``reducer``, ``model``, ``views``, ``strict_json``, ``details``, ``routes`` (the API's
+   paths) - and the settings, ``config`` (one class per part). The domain is pure: no AWS, HTTP
+   or Gemini code, no clock (tests/unit/test_purity.py probes the folder);
 1. ``store`` (the port and its DynamoDB, SQLite and memory stores), ``signatures`` (webhook
    authenticity), ``webhook_secrets`` (reading and writing the signing secrets), ``api_token``
    (the local server's operations token), ``observability`` (logs, metrics, tracing),

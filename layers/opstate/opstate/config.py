@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Self
 
-from opstate.names import Kind
+from opstate.domain.names import Kind
 
 DEFAULT_LOCAL_STORE = "sqlite:///.opstate/ops.db"
 DEFAULT_JWKS_URL = "https://generativelanguage.googleapis.com/.well-known/jwks.json"

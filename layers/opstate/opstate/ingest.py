@@ -25,10 +25,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from opstate.config import DEFAULT_INGEST_MAX_ATTEMPTS
-from opstate.model import Decision, OpEvent, OpRecord, Reason
-from opstate.names import legacy_names
+from opstate.domain.model import Decision, OpEvent, OpRecord, Reason
+from opstate.domain.names import legacy_names
+from opstate.domain.reducer import apply_event
 from opstate.observability import count, logger
-from opstate.reducer import apply_event
 from opstate.store.port import RecordRejectedError, RetryableError, Store, WriteOutcome
 
 DEFAULT_MAX_ATTEMPTS = DEFAULT_INGEST_MAX_ATTEMPTS

@@ -29,8 +29,8 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.metrics.base import SingleMetric
 from aws_lambda_powertools.metrics.functions import is_metrics_disabled
 
-from opstate.model import Decision, Reason
-from opstate.times import format_time
+from opstate.domain.model import Decision, Reason
+from opstate.domain.times import format_time
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.logging.types import PowertoolsLogRecord

@@ -52,10 +52,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from opstate.config import DEFAULT_QUARANTINE_MAX_BYTES, DEFAULT_QUARANTINE_MAX_ENTRIES
+from opstate.domain.strict_json import InvalidJSONError, loads
+from opstate.domain.times import format_time
 from opstate.private_files import create_private_empty_file
 from opstate.store.port import RetryableError
-from opstate.strict_json import InvalidJSONError, loads
-from opstate.times import format_time
 
 if TYPE_CHECKING:
     import sqlite3

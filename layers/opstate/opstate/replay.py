@@ -30,18 +30,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opstate.config import DEFAULT_MAX_FUTURE_SKEW_S
-from opstate.events import (
+from opstate.domain.events import (
     InvalidEventError,
     UnsupportedEventError,
     check_future_skew,
     from_webhook,
 )
+from opstate.domain.model import Decision, OpEvent
+from opstate.domain.strict_json import InvalidJSONError, loads
 from opstate.ingest import DEFAULT_MAX_ATTEMPTS, ingest
-from opstate.model import Decision, OpEvent
 from opstate.quarantine import Kept, Quarantine
 from opstate.signatures import SignatureError, Verifier
 from opstate.store.port import RetryableError, Store
-from opstate.strict_json import InvalidJSONError, loads
 
 UNSIGNED = "kept without its signature headers (by an older release): it cannot be verified"
 

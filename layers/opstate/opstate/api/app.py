@@ -18,10 +18,10 @@ from opstate.api.operations import OPERATIONS_ROUTE, OperationsRoutes
 from opstate.api.pubsub import NotConfigured, PubSubReceiver
 from opstate.api.webhook import WebhookReceiver
 from opstate.config import Settings
-from opstate.model import Decision
+from opstate.domain.model import Decision
+from opstate.domain.routes import PUBSUB_PATH, WEBHOOK_PATH
 from opstate.observability import logger
 from opstate.quarantine import LogQuarantine, Quarantine
-from opstate.routes import PUBSUB_PATH, WEBHOOK_PATH
 from opstate.signatures import Verifier, pubsub_verifier_from_settings
 from opstate.store.port import Store
 from opstate.waiters.run import Registrar

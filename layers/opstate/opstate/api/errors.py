@@ -8,8 +8,8 @@ from typing import Any
 
 from aws_lambda_powertools.event_handler import Response
 
+from opstate.domain.strict_json import dumps
 from opstate.observability import record_retry_later
-from opstate.strict_json import dumps
 
 JSON = "application/json"
 RETRY_AFTER_CONTENTION_S = 1

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from opstate.api.errors import RETRY_AFTER_CONTENTION_S, ApiError, unavailable
+from opstate.domain.model import Decision, OpEvent
 from opstate.ingest import IngestContentionError, ingest_counted
-from opstate.model import Decision, OpEvent
 from opstate.observability import logger, record_decision, record_retry_later
 from opstate.store.port import RetryableError, Store
 

@@ -91,8 +91,8 @@ def handle(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
     """The Lambda entry: route one API Gateway HTTP API (payload v2) event. Any other event (a
     REST API's payload 1.0) is answered a JSON 400 naming the fix, never a 502."""
     if not is_http_api_v2(event):
+        from opstate.domain.strict_json import dumps
         from opstate.observability import logger
-        from opstate.strict_json import dumps
 
         logger.error("not an HTTP API payload 2.0 event", extra={"error": "unsupported-payload"})
         return {

@@ -14,13 +14,13 @@ from opstate.api.errors import ApiError, json_response, unavailable
 from opstate.api.ingesting import Ingester
 from opstate.api.request import parse_json, raw_body
 from opstate.config import DEFAULT_MAX_FUTURE_SKEW_S
-from opstate.events import InvalidEventError, UnsupportedEventError, from_report
+from opstate.domain.events import InvalidEventError, UnsupportedEventError, from_report
+from opstate.domain.names import VIDEO_DETAIL, InvalidNameError, ParsedName, parse_name
+from opstate.domain.routes import OPERATIONS_PREFIX
+from opstate.domain.views import decision_to_json, record_to_json
 from opstate.ingest import find_record
-from opstate.names import VIDEO_DETAIL, InvalidNameError, ParsedName, parse_name
 from opstate.outcomes.results import record_outcome
-from opstate.routes import OPERATIONS_PREFIX
 from opstate.store.port import RetryableError, Store
-from opstate.views import decision_to_json, record_to_json
 from opstate.waiters.enabled import TargetNotEnabledError
 from opstate.waiters.model import InvalidWaiterError, Waiter, parse_waiter
 from opstate.waiters.port import TooManyWaitersError

@@ -20,11 +20,11 @@ from aws_lambda_powertools.event_handler import Response
 from opstate.api.errors import ApiError, json_response, unavailable
 from opstate.api.request import clip, parse_json, raw_body, request_headers
 from opstate.api.webhook import WebhookReceiver
-from opstate.events import InvalidEventError, UnsupportedEventError, from_pubsub
+from opstate.domain.events import InvalidEventError, UnsupportedEventError, from_pubsub
+from opstate.domain.views import decision_to_json
 from opstate.observability import logger, record_signature_rejected, record_unsupported
 from opstate.signatures import SignatureError
 from opstate.store.port import RetryableError
-from opstate.views import decision_to_json
 
 
 class NotConfigured:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from opstate.api.errors import ApiError
-from opstate.strict_json import InvalidJSONError, loads
+from opstate.domain.strict_json import InvalidJSONError, loads
 
 MAX_LOGGED_ID = 128
 

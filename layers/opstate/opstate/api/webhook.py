@@ -12,14 +12,15 @@ from opstate.api.errors import ApiError, json_response, unavailable
 from opstate.api.ingesting import Ingester
 from opstate.api.request import clip, parse_json, raw_body, request_headers
 from opstate.config import DEFAULT_MAX_FUTURE_SKEW_S
-from opstate.events import (
+from opstate.domain.events import (
     InvalidEventError,
     UnsupportedEventError,
     check_future_skew,
     from_webhook,
     webhook_kind_hint,
 )
-from opstate.names import InvalidNameError, canonical_name
+from opstate.domain.names import InvalidNameError, canonical_name
+from opstate.domain.views import decision_to_json
 from opstate.observability import (
     count,
     logger,
@@ -37,7 +38,6 @@ from opstate.signatures import (
     Verifier,
 )
 from opstate.store.port import RetryableError
-from opstate.views import decision_to_json
 
 
 class WebhookReceiver:

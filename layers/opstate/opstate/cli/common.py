@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from opstate.config import DEFAULT_LOCAL_STORE, ConfigError, Settings, settings
-from opstate.model import Decision, OpEvent
-from opstate.names import InvalidNameError, canonical_name
+from opstate.domain.model import Decision, OpEvent
+from opstate.domain.names import InvalidNameError, canonical_name
+from opstate.domain.strict_json import dumps
+from opstate.domain.times import InvalidTimeError, parse_time
 from opstate.store.port import RetryableError
-from opstate.strict_json import dumps
 from opstate.terminal import printable_lines
-from opstate.times import InvalidTimeError, parse_time
 
 if TYPE_CHECKING:
     from opstate.store.port import Store

@@ -13,7 +13,7 @@ import base64
 from typing import TYPE_CHECKING, Any
 
 from opstate.cli.common import EXIT_OK, UsageError, out, print_json, settings_for
-from opstate.times import format_time
+from opstate.domain.times import format_time
 
 if TYPE_CHECKING:
     from opstate.quarantine import Delivery

@@ -20,13 +20,13 @@ from opstate.cli.common import (
     settings_for,
     time_arg,
 )
-from opstate.events import EventError, from_report
-from opstate.names import VIDEO_DETAIL, Kind, parse_name
+from opstate.domain.events import EventError, from_report
+from opstate.domain.names import VIDEO_DETAIL, Kind, parse_name
+from opstate.domain.strict_json import InvalidJSONError, dumps, loads
+from opstate.domain.times import format_time
+from opstate.domain.views import decision_to_json, record_to_json
 from opstate.outcomes.results import record_outcome
 from opstate.store.port import PollState
-from opstate.strict_json import InvalidJSONError, dumps, loads
-from opstate.times import format_time
-from opstate.views import decision_to_json, record_to_json
 
 
 def add_parsers(

@@ -34,8 +34,8 @@ def cmd_refresh(args: argparse.Namespace) -> int:
     config = settings_for(args)
     name = name_arg(args.name)
     require_gemini_key(config)
+    from opstate.domain.names import VIDEO_DETAIL, parse_name
     from opstate.ingest import find_record
-    from opstate.names import VIDEO_DETAIL, parse_name
     from opstate.reconcile.wiring import refresh_with
     from opstate.store.port import PollingStore
 

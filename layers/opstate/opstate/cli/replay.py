@@ -46,11 +46,16 @@ from opstate.cli.common import (
     settings_for,
 )
 from opstate.config import Settings
-from opstate.events import InvalidEventError, UnsupportedEventError, from_report, from_webhook
+from opstate.domain.events import (
+    InvalidEventError,
+    UnsupportedEventError,
+    from_report,
+    from_webhook,
+)
+from opstate.domain.model import OpEvent
+from opstate.domain.strict_json import InvalidJSONError, loads
 from opstate.local.secret_file import DEFAULT_SECRET_FILE
-from opstate.model import OpEvent
 from opstate.store.port import RetryableError
-from opstate.strict_json import InvalidJSONError, loads
 from opstate.terminal import printable
 
 if TYPE_CHECKING:

@@ -18,8 +18,8 @@ from opstate.cli.common import (
     print_json,
     settings_for,
 )
-from opstate.strict_json import dumps
-from opstate.views import record_to_json
+from opstate.domain.strict_json import dumps
+from opstate.domain.views import record_to_json
 from opstate.waiters import wiring
 from opstate.waiters.model import Failure, Success, When
 from opstate.waiters.port import ARCHIVING_UNAVAILABLE

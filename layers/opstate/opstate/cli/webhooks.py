@@ -21,8 +21,8 @@ from opstate.cli.common import (
 )
 from opstate.cli.webhook_secrets import SecretTarget, rotate_command, secret_target
 from opstate.config import Settings
-from opstate.events import WEBHOOK_TYPES
-from opstate.times import format_time, parse_time
+from opstate.domain.events import WEBHOOK_TYPES
+from opstate.domain.times import format_time, parse_time
 from opstate.webhook_secrets import rotation_change
 
 # The event types `webhooks register` subscribes to by default (those the Gemini API documents).

@@ -3,7 +3,7 @@
 ``build_event`` turns one HTTP request into the event API Gateway would hand the function;
 ``response_parts`` turns the resolver's answer back into status, headers and body;
 ``LocalLambdaContext`` stands in for the Lambda context. Used by ``opstate serve`` and by tests
-and benchmarks that drive the app without AWS. Imports only ``opstate.routes``.
+and benchmarks that drive the app without AWS. Imports only ``opstate.domain.routes``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from opstate.routes import OPERATIONS_PATH, OPERATIONS_PREFIX, PUBSUB_PATH, WEBHOOK_PATH
+from opstate.domain.routes import OPERATIONS_PATH, OPERATIONS_PREFIX, PUBSUB_PATH, WEBHOOK_PATH
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,13 +36,13 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs
 
-from opstate.model import OpRecord
-from opstate.names import InvalidNameError, canonical_name
+from opstate.domain.model import OpRecord
+from opstate.domain.names import InvalidNameError, canonical_name
+from opstate.domain.times import format_time
+from opstate.domain.views import record_to_json
 from opstate.outcomes.results import record_outcome, results_json
 from opstate.reconcile.tally import MarkDecision, RunDecision
 from opstate.store.port import RetryableError, Store
-from opstate.times import format_time
-from opstate.views import record_to_json
 
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]

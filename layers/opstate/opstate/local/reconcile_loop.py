@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from opstate.config import Settings
+from opstate.domain.times import format_time
 from opstate.reconcile.run import MarkDecision, RunDecision
-from opstate.times import format_time
 
 
 class ReconcileLoop:

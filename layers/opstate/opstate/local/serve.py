@@ -33,6 +33,9 @@ from urllib.parse import quote
 
 from opstate.api_token import API_TOKEN_ENV, ApiToken, bearer_token_ok
 from opstate.config import DEFAULT_RECONCILE_EVERY_S, Settings
+from opstate.domain.model import Decision
+from opstate.domain.routes import OPERATIONS_PREFIX, WEBHOOK_PATH
+from opstate.domain.times import format_time
 from opstate.local.console import Console, DecisionLog
 from opstate.local.reconcile_loop import ReconcileLoop, start_reconciler
 from opstate.local.reconcile_loop import decision_line as reconcile_decision_line
@@ -43,11 +46,8 @@ from opstate.local.secret_file import (
     api_token_for,
     resolve_secrets,
 )
-from opstate.model import Decision
 from opstate.quarantine import Bounds, local_quarantine
-from opstate.routes import OPERATIONS_PREFIX, WEBHOOK_PATH
 from opstate.terminal import printable_lines
-from opstate.times import format_time
 
 if TYPE_CHECKING:
     from opstate.local.http_server import LocalHTTPServer

@@ -20,7 +20,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from opstate.config import Settings
-from opstate.model import Decision
+from opstate.domain.model import Decision
 from opstate.observability import logger
 from opstate.waiters.wiring import registrar_for, resumer_for, waiter_store_for
 

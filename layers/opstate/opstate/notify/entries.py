@@ -13,11 +13,11 @@ from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import 
     DynamoDBRecordEventName,
 )
 
-from opstate.model import OpRecord
+from opstate.domain.model import OpRecord
+from opstate.domain.strict_json import dumps
+from opstate.domain.times import format_time
 from opstate.outcomes.plan import record_results, results_view
 from opstate.store.dynamodb import plain, record_from_item
-from opstate.strict_json import dumps
-from opstate.times import format_time
 
 if TYPE_CHECKING:
     from mypy_boto3_events.type_defs import PutEventsRequestEntryTypeDef

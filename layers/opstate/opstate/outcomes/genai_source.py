@@ -25,8 +25,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from opstate.config import Settings
-from opstate.model import OpRecord
-from opstate.names import Kind, api_name
+from opstate.domain.model import OpRecord
+from opstate.domain.names import Kind, api_name
+from opstate.domain.times import parse_time
 from opstate.outcomes.ledger import inlined_lines
 from opstate.outcomes.source import (
     BATCH_OUTPUT,
@@ -38,7 +39,6 @@ from opstate.outcomes.source import (
     Writer,
 )
 from opstate.reconcile.genai_gateway import api_key, batch_stats, classify
-from opstate.times import parse_time
 
 if TYPE_CHECKING:
     from google import genai

@@ -8,9 +8,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from opstate.model import OpRecord
-from opstate.names import GOOGLE_CLOUD, backend_of
-from opstate.times import NS_PER_SECOND, format_time
+from opstate.domain.model import OpRecord
+from opstate.domain.names import GOOGLE_CLOUD, backend_of
+from opstate.domain.times import NS_PER_SECOND, format_time
 
 SUMMARY_KEY = "summary.json"
 # The longest wait between two attempts of a failed copy.

@@ -21,10 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 from opstate.config import Settings
+from opstate.domain.times import NS_PER_SECOND, format_time
 from opstate.observability import count, log_fields, logger
 from opstate.outcomes.plan import deadline_ns, is_cloud_job
 from opstate.store.port import ArchiveEntry, ArchivingStore, RetryableError, Store
-from opstate.times import NS_PER_SECOND, format_time
 
 Invoke = Callable[[str, bytes], None]
 

@@ -35,7 +35,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from opstate.config import ResultsSettings
-from opstate.model import OpRecord
+from opstate.domain.model import OpRecord
+from opstate.domain.times import NS_PER_SECOND, format_time
 from opstate.observability import count, log_fields, logger
 from opstate.outcomes.ledger import BatchLedger, VideoLedger
 from opstate.outcomes.plan import (
@@ -59,7 +60,6 @@ from opstate.store.port import (
     ArchivingStore,
     RetryableError,
 )
-from opstate.times import NS_PER_SECOND, format_time
 
 MAX_SUMMARY_BYTES = 1024 * 1024
 MAX_ERROR_TEXT = 300

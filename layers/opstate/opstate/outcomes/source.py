@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from opstate.model import OpRecord
+from opstate.domain.model import OpRecord
 
 # What an object is, which says how it is summarised.
 BATCH_OUTPUT = "batch"  # JSON Lines, one row per request: the ledger counts it

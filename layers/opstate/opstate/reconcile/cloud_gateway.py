@@ -27,9 +27,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from opstate.config import Settings
-from opstate.events import EventError, from_batch_job, from_operation
-from opstate.model import OpEvent, OpRecord
-from opstate.names import Kind, cloud_scope
+from opstate.domain.events import EventError, from_batch_job, from_operation
+from opstate.domain.model import OpEvent, OpRecord
+from opstate.domain.names import Kind, cloud_scope
 from opstate.reconcile.cloud_credentials import (
     CredentialsError,
     auth_error_reason,

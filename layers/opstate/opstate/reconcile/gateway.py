@@ -13,8 +13,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from opstate.events import EventError
-from opstate.model import OpEvent, OpRecord
+from opstate.domain.events import EventError
+from opstate.domain.model import OpEvent, OpRecord
 
 
 class GatewayError(Exception):

@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from opstate.config import ConfigError, Settings
-from opstate.events import EventError, from_batch_job, from_interaction, from_operation
-from opstate.model import OpEvent, OpRecord
-from opstate.names import Kind, api_name
+from opstate.domain.events import EventError, from_batch_job, from_interaction, from_operation
+from opstate.domain.model import OpEvent, OpRecord
+from opstate.domain.names import Kind, api_name
+from opstate.domain.views import PROGRESS_DETAIL
 from opstate.reconcile.gateway import GatewayError, Listed, WebhookInfo
-from opstate.views import PROGRESS_DETAIL
 
 if TYPE_CHECKING:
     from google import genai

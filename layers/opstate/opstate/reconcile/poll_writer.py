@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from opstate.model import OpEvent, OpRecord
+from opstate.domain.model import OpEvent, OpRecord
+from opstate.domain.times import format_time
+from opstate.domain.views import PROGRESS_DETAIL
 from opstate.observability import log_fields, logger, record_retry_later
 from opstate.reconcile.schedule import Mark
 from opstate.reconcile.tally import MarkDecision, RunDecision, Tally
 from opstate.store.port import PollingStore, PollState, RetryableError
-from opstate.times import format_time
-from opstate.views import PROGRESS_DETAIL
 
 Progress = Mapping[str, int]
 

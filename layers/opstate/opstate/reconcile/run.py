@@ -37,10 +37,16 @@ from dataclasses import dataclass
 from functools import partial
 
 from opstate.config import Settings, parse_overdue
-from opstate.events import EventError, InvalidEventError, UnsupportedEventError, check_future_skew
+from opstate.domain.events import (
+    EventError,
+    InvalidEventError,
+    UnsupportedEventError,
+    check_future_skew,
+)
+from opstate.domain.model import Decision, OpEvent, OpRecord
+from opstate.domain.names import GOOGLE_CLOUD, Backend, backend_of
+from opstate.domain.reducer import apply_event
 from opstate.ingest import Ingested, ingest_counted
-from opstate.model import Decision, OpEvent, OpRecord
-from opstate.names import GOOGLE_CLOUD, Backend, backend_of
 from opstate.observability import (
     count,
     log_decision,
@@ -68,7 +74,6 @@ from opstate.reconcile.tally import (
     RunResult,
     Tally,
 )
-from opstate.reducer import apply_event
 from opstate.store.port import Due, PollingStore, RetryableError, StoreUnavailableError
 
 # Batch jobs asked per discovery page (the API caps it; fewer may come back).

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from opstate.config import DEFAULT_OVERDUE_HOURS, ReconcileSettings, parse_overdue
-from opstate.model import OpRecord
-from opstate.names import Kind
-from opstate.states import State
+from opstate.domain.model import OpRecord
+from opstate.domain.names import Kind
+from opstate.domain.states import State
 from opstate.store.port import PollState
 
 NS = 1_000_000_000

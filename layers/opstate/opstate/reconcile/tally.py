@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from opstate.model import Decision, OpRecord
+from opstate.domain.model import Decision, OpRecord
 from opstate.observability import count, logger, metrics
 from opstate.reconcile.schedule import Mark
 from opstate.store.port import PollState

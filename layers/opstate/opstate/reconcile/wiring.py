@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 
 from opstate.config import ConfigError, Settings
-from opstate.model import OpEvent, OpRecord
+from opstate.domain.model import OpEvent, OpRecord
 from opstate.observability import logger
 from opstate.outcomes.redrive import redrive
 from opstate.reconcile.cloud_gateway import GoogleCloudGateway

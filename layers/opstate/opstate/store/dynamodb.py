@@ -32,7 +32,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from opstate.config import DEFAULT_RETENTION_DAYS
-from opstate.model import OpRecord
+from opstate.domain.model import OpRecord
 from opstate.store.dynamodb_client import (
     CLIENT_CONFIG,
     CONDITION_FAILED,

@@ -20,7 +20,7 @@ from botocore.exceptions import (
     NoCredentialsError,
 )
 
-from opstate.model import OpRecord
+from opstate.domain.model import OpRecord
 from opstate.store.port import RecordRejectedError, StoreUnavailableError
 
 # The retry policy of every client this module builds: standard mode (exponential backoff with

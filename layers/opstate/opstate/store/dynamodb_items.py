@@ -45,10 +45,10 @@ from decimal import Decimal
 from typing import Any
 
 from opstate.config import DEFAULT_OPEN_INDEX_SHARDS, DEFAULT_RETENTION_DAYS
-from opstate.model import OpRecord
-from opstate.states import parse_state
+from opstate.domain.model import OpRecord
+from opstate.domain.states import parse_state
+from opstate.domain.times import format_time
 from opstate.store.port import ArchiveState, PollState, expires_at, initial_due
-from opstate.times import format_time
 
 DEFAULT_SHARDS = DEFAULT_OPEN_INDEX_SHARDS
 # The archive queue's shards: fixed (a queue key is written once per archive, and changing the

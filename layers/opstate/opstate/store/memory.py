@@ -6,7 +6,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
-from opstate.model import OpRecord
+from opstate.domain.model import OpRecord
 from opstate.store.port import (
     WRITTEN,
     ArchiveEntry,

@@ -11,9 +11,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from opstate.details import InvalidDetailsError, check
-from opstate.model import OpRecord
-from opstate.times import NS_PER_SECOND
+from opstate.domain.details import InvalidDetailsError, check
+from opstate.domain.model import OpRecord
+from opstate.domain.times import NS_PER_SECOND
 
 SECONDS_PER_DAY = 86_400
 

@@ -49,9 +49,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from opstate.config import DEFAULT_RETENTION_DAYS
-from opstate.model import OpRecord
+from opstate.domain.model import OpRecord
+from opstate.domain.states import parse_state
 from opstate.private_files import create_private_empty_file
-from opstate.states import parse_state
 from opstate.store.port import (
     WRITTEN,
     ArchiveEntry,

@@ -21,7 +21,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from opstate.strict_json import dumps
+from opstate.domain.strict_json import dumps
 from opstate.waiters.model import MAX_ERROR_LENGTH, Target, Waiter
 from opstate.waiters.port import CallbackGoneError, CallbackRetryableError
 

@@ -19,8 +19,8 @@ from typing import Any, NoReturn
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from opstate.domain.times import NS_PER_SECOND
 from opstate.store.dynamodb_client import is_unavailable, make_client
-from opstate.times import NS_PER_SECOND
 from opstate.waiters.model import COUNTER_ID, Target, Waiter, When
 from opstate.waiters.port import TooManyWaitersError, WaiterStoreUnavailableError
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final
 
-from opstate.model import OpRecord
-from opstate.states import State
-from opstate.strict_json import dumps
-from opstate.times import format_time
-from opstate.views import record_to_json
+from opstate.domain.model import OpRecord
+from opstate.domain.states import State
+from opstate.domain.strict_json import dumps
+from opstate.domain.times import format_time
+from opstate.domain.views import record_to_json
 
 
 class When(StrEnum):

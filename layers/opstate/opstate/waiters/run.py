@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from opstate.model import OpRecord
+from opstate.domain.model import OpRecord
 from opstate.observability import count, log_fields, logger
 from opstate.store.port import Store
 from opstate.waiters.enabled import NOT_ENABLED_CODE, TargetNotEnabledError

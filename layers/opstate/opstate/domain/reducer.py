@@ -3,7 +3,7 @@
 ``apply_event(current, event)`` reads no clock and does no I/O. It can only move an operation
 forward: by rank, then, within a rank, by strictly newer server time. Terminal states are
 absorbing and the first terminal state wins. The types it works on (``OpEvent``, ``OpRecord``,
-``Decision``, ``Reason``) live in ``opstate.model``.
+``Decision``, ``Reason``) live in ``opstate.domain.model``.
 
 Details belong to a state. On every applied event the next record's details are:
 
@@ -27,9 +27,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from opstate import details as details_rules
-from opstate.model import Decision, OpEvent, OpRecord, Reason
-from opstate.states import is_terminal, rank
+from opstate.domain import details as details_rules
+from opstate.domain.model import Decision, OpEvent, OpRecord, Reason
+from opstate.domain.states import is_terminal, rank
 
 # Detail keys that describe the state they arrived with: cleared when the state changes.
 STATE_SCOPED_KEYS: frozenset[str] = frozenset(

@@ -2,9 +2,9 @@
 (``OpRecord``) and the reducer's verdict (``Decision``, with its ``Reason``).
 
 Pure data: no clock, no I/O, no AWS, HTTP or Gemini code. What builds them lives elsewhere:
-the normalisers (``opstate.events``) make events, the reducer (``opstate.reducer``) makes
-decisions and the records they carry, the stores keep records. Every layer above imports these
-types from here.
+the normalisers (``opstate.domain.events``) make events, the reducer
+(``opstate.domain.reducer``) makes decisions and the records they carry, the stores keep
+records. Every layer above imports these types from here.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from opstate.names import Kind, kind_of
-from opstate.states import State, is_terminal, rank
-from opstate.times import check_ns
+from opstate.domain.names import Kind, kind_of
+from opstate.domain.states import State, is_terminal, rank
+from opstate.domain.times import check_ns
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,10 +28,10 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from opstate.details import InvalidDetailsError
-from opstate.details import check as check_details
-from opstate.model import OpEvent
-from opstate.names import (
+from opstate.domain.details import InvalidDetailsError
+from opstate.domain.details import check as check_details
+from opstate.domain.model import OpEvent
+from opstate.domain.names import (
     GOOGLE_CLOUD,
     VIDEO_DETAIL,
     InvalidNameError,
@@ -41,9 +41,9 @@ from opstate.names import (
     kind_of,
     parse_name,
 )
-from opstate.states import State, UnknownStateError, parse_state
-from opstate.strict_json import InvalidJSONError, loads
-from opstate.times import NS_PER_SECOND, InvalidTimeError, format_time, parse_time
+from opstate.domain.states import State, UnknownStateError, parse_state
+from opstate.domain.strict_json import InvalidJSONError, loads
+from opstate.domain.times import NS_PER_SECOND, InvalidTimeError, format_time, parse_time
 
 
 class Source(StrEnum):

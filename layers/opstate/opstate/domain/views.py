@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from opstate.model import Decision, OpRecord
-from opstate.names import backend_of
-from opstate.times import format_time
+from opstate.domain.model import Decision, OpRecord
+from opstate.domain.names import backend_of
+from opstate.domain.times import format_time
 
 # The details key a batch's progress is kept under (``metadata.batchStats``, by the gateway).
 PROGRESS_DETAIL = "batch_stats"
