@@ -51,6 +51,9 @@ from opstate.domain.times import format_time
 from opstate.store.port import ArchiveState, PollState, expires_at, initial_due
 
 DEFAULT_SHARDS = DEFAULT_OPEN_INDEX_SHARDS
+# The two sparse GSIs (template.yaml names them the same): the open operations, the archive queue.
+OPEN_INDEX = "open-index"
+ARCHIVE_INDEX = "archive-index"
 # The archive queue's shards: fixed (a queue key is written once per archive, and changing the
 # count would strand the keys written under the old one).
 ARCHIVE_QUEUE_SHARDS = 4
