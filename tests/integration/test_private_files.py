@@ -3,13 +3,18 @@
 One rule for every secret file (the API token file, the webhook secret file): as long as the
 variable must be, owned by the current user, not readable or writable by group or others, not
 a symlink; otherwise ``opstate serve`` refuses to start with one sentence naming the file and
-the fix. ``.opstate/`` is created 0700, the SQLite store and its quarantine 0600.
+the fix. ``.opstate/`` is created 0700, the SQLite store and its quarantine 0600 — without
+ever opening a database file that exists (issue 30: that drops the process's SQLite locks).
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +22,7 @@ import pytest
 from opstate.api_token import resolve_api_token
 from opstate.config import Settings
 from opstate.local.secret_file import resolve_secrets
-from opstate.private_files import UnsafeFileError, read_private_file
+from opstate.private_files import UnsafeFileError, create_database_file, read_private_file
 from opstate.quarantine import local_quarantine
 from opstate.store import store_from_url
 from opstate.webhook_secrets import SecretFileReader, generate_secret, read_secret_file
@@ -35,6 +40,16 @@ def private(path: Path, text: str, mode: int = 0o600) -> Path:
 
 def mode_of(path: Path) -> int:
     return stat.S_IMODE(path.lstat().st_mode)
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    """The usual umask (files 0644 unless made private), restored after the test."""
+    before = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(before)
 
 
 def test_a_token_file_shorter_than_the_variable_allows_is_refused(tmp_path: Path) -> None:
@@ -126,10 +141,9 @@ def test_serve_refuses_to_start_with_one_sentence_naming_the_file(tmp_path: Path
 
 
 def test_opstate_folder_store_and_quarantine_are_private(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, umask_022: None
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    os.umask(0o022)
     store = store_from_url("sqlite:///.opstate/ops.db")
     try:
         quarantine = local_quarantine("sqlite:///.opstate/ops.db")
@@ -169,3 +183,61 @@ def test_opstate_webhooks_refuses_an_unsafe_secret_file_too(tmp_path: Path) -> N
     with pytest.raises(CliError, match="chmod 600"):
         target.update(lambda keys: [generate_secret(), *keys])
     assert mode_of(path) == 0o664  # nothing written
+
+
+def test_a_new_database_file_is_private_and_nothing_else_is_left(
+    tmp_path: Path, umask_022: None
+) -> None:
+    path = tmp_path / "new" / "ops.db"
+    create_database_file(path)
+    assert mode_of(path.parent) == 0o700 and mode_of(path) == 0o600
+    assert path.stat().st_size == 0 and path.stat().st_nlink == 1
+    assert os.listdir(path.parent) == ["ops.db"]  # the temporary name is gone
+
+
+def test_an_existing_database_file_or_symlink_is_left_as_it_is(tmp_path: Path) -> None:
+    mine = private(tmp_path / "mine.db", "SQLite format 3\x00", 0o644)
+    create_database_file(mine)
+    assert (mode_of(mine), mine.read_text()) == (0o644, "SQLite format 3\x00")
+    link = tmp_path / "link.db"
+    link.symlink_to(tmp_path / "elsewhere.db")
+    create_database_file(link)
+    assert link.is_symlink() and not (tmp_path / "elsewhere.db").exists()
+    assert sorted(os.listdir(tmp_path)) == ["link.db", "mine.db"]
+
+
+_TRY_LOCK = textwrap.dedent(
+    """
+    import fcntl, os, sys
+    fd = os.open(sys.argv[1], os.O_RDWR)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+    except OSError:
+        print("held")
+    else:
+        print("free")
+    """
+)
+
+
+def test_a_database_file_this_process_holds_keeps_its_locks(tmp_path: Path) -> None:
+    """A POSIX lock (SQLite's kind) is dropped when the process closes any descriptor of the
+    file: creating the file must not open it when it exists (issue 30)."""
+    import fcntl
+
+    path = tmp_path / "ops.db"
+    create_database_file(path)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_SH, 1, 0)
+        create_database_file(path)  # the store, then the quarantine and the waiters on it
+        other = subprocess.run(
+            [sys.executable, "-c", _TRY_LOCK, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        assert other.stdout.strip() == "held"
+    finally:
+        os.close(fd)

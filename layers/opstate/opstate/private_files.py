@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -91,14 +92,49 @@ def make_private_dir(path: Path) -> None:
         path.mkdir(mode=PRIVATE_DIR_MODE, parents=True)
 
 
-def create_private_empty_file(path: Path) -> None:
-    """Make sure ``path`` exists, creating it empty with mode 0600 (never following a symlink,
-    never truncating), so a database created in it next is private from the first byte."""
+_CREATE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def create_database_file(path: Path) -> None:
+    """Create ``path`` empty with mode 0600 when nothing is there (not even a symlink), so the
+    SQLite database created in it next is private from its first byte; never opens ``path``.
+
+    SQLite's locks are POSIX advisory locks, which a process loses on every descriptor of a
+    file as soon as it closes any descriptor of it. Opening and closing the database file here
+    while a connection of this process holds it (the store, then the quarantine or the waiters
+    on the same file) would drop that connection's locks: another process's closing connection
+    then believes it is the last one, checkpoints and deletes the ``-wal`` and ``-shm`` under
+    the living ones, and acknowledged writes are lost (issue 30). So the file is made under a
+    unique temporary name, closed, and only then hard-linked to ``path`` (which fails, leaving
+    it alone, if ``path`` appeared meanwhile); no descriptor of this process ever refers to
+    the inode while it has that name. Where hard links are not supported, ``O_EXCL`` creates
+    ``path`` itself, a new inode (only a connection another thread of this process opened in
+    the instant between that create and its close could be hurt). Failures are left to the
+    database open that follows (it says why: a symlink's target, a folder not writable).
+    """
     make_private_dir(path.parent)
+    if os.path.lexists(path):
+        return
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(8)}.new")
     try:
-        fd = os.open(
-            path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE_MODE
-        )
+        fd = os.open(temp, _CREATE_NEW, PRIVATE_FILE_MODE)
     except OSError:
-        return  # a symlink or unwritable: the database open that follows says why
+        return
+    os.close(fd)
+    try:
+        os.link(temp, path)
+    except FileExistsError:
+        pass  # another process created it first: theirs is the database
+    except OSError:
+        _create_in_place(path)  # no hard links on this file system
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+
+
+def _create_in_place(path: Path) -> None:
+    try:
+        fd = os.open(path, _CREATE_NEW, PRIVATE_FILE_MODE)
+    except OSError:
+        return  # it exists now, or cannot be created: left to SQLite
     os.close(fd)

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from opstate.config import DEFAULT_QUARANTINE_MAX_BYTES, DEFAULT_QUARANTINE_MAX_ENTRIES
 from opstate.domain.strict_json import InvalidJSONError, loads
 from opstate.domain.times import format_time
-from opstate.private_files import create_private_empty_file
+from opstate.private_files import create_database_file
 from opstate.store.port import RetryableError
 
 if TYPE_CHECKING:
@@ -422,7 +422,7 @@ class SQLiteQuarantine:
         self.busy_timeout_s = busy_timeout_s
         self.bounds = bounds if bounds is not None else Bounds()
         self._lock = threading.Lock()
-        create_private_empty_file(self.path)
+        create_database_file(self.path)  # 0600 from the first byte, never opened here
         with self._connect() as conn:
             conn.execute(_SCHEMA)
             self._migrate(conn)

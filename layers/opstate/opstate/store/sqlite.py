@@ -51,7 +51,7 @@ from typing import Any, NoReturn
 from opstate.config import DEFAULT_RETENTION_DAYS
 from opstate.domain.model import OpRecord
 from opstate.domain.states import parse_state
-from opstate.private_files import create_private_empty_file
+from opstate.private_files import create_database_file
 from opstate.store.port import (
     WRITTEN,
     ArchiveEntry,
@@ -164,7 +164,7 @@ class SQLiteStore:
         self._lock = threading.Lock()
         self._connections: list[sqlite3.Connection] = []
         self._generation = 0
-        create_private_empty_file(self.path)  # 0600 from the first byte (private_files)
+        create_database_file(self.path)  # 0600 from the first byte, never opened here
         conn = self._conn()
         try:
             self._with_lock_retry(lambda: conn.executescript(_SCHEMA))

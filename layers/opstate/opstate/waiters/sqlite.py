@@ -12,6 +12,7 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from opstate.private_files import create_database_file
 from opstate.waiters.model import Target, Waiter, When
 from opstate.waiters.port import TooManyWaitersError, WaiterStoreUnavailableError
 
@@ -34,6 +35,7 @@ class SQLiteWaiterStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        create_database_file(self.path)  # 0600 from the first byte, never opened here
         with self._conn() as conn:
             conn.executescript(_SCHEMA)
 
