@@ -13,7 +13,10 @@ One module per concern:
 - ``pacing``: clock, token-bucket rate limit, shared backoff and breaker, time budget;
 - ``schedule``: when an operation is next due, and when it is lost or overdue (pure);
 - ``run``: one run, ``reconcile_once``, reporting through ``on_decision``; one operation's
-  poll now, ``refresh_one`` (the same poll code, without the schedule);
+  poll now, ``refresh_one`` (the same poll code, without the schedule); its phases:
+  ``discovery`` (webhook health, the batch listings), ``polling`` (the due entries, one
+  operation's poll), ``lanes`` (one per backend: rate limit, backoff, breaker, refusal) and
+  ``runner`` (what the phases share: stop, report, pace, ingest);
 - ``poll_writer``: writing what a poll decided (the next ``PollState`` with a batch's
   progress, polled or listed, each lost / overdue mark in its own write);
 - ``tally``: what a run reports: ``RunResult``, ``MarkDecision``, its counters and metrics;

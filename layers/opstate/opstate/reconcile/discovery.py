@@ -1,0 +1,130 @@
+"""The first two phases of a run: webhook health, then discovery.
+
+- ``check_webhooks``: every webhook not ``enabled`` is an error line; their number is the
+  ``WebhooksDisabled`` metric of every run whose listing succeeded (0 included).
+- ``discover``: up to ``reconcile_max_pages`` pages of batch jobs from the Gemini API, then as
+  many from each Google Cloud scope, every job ingested (a batch made by any tool gets a
+  record). What it read (name -> record after, and the progress listed) lets polling reschedule
+  those entries without another request. A refused Cloud lane stops the Cloud listing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
+from opstate.domain.events import EventError, UnsupportedEventError
+from opstate.domain.model import OpEvent
+from opstate.observability import count, logger
+from opstate.reconcile.gateway import AuthError, GatewayError, Listed
+from opstate.reconcile.poll_writer import Discovered, progress_of
+from opstate.reconcile.runner import Run
+
+# Batch jobs asked per discovery page (the API caps it; fewer may come back).
+DISCOVERY_PAGE_SIZE = 100
+
+
+def check_webhooks(run: Run) -> None:
+    if not run.budget.left():
+        run.stop("budget")
+        return
+    try:
+        webhooks = run.gateway.webhooks()
+    except GatewayError as exc:
+        run.error("webhook listing failed", exc.sentence, status=exc.status, error=exc.message)
+        return
+    disabled = 0
+    for webhook in webhooks:
+        if webhook.state is None:
+            logger.warning("webhook without a state", extra={"webhook_id": webhook.id})
+        elif webhook.state != "enabled":
+            disabled += 1
+            logger.error(
+                "webhook not enabled",
+                extra={
+                    "webhook": webhook.name or webhook.id,
+                    "webhook_name": webhook.name,
+                    "webhook_id": webhook.id,
+                    "webhook_state": webhook.state,
+                },
+            )
+    count("WebhooksDisabled", disabled)
+
+
+def discover(run: Run, pool: ThreadPoolExecutor) -> dict[str, Discovered]:
+    """Ingest up to ``reconcile_max_pages`` pages of batch jobs from the Gemini API, then as
+    many from each Google Cloud scope; name -> record after, and its progress."""
+    seen: dict[str, Discovered] = {}
+    if run.settings.reconcile_max_pages <= 0:
+        return seen
+    discover_pages(run, pool, partial(run.gateway.batch_pages, DISCOVERY_PAGE_SIZE), seen)
+    for scope in run.cloud.scopes:
+        if run.stop_reason is not None or run.google_cloud.refused:
+            break
+        try:
+            discover_pages(
+                run,
+                pool,
+                partial(run.cloud.batch_pages, scope, DISCOVERY_PAGE_SIZE),
+                seen,
+                scope="/".join(scope),
+            )
+        except AuthError as exc:
+            run.refused(run.google_cloud, exc, "discover")
+    return seen
+
+
+def discover_pages(
+    run: Run,
+    pool: ThreadPoolExecutor,
+    pages: Callable[[], Iterator[Sequence[Listed]]],
+    seen: dict[str, Discovered],
+    scope: str | None = None,
+) -> None:
+    """One listing's pages into ``seen`` (``AuthError`` escapes, other failures count)."""
+    if not run.budget.left():
+        run.stop("budget")
+        return
+    read = 0
+    try:
+        for page in pages():
+            read += 1
+            for name, discovered in pool.map(partial(ingest_job, run), page):
+                if name is not None:
+                    seen[name] = discovered
+            if read >= run.settings.reconcile_max_pages:
+                break
+            if not run.budget.left():
+                run.stop("budget")
+                break
+    except AuthError:
+        raise
+    except GatewayError as exc:
+        context = {"status": exc.status, "error": exc.message}
+        run.error(
+            "batch discovery failed",
+            exc.sentence,
+            **context,
+            **({"scope": scope} if scope else {}),
+        )
+
+
+def ingest_job(run: Run, listed: tuple[str, OpEvent | EventError]) -> tuple[str | None, Discovered]:
+    raw_name, answer = listed
+    run.tally.add(discovered=1)
+    if isinstance(answer, UnsupportedEventError):
+        run.unsupported(answer, raw_name, "discover")
+        return None, Discovered(None)
+    if not isinstance(answer, EventError):
+        answer = run.skewed(answer)
+    if isinstance(answer, EventError):
+        run.error("batch job refused", name=raw_name, code=answer.code, error=answer.message)
+        return None, Discovered(None)
+    try:
+        decision = run.ingest(answer, "discover")
+    except Exception as exc:
+        run.error("ingest failed", name=answer.name, error=f"{type(exc).__name__}: {exc}")
+        return None, Discovered(None)
+    record = decision.record if decision is not None else None
+    return answer.name, Discovered(record, progress_of(answer))
