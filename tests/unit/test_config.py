@@ -47,6 +47,13 @@ def test_store_numbers_are_read() -> None:
     assert settings.ingest_max_attempts == 3
 
 
+def test_the_results_line_cap_is_read_within_its_bounds() -> None:
+    assert Settings.from_env({}).results_max_line_mib == 32
+    for value in (1, 256):
+        read = Settings.from_env({"OPSTATE_RESULTS_MAX_LINE_MIB": str(value)})
+        assert read.results_max_line_mib == value
+
+
 @pytest.mark.parametrize(
     ("key", "value"),
     [
@@ -56,6 +63,9 @@ def test_store_numbers_are_read() -> None:
         ("OPSTATE_RETENTION_DAYS", "-1"),
         ("OPSTATE_INGEST_MAX_ATTEMPTS", "many"),
         ("OPSTATE_INGEST_MAX_ATTEMPTS", "0"),
+        ("OPSTATE_RESULTS_MAX_LINE_MIB", "0"),
+        ("OPSTATE_RESULTS_MAX_LINE_MIB", "257"),
+        ("OPSTATE_RESULTS_MAX_LINE_MIB", "1.5"),
     ],
 )
 def test_bad_numbers_raise_config_error_naming_the_variable(key: str, value: str) -> None:

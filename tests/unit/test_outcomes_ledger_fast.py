@@ -185,3 +185,80 @@ def test_a_line_too_deep_for_json_is_unreadable_not_a_crash(use_msgspec: bool) -
     ledger.feed(deep + b"\n" + b'{"response": {}}\n')
     ledger.finish()
     assert ledger.rows.as_dict() == {"total": 2, "succeeded": 1, "failed": 0, "unreadable": 1}
+
+
+def capped_reference(data: bytes, max_line_bytes: int) -> dict[str, Any]:
+    """Counts by the definition with a line cap: a line longer than ``max_line_bytes`` (without
+    its newline, whatever it holds) is one unreadable row; the others as ``reference``."""
+    kept: list[bytes] = []
+    long_lines = 0
+    for raw in data.split(b"\n"):
+        if len(raw) > max_line_bytes:
+            long_lines += 1
+        else:
+            kept.append(raw)
+    out = reference(b"\n".join(kept))
+    out["rows"]["total"] += long_lines
+    out["rows"]["unreadable"] += long_lines
+    return out
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    lines,
+    st.lists(st.integers(min_value=0), max_size=12),
+    st.booleans(),
+    st.integers(min_value=1, max_value=48),
+)
+@example([b"x" * 10, b'{"response": {}}', b" " * 30, b"y" * 100], [3, 5, 60], False, 16)
+@pytest.mark.parametrize("use_msgspec", [True, False], ids=["msgspec", "stdlib"])
+def test_a_line_past_the_cap_is_one_unreadable_row_however_it_is_cut(
+    use_msgspec: bool, rows: list[bytes], cuts: list[int], trailing: bool, cap: int
+) -> None:
+    data = b"\n".join(rows) + (b"\n" if trailing else b"")
+    ledger = BatchLedger(use_msgspec=use_msgspec, max_line_bytes=cap)
+    for piece in chunked(data, cuts):
+        ledger.feed(piece)
+        assert len(ledger._rest) <= cap  # never more than the cap held between chunks
+    ledger.finish()
+    expected = capped_reference(data, cap)
+    assert ledger.rows.as_dict() == expected["rows"]
+    assert ledger.errors == expected["errors"]
+    assert ledger.usage == expected["usage"]
+    assert (ledger.size, ledger.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+
+
+@pytest.mark.parametrize("use_msgspec", [True, False], ids=["msgspec", "stdlib"])
+def test_a_line_without_a_newline_is_read_past_in_bounded_memory(use_msgspec: bool) -> None:
+    import tracemalloc
+
+    mib = 1024 * 1024
+    ledger = BatchLedger(use_msgspec=use_msgspec, max_line_bytes=mib)
+    chunk = b"z" * mib
+    tracemalloc.start()
+    try:
+        for _ in range(64):  # 64 MiB without a newline, in the SDK's 1 MiB chunks
+            ledger.count(chunk)
+        ledger.count(b'\n{"status": {"code": 8}}\n{"response": {}}')
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    ledger.finish()
+    assert peak < 4 * mib, f"peak {peak / mib:.1f} MiB"
+    assert ledger.rows.as_dict() == {"total": 3, "succeeded": 1, "failed": 1, "unreadable": 1}
+    assert ledger.errors == {"8": 1}
+
+
+def test_codes_are_cut_and_counted_apart_only_up_to_a_bound() -> None:
+    from opstate.outcomes.plan import MAX_CODE_CHARS, MAX_COUNTED_CODES, OTHER_CODES
+
+    ledger = BatchLedger()
+    long_code = "E" * 5000
+    rows = [{"status": {"code": long_code}}, {"status": {"code": long_code + "x"}}]
+    rows += [{"error": {"code": f"c{i}"}} for i in range(MAX_COUNTED_CODES + 50)]
+    ledger.feed(b"".join(json.dumps(r).encode() + b"\n" for r in rows))
+    ledger.finish()
+    assert ledger.errors["E" * MAX_CODE_CHARS] == 2  # one code: the same first characters
+    assert len(ledger.errors) == MAX_COUNTED_CODES + 1  # and "other"
+    assert ledger.errors[OTHER_CODES] == 51
+    assert sum(ledger.errors.values()) == ledger.rows.failed == len(rows)

@@ -115,8 +115,8 @@ def _str(env: Mapping[str, str], key: str) -> str | None:
     return raw.strip()
 
 
-def _bounded_int(env: Mapping[str, str], key: str, maximum: int) -> int | None:
-    value = _int(env, key, minimum=0)
+def _bounded_int(env: Mapping[str, str], key: str, maximum: int, minimum: int = 0) -> int | None:
+    value = _int(env, key, minimum=minimum)
     if value is not None and value > maximum:
         raise ConfigError(f"{key} must be at most {maximum}, got {value}")
     return value
@@ -417,6 +417,8 @@ class ResultsSettings(_Part):
     # Per-read timeout of a download (seconds) and the S3 multipart part size (MiB).
     results_http_timeout_s: float = 60.0
     results_part_mib: int = 8
+    # The longest batch-output line counted (MiB); a longer one is an unreadable row.
+    results_max_line_mib: int = 32
     # Failed copies are retried after this (seconds, doubled per attempt up to 1 hour).
     results_retry_s: float = 60.0
     # How long a claim on one archive holds off other archivers (seconds).
@@ -439,6 +441,7 @@ class ResultsSettings(_Part):
             results_warn_s=_scaled(3600.0, _float(env, "OPSTATE_RESULTS_WARN_HOURS", 0.0, 48.0)),
             results_http_timeout_s=_float(env, "OPSTATE_RESULTS_HTTP_TIMEOUT_SECONDS", 0.001),
             results_part_mib=_bounded_int(env, "OPSTATE_RESULTS_PART_MIB", 1024),
+            results_max_line_mib=_bounded_int(env, "OPSTATE_RESULTS_MAX_LINE_MIB", 256, 1),
             results_retry_s=_float(env, "OPSTATE_RESULTS_RETRY_SECONDS", 1.0, 3600.0),
             results_lease_s=_float(env, "OPSTATE_RESULTS_LEASE_SECONDS", 1.0),
             archiver_function=_str(env, "OPSTATE_ARCHIVER_FUNCTION"),

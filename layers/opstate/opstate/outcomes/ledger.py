@@ -5,12 +5,16 @@ A batch output is JSON Lines, one line per request: ``{"key", "response": {...}}
 request that succeeded, ``{"key", "status"|"error": {"code", "message"}}`` (a
 ``google.rpc.Status``) for one that failed. ``BatchLedger.feed`` takes the bytes in whatever
 chunks they arrive (a line may be cut anywhere, even inside a UTF-8 sequence) and keeps only the
-unfinished last line between calls, so memory is bounded by the longest line, never the file:
+unfinished last line between calls, at most ``max_line_bytes`` of it, so memory is bounded by
+that cap, never by the file or its longest line:
 
 - rows: ``total`` (non-blank lines), ``succeeded`` (a line with a ``response`` object),
   ``failed`` (a line with a ``status`` or ``error`` object and no ``response``), ``unreadable``
-  (anything else: not JSON, not an object, neither shape);
-- ``errors``: failed rows by their error ``code`` (``"unknown"`` when it has none);
+  (anything else: not JSON, not an object, neither shape; and any line longer than
+  ``max_line_bytes``, whatever it holds: it is read past, never held);
+- ``errors``: failed rows by their error ``code`` (``"unknown"`` when it has none; a code is
+  cut to ``plan.MAX_CODE_CHARS`` characters, and after ``plan.MAX_COUNTED_CODES`` different
+  codes a new one counts under ``"other"``);
 - ``usage``: the sum over succeeded rows of ``response.usageMetadata``'s six token counts
   (``USAGE_FIELDS``; a missing or non-integer field counts 0);
 - ``size`` (bytes) and ``sha256`` of everything fed.
@@ -34,6 +38,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from opstate.outcomes.plan import MAX_CODE_CHARS, MAX_COUNTED_CODES, OTHER_CODES
+
 try:
     from opstate.outcomes.ledger_rows import ROW_ERRORS, USAGE_GETTERS, Row, decode_row
 
@@ -50,6 +56,9 @@ USAGE_FIELDS = (
     "totalTokenCount",
 )
 UNKNOWN_CODE = "unknown"
+# The longest line counted (bytes, without its newline); a longer one is an unreadable row
+# (``OPSTATE_RESULTS_MAX_LINE_MIB``).
+DEFAULT_MAX_LINE_BYTES = 32 * 1024 * 1024
 # One decoder, bound once: json.loads would re-check its arguments and sniff the encoding of
 # bytes on every line.
 _decoder = json.JSONDecoder()
@@ -73,11 +82,11 @@ def _count(value: object) -> int:
 
 
 def _code(code: object) -> str:
-    """The key a failed row's ``status.code`` is counted under."""
+    """The key a failed row's ``status.code`` is counted under (at most ``MAX_CODE_CHARS``)."""
     if isinstance(code, bool) or code is None:
         return UNKNOWN_CODE
     if isinstance(code, int | str) and str(code).strip():
-        return str(code).strip()
+        return str(code).strip()[:MAX_CODE_CHARS]
     return UNKNOWN_CODE
 
 
@@ -136,7 +145,11 @@ class BatchLedger(Digest):
     rows: Rows = field(default_factory=Rows)
     errors: dict[str, int] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_FIELDS, 0))
+    # A line longer than this (bytes, without its newline) is one unreadable row.
+    max_line_bytes: int = field(default=DEFAULT_MAX_LINE_BYTES, repr=False)
     _rest: bytearray = field(default_factory=bytearray, repr=False)
+    # The unfinished line is past max_line_bytes: read past until its newline, not kept.
+    _overlong: bool = field(default=False, repr=False)
     _finished: bool = False
     # Read lines with msgspec (when installed); False: the stdlib way (tests run both).
     use_msgspec: bool = field(default=HAVE_MSGSPEC, repr=False)
@@ -152,16 +165,19 @@ class BatchLedger(Digest):
         """Count the lines the next bytes complete (the sha256 and size are ``digest``'s).
 
         Only the unfinished line before the chunk's first newline and after its last one is
-        copied; the whole lines between are read in place."""
+        copied, and only while it is within ``max_line_bytes``; the whole lines between are
+        read in place."""
         if self._finished:
             raise ValueError("the ledger is finished")
         data = chunk if type(chunk) is bytes else bytes(chunk)
         first = data.find(b"\n")
         if first < 0:
-            self._rest += data
+            self._hold(data, 0)
             return
         ascii_only = data.isascii()
-        if self._rest:
+        if self._overlong or len(self._rest) + first > self.max_line_bytes:
+            self._read_past()
+        elif self._rest:
             self._rest += data[:first]
             line = bytes(self._rest)
             self._rest.clear()
@@ -172,12 +188,35 @@ class BatchLedger(Digest):
         if last > first + 1:
             self._lines(data, first + 1, last, ascii_only)
         if last + 1 < len(data):
-            self._rest += data[last + 1 :]
+            self._hold(data, last + 1)
+
+    def _hold(self, data: bytes, start: int) -> None:
+        """Keep ``data[start:]``, the start of an unfinished line, unless the line has grown
+        past ``max_line_bytes``: then it is dropped and read past until its newline."""
+        if self._overlong:
+            return
+        if len(self._rest) + len(data) - start > self.max_line_bytes:
+            self._rest = bytearray()  # frees what it held
+            self._overlong = True
+        elif start:
+            self._rest += data[start:]
+        else:
+            self._rest += data
+
+    def _read_past(self) -> None:
+        """The line being read past (longer than ``max_line_bytes``) ended: one unreadable
+        row."""
+        self._rest = bytearray()
+        self._overlong = False
+        self.rows.total += 1
+        self.rows.unreadable += 1
 
     def finish(self) -> BatchLedger:
         """Account for a last line without a newline; the ledger is complete."""
         if not self._finished:
-            if self._rest:
+            if self._overlong:
+                self._read_past()
+            elif self._rest:
                 self.line(bytes(self._rest))
                 self._rest.clear()
             self._finished = True
@@ -185,8 +224,33 @@ class BatchLedger(Digest):
 
     def _lines(self, data: bytes, start: int, stop: int, ascii_only: bool) -> None:
         """Account for the complete lines of ``data[start:stop]`` (newline-separated, none at
-        the end). A block that is not UTF-8 is read line by line by the definition
-        (``line``); any other goes the fast way (see the module docstring)."""
+        the end). A block longer than ``max_line_bytes`` (a chunk larger than the cap: never
+        the SDK's 1 MiB) is first split around its lines past the cap."""
+        if stop - start > self.max_line_bytes:
+            self._split_long(data, start, stop, ascii_only)
+        else:
+            self._block(data, start, stop, ascii_only)
+
+    def _split_long(self, data: bytes, start: int, stop: int, ascii_only: bool) -> None:
+        """``_lines`` of a block that may hold lines past ``max_line_bytes``: each such line
+        is one unreadable row, the runs of lines between go to ``_block``."""
+        run = pos = start
+        while pos <= stop:
+            end = data.find(b"\n", pos, stop)
+            end = stop if end < 0 else end
+            if end - pos > self.max_line_bytes:
+                if pos - 1 > run:
+                    self._block(data, run, pos - 1, ascii_only)
+                self._read_past()
+                run = end + 1
+            pos = end + 1
+        if stop > run:
+            self._block(data, run, stop, ascii_only)
+
+    def _block(self, data: bytes, start: int, stop: int, ascii_only: bool) -> None:
+        """``_lines`` of a block whose lines are all within the cap. A block that is not UTF-8
+        is read line by line by the definition (``line``); any other goes the fast way (see
+        the module docstring)."""
         view = memoryview(data)[start:stop]
         if self.use_msgspec:
             if ascii_only or _is_utf8(view):
@@ -315,8 +379,10 @@ class BatchLedger(Digest):
 
     def _add_failed(self, code: object) -> None:
         self.rows.failed += 1
-        key = _code(code)
-        self.errors[key] = self.errors.get(key, 0) + 1
+        key, errors = _code(code), self.errors
+        if key not in errors and len(errors) >= MAX_COUNTED_CODES:
+            key = OTHER_CODES
+        errors[key] = errors.get(key, 0) + 1
 
 
 def _text(data: bytes | memoryview) -> str | None:

@@ -18,6 +18,11 @@ MAX_RETRY_S = 3600.0
 # Failed rows are counted by code for at most this many codes (the rest under "other").
 MAX_ERROR_CODES = 100
 OTHER_CODES = "other"
+# A code is counted under its first characters only, and the ledger tells at most this many
+# codes apart while it counts (a new code after them counts under "other"): its memory and
+# the archive state stay bounded whatever the output holds.
+MAX_CODE_CHARS = 64
+MAX_COUNTED_CODES = 1000
 _UNSAFE = re.compile(r"[^A-Za-z0-9._/-]")
 
 
