@@ -103,3 +103,68 @@ def test_s3_sink_names_a_missing_bucket() -> None:
         with pytest.raises(SinkError) as caught, sink.open("k", name="n"):
             pass
         assert "NoSuchBucket" in str(caught.value) and not caught.value.transient
+
+
+def test_folder_sink_reads_and_writes_only_under_its_root(tmp_path: Path) -> None:
+    root = tmp_path / "results"
+    sink = FileSink(root)
+    with sink.open("batches/a/1/output.jsonl", name="batches/a") as out:
+        out.write(b"mine")
+        stored = out.commit(sha(b"mine"))
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"not the results")
+    (root / "batches/a/1/link.txt").symlink_to(secret)
+    outside = [
+        f"{root.as_uri()}/../secret.txt",  # lexically under the root
+        f"{root.as_uri()}/batches/a/1/../../../../secret.txt",
+        (root / "batches/a/1/link.txt").as_uri(),  # a link out of the root
+        secret.as_uri(),
+        root.as_uri(),  # the root itself is no object
+        "file://elsewhere.example/results/batches/a/1/output.jsonl",
+        "s3://results/batches/a/1/output.jsonl",
+        "results/batches/a/1/output.jsonl",
+    ]
+    for location in outside:
+        with pytest.raises(SinkError) as caught:
+            list(sink.chunks(location))
+        assert not caught.value.transient, location
+        with pytest.raises(SinkError):
+            download(sink, location, tmp_path / "copy" / "x")
+    assert not (tmp_path / "copy" / "x").exists()
+    # By key: a link out is no object (read, head), and a folder leading out is never written.
+    (root / "batches/a/1/summary.json").symlink_to(secret)
+    assert sink.read("batches/a/1/summary.json", 100) is None
+    assert sink.head("batches/a/1/link.txt") is None
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (root / "batches/b").symlink_to(elsewhere)
+    with pytest.raises(SinkError, match="outside"), sink.open("batches/b/1/x", name="batches/b"):
+        pass
+    assert list(elsewhere.iterdir()) == []
+    assert sink.resolve(stored.location) == "batches/a/1/output.jsonl"
+    assert b"".join(sink.chunks(stored.location)) == b"mine"
+
+
+def test_s3_sink_reads_only_under_its_prefix(s3) -> None:  # type: ignore[no-untyped-def]
+    sink = S3Sink(BUCKET, "prefix", client=s3)
+    with sink.open("batches/a/1/output.jsonl", name="batches/a") as out:
+        out.write(b"mine")
+        stored = out.commit(sha(b"mine"))
+    s3.put_object(Bucket=BUCKET, Key="other/secret.txt", Body=b"not the results")
+    s3.create_bucket(Bucket="another")
+    s3.put_object(Bucket="another", Key="prefix/secret.txt", Body=b"not the results")
+    outside = [
+        f"s3://{BUCKET}/other/secret.txt",  # another prefix
+        f"s3://{BUCKET}/prefixx/secret.txt",
+        f"s3://{BUCKET}/prefix/../other/secret.txt",
+        f"s3://{BUCKET}/prefix//secret.txt",
+        f"s3://{BUCKET}/prefix/",
+        "s3://another/prefix/secret.txt",  # another bucket
+        f"file:///{BUCKET}/prefix/secret.txt",
+    ]
+    for location in outside:
+        with pytest.raises(SinkError) as caught:
+            list(sink.chunks(location))
+        assert not caught.value.transient and "outside" in str(caught.value), location
+    assert sink.resolve(stored.location) == "batches/a/1/output.jsonl"
+    assert b"".join(sink.chunks(stored.location)) == b"mine"

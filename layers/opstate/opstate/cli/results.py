@@ -63,16 +63,28 @@ def cmd_archive(args: argparse.Namespace) -> int:
 
 
 def _download(config: Any, view: dict[str, Any], dest: Path, summary_location: str) -> int:
-    from opstate.outcomes.sink import download
+    """Copy the archived objects and summary.json into ``dest``. Every location is resolved
+    first (``Sink.resolve``): one outside the results (``ROOT/../x``, a link out of the
+    folder, another bucket or prefix) refuses the whole download before anything is written."""
+    from pathlib import PurePosixPath
+
+    from opstate.outcomes.sink import SinkError, download
     from opstate.outcomes.wiring import results_url_for, sink_from_url
 
     sink = sink_from_url(results_url_for(config), config)
-    locations = [o["location"] for o in view["objects"] if o.get("location")]
+    locations = [str(o["location"]) for o in view["objects"] if o.get("location")]
     if summary_location:
         locations.append(summary_location)
-    for location in locations:
-        size = download(sink, location, dest / location.rsplit("/", 1)[-1])
-        out(f"{location} -> {dest / location.rsplit('/', 1)[-1]} ({size} bytes)")
+    try:
+        names = [PurePosixPath(sink.resolve(location)).name for location in locations]
+    except SinkError as exc:
+        raise CliError(f"nothing downloaded: {exc}") from None
+    for location, file_name in zip(locations, names, strict=True):
+        try:
+            size = download(sink, location, dest / file_name)
+        except (SinkError, OSError) as exc:
+            raise CliError(f"cannot copy {location} to {dest / file_name}: {exc}") from None
+        out(f"{location} -> {dest / file_name} ({size} bytes)")
     return EXIT_OK
 
 

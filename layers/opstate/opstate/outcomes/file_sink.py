@@ -1,6 +1,12 @@
 """The folder sink (``file:///ABS/PATH``): each object is written to a temporary name in its
 own directory, flushed to disk, then renamed into place (``os.replace``, atomic on one file
-system). A crash or an exception leaves at most a ``.*.tmp`` file, never the object."""
+system). A crash or an exception leaves at most a ``.*.tmp`` file, never the object.
+
+A location is read only after ``resolve``: its path with every ``..`` and link resolved must
+be under the root, so neither ``ROOT/../x`` nor a link under the root to a file elsewhere is
+ever read. By key the same holds: ``head`` and ``read`` see a link out of the root as no object
+(the copy then replaces the link itself, ``os.replace``), and ``open`` refuses to write into a
+folder that resolves outside the root."""
 
 from __future__ import annotations
 
@@ -56,11 +62,31 @@ class FileSink:
     def location(self, key: str) -> str:
         return self.path(key).as_uri()
 
+    def _inside(self, path: Path) -> bool:
+        """``path``, its links resolved, is under the root (not the root itself)."""
+        real = path.resolve()
+        return real != self.root and real.is_relative_to(self.root)
+
+    def _check_folder(self, key: str, folder: Path) -> None:
+        """Refuse to write ``key`` when ``folder`` (or its nearest existing ancestor) resolves
+        outside the root: a link planted under the root is never written through."""
+        existing = folder
+        while existing != self.root and not existing.exists():
+            existing = existing.parent
+        real = existing.resolve()
+        if real != self.root and not real.is_relative_to(self.root):
+            raise SinkError(
+                f"cannot write {key}: its folder {folder} leads outside {self.root}",
+                transient=False,
+            )
+
     @contextmanager
     def open(self, key: str, *, name: str) -> Iterator[_FileWriter]:
         target = self.path(key)
         try:
+            self._check_folder(key, target.parent)  # before mkdir creates anything through it
             target.parent.mkdir(parents=True, exist_ok=True)
+            self._check_folder(key, target.parent)
             temp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
             handle = temp.open("wb")
         except OSError as exc:
@@ -77,6 +103,8 @@ class FileSink:
     def head(self, key: str) -> StoredObject | None:
         target = self.path(key)
         try:
+            if not self._inside(target):
+                return None
             size = target.stat().st_size
         except FileNotFoundError:
             return None
@@ -87,6 +115,8 @@ class FileSink:
     def read(self, key: str, limit: int) -> bytes | None:
         target = self.path(key)
         try:
+            if not self._inside(target):
+                return None
             with target.open("rb") as handle:
                 return handle.read(limit)
         except FileNotFoundError:
@@ -94,10 +124,21 @@ class FileSink:
         except OSError as exc:
             raise SinkError(f"cannot read {target}: {exc}") from exc
 
+    def resolve(self, location: str) -> str:
+        parts = urlsplit(location)
+        if parts.scheme != "file" or parts.netloc not in ("", "localhost"):
+            raise SinkError(f"{location} is not a file of {self.url}", transient=False)
+        path = Path(unquote(parts.path))
+        real = path.resolve() if path.is_absolute() else None
+        if real is None or real == self.root or not real.is_relative_to(self.root):
+            raise SinkError(f"{location} is outside {self.url}", transient=False)
+        return real.relative_to(self.root).as_posix()
+
     def chunks(self, location: str) -> Iterator[bytes]:
-        path = Path(unquote(urlsplit(location).path))
-        if not path.is_relative_to(self.root):
-            raise SinkError(f"{location} is not under {self.url}", transient=False)
-        with path.open("rb") as handle:
-            while chunk := handle.read(CHUNK):
-                yield chunk
+        path = self.path(self.resolve(location))
+        try:
+            with path.open("rb") as handle:
+                while chunk := handle.read(CHUNK):
+                    yield chunk
+        except OSError as exc:
+            raise SinkError(f"cannot read {location}: {exc}") from exc

@@ -190,12 +190,21 @@ class S3Sink:
         finally:
             body.close()
 
+    def resolve(self, location: str) -> str:
+        """The key under the prefix of ``location`` (``s3://BUCKET/PREFIX/KEY``): a key with
+        an empty, ``.`` or ``..`` segment is refused, as are other buckets and prefixes."""
+        bucket = f"s3://{self.bucket}/"
+        full = location[len(bucket) :] if location.startswith(bucket) else ""
+        inside = f"{self.prefix}/" if self.prefix else ""
+        key = full[len(inside) :] if full.startswith(inside) else ""
+        if not key or any(part in ("", ".", "..") for part in key.split("/")):
+            raise SinkError(f"{location} is outside {self.url}", transient=False)
+        return key
+
     def chunks(self, location: str) -> Iterator[bytes]:
-        prefix = f"s3://{self.bucket}/"
-        if not location.startswith(prefix):
-            raise SinkError(f"{location} is not in bucket {self.bucket}", transient=False)
+        key = self.full_key(self.resolve(location))
         try:
-            answer = self.client.get_object(Bucket=self.bucket, Key=location[len(prefix) :])
+            answer = self.client.get_object(Bucket=self.bucket, Key=key)
             yield from answer["Body"].iter_chunks(1024 * 1024)
         except (ClientError, BotoCoreError) as exc:
             raise _fault(exc, "GetObject") from exc

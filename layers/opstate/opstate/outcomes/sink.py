@@ -67,8 +67,15 @@ class Sink(Protocol):
         """A small object's bytes (``summary.json``), None when absent; at most ``limit``."""
         ...
 
+    def resolve(self, location: str) -> str:
+        """The key of the object at ``location`` (a URI this sink gave), every ``..`` and
+        link in it resolved; ``SinkError`` (not transient) when that is not an object under
+        the sink's root (a folder, or a bucket and prefix)."""
+        ...
+
     def chunks(self, location: str) -> Iterator[bytes]:
-        """The bytes of the object at ``location`` (a URI this sink gave), streamed."""
+        """The bytes of the object at ``location`` (a URI this sink gave, ``resolve``d first:
+        never one outside the root), streamed."""
         ...
 
     def location(self, key: str) -> str:
