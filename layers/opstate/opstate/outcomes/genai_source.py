@@ -10,7 +10,12 @@
 - interaction: ``interactions.get``, the final resource as JSON;
 - anything else: no output.
 
-Each Gemini file's ``expirationTime`` comes from ``files.get``; bytes are streamed by
+A batch's ``responsesFile`` is used only when it is a well-formed file name (``files/`` then
+1-128 lowercase letters, digits or dashes, the Files API's id alphabet): anything else
+(``files/abc/../../x``) would make the SDK request another path of the Gemini host with the
+key, so it is refused (``SourceError``) before any request. Each Gemini file's
+``expirationTime``, ``sizeBytes`` and ``sha256Hash`` come from ``files.get`` (the copy must
+match them, ``opstate.outcomes.copy``); bytes are streamed by
 ``client.files.download(file=..., destination=writer)``, which writes 1 MiB chunks into any
 object with ``write`` (``BaseApiClient.download_file``: an httpx streamed response). SDK
 exceptions become ``SourceError`` through the reconciler's ``classify``.
@@ -18,6 +23,8 @@ exceptions become ``SourceError`` through the reconciler's ``classify``.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import io
 import json
 import re
@@ -44,6 +51,37 @@ if TYPE_CHECKING:
     from google import genai
 
 _FILE_ID = re.compile(r"files/([a-z0-9-]+)")
+_FILE_NAME = re.compile(r"files/[a-z0-9-]{1,128}")
+_HEX_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+
+
+def sha256_hex(value: str | None) -> str:
+    """Gemini's ``sha256Hash`` as a hex digest: base64 of the hex digest (what Gemini's files
+    carry), base64 of the 32-byte digest, or the hex digest itself; "" for anything else
+    (then it is not compared)."""
+    text = (value or "").strip()
+    if _HEX_SHA256.fullmatch(text):
+        return text.lower()
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return ""
+    if len(raw) == 32:
+        return raw.hex()
+    decoded = raw.decode("ascii", "replace")
+    return decoded.lower() if _HEX_SHA256.fullmatch(decoded) else ""
+
+
+def checked_file_name(name: str) -> str:
+    """``name`` when it is a well-formed Gemini file name (``files/<id>``); else
+    ``SourceError``."""
+    if not _FILE_NAME.fullmatch(name):
+        shown = name if len(name) <= 200 else f"{name[:200]}..."
+        raise SourceError(
+            f"Gemini names the output file {shown!r}, which is not a Gemini file name "
+            "(files/<id>); nothing was requested"
+        )
+    return name
 
 
 def file_name_of(uri: str) -> str | None:
@@ -106,10 +144,15 @@ class GenaiSource:
 
     # -- kinds -------------------------------------------------------------------------------
 
-    def _expiration_ns(self, file: str) -> int:
+    def _file(self, file: str, key: str, what: str) -> tuple[Output, int]:
+        """The ``Output`` of Gemini file ``file`` with the size and sha256 ``files.get``
+        declares, and its expirationTime (ns, 0: none)."""
         found = self.client.files.get(name=file)
         when = found.expiration_time
-        return parse_time(when.isoformat()) if when is not None else 0
+        expiration = parse_time(when.isoformat()) if when is not None else 0
+        size = found.size_bytes if isinstance(found.size_bytes, int) else None
+        output = Output(key, what, file=file, size=size, sha256=sha256_hex(found.sha256_hash))
+        return output, expiration
 
     def _batch(self, record: OpRecord) -> Outputs:
         answer = self.client._api_client.request("get", record.name, {})
@@ -122,11 +165,8 @@ class GenaiSource:
         output = output if isinstance(output, Mapping) else {}
         file = output.get("responsesFile")
         if isinstance(file, str) and file:
-            return Outputs(
-                (Output("output.jsonl", BATCH_OUTPUT, file=file),),
-                expiration_ns=self._expiration_ns(file),
-                requests=requests,
-            )
+            item, expiration = self._file(checked_file_name(file), "output.jsonl", BATCH_OUTPUT)
+            return Outputs((item,), expiration_ns=expiration, requests=requests)
         inlined = output.get("inlinedResponses")
         items = inlined.get("inlinedResponses") if isinstance(inlined, Mapping) else None
         if isinstance(items, list):
@@ -152,8 +192,8 @@ class GenaiSource:
             file = file_name_of(uri) if uri else None
             if file is None:
                 continue
-            items.append(Output(f"video-{index}.mp4", VIDEO, file=file))
-            when = self._expiration_ns(file)
+            item, when = self._file(file, f"video-{index}.mp4", VIDEO)
+            items.append(item)
             expiration = when if not expiration else min(expiration, when or expiration)
         reasons = tuple(str(r) for r in (response.rai_media_filtered_reasons or []))
         return Outputs(

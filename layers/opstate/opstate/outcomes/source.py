@@ -39,12 +39,16 @@ class Writer(Protocol):
 class Output:
     """One object to archive: ``key`` (``output.jsonl``, ``video-0.mp4``, ...), ``what`` it is
     (``BATCH_OUTPUT``, ``VIDEO``, ``DOCUMENT``) and either the Gemini ``file`` to stream
-    (``files/abc``) or its ``data``."""
+    (``files/abc``) or its ``data``. A file's ``size`` and ``sha256`` (hex) are what Gemini
+    declared for it (``files.get``: ``sizeBytes``, ``sha256Hash``; None / "": not declared):
+    a copy that differs is not archived."""
 
     key: str
     what: str
     file: str | None = None
     data: bytes | None = None
+    size: int | None = None
+    sha256: str = ""
 
 
 @dataclass(frozen=True, slots=True)
