@@ -36,7 +36,10 @@ API (all thread-safe)::
         fake.route("POST", r"webhooks", handler)    # handler(request) -> (status, json body)
         fake.put_file("out1", body=b"..." or chunks_fn, size=n,    # a generated file
                       expiration_time="2026-05-03T10:00:00Z")
+        fake.put_file("gz", body=gzipped, content_encoding="gzip",  # sent encoded; its
+                      declared_size=n, sha256_hash="...")  # File says sizeBytes n, sha256Hash
         fake.cut("files/out1", after=4 << 20, times=1)  # close mid-body after N bytes
+        fake.close_delimited("files/out1")          # no Content-Length: the close ends it
         fake.slow_download("files/out1", 0.01)      # sleep between 1 MiB chunks
         fake.api_key = "k"                          # then a wrong x-goog-api-key gets 401
         fake.requests                               # every request, in arrival order
@@ -106,10 +109,12 @@ class _Fault:
 
 @dataclass
 class FileBody:
-    """A generated file's bytes: ``chunks()`` yields them afresh for every download."""
+    """A generated file's bytes: ``chunks()`` yields them afresh for every download (as sent:
+    encoded with ``encoding`` when it is set)."""
 
     size: int
     chunks: Callable[[], Iterator[bytes]]
+    encoding: str | None = None
 
 
 @dataclass
@@ -137,6 +142,7 @@ class _State:
     files: dict[str, FileBody] = field(default_factory=dict)
     cuts: dict[str, _Cut] = field(default_factory=dict)
     slow: dict[str, float] = field(default_factory=dict)
+    unsized: set[str] = field(default_factory=set)
     resources: dict[str, dict[str, Any]] = field(default_factory=dict)
     faults: dict[str, _Fault] = field(default_factory=dict)
     delays: dict[str, float] = field(default_factory=dict)
@@ -374,9 +380,15 @@ class FakeGemini:
         size: int | None = None,
         expiration_time: str | None = "2026-05-03T10:00:00Z",
         mime_type: str = "application/jsonl",
+        content_encoding: str | None = None,
+        declared_size: int | None = None,
+        sha256_hash: str | None = None,
     ) -> str:
         """Serve a generated file at ``files/{id}`` and its bytes at ``:download``; returns
-        the file's name."""
+        the file's name. ``body`` is sent as is (with ``Content-Encoding: content_encoding``
+        when given); the File resource's ``sizeBytes`` is ``declared_size`` when given (the
+        decoded size of an encoded body, or a lie), else the body's size, and it carries
+        ``sha256Hash`` when given."""
         name = f"files/{file_id.removeprefix('files/')}"
         if isinstance(body, bytes):
             data = body
@@ -388,10 +400,11 @@ class FakeGemini:
             if size is None:
                 raise ValueError("a generated body needs its size")
             file_body = FileBody(size, body)
+        file_body.encoding = content_encoding
         resource: dict[str, Any] = {
             "name": name,
             "mimeType": mime_type,
-            "sizeBytes": str(file_body.size),
+            "sizeBytes": str(file_body.size if declared_size is None else declared_size),
             "state": "ACTIVE",
             "source": "GENERATED",
             "downloadUri": f"{self.base_url}/v1beta/{name}:download?alt=media",
@@ -399,6 +412,8 @@ class FakeGemini:
         }
         if expiration_time is not None:
             resource["expirationTime"] = expiration_time
+        if sha256_hash is not None:
+            resource["sha256Hash"] = sha256_hash
         with self._lock:
             self._state.resources[name] = resource
             self._state.files[name] = file_body
@@ -416,12 +431,19 @@ class FakeGemini:
         with self._lock:
             self._state.cuts[name] = _Cut(after, times)
 
+    def close_delimited(self, name: str) -> None:
+        """Send the downloads of ``name`` without a Content-Length: the end of the body is the
+        close of the connection, so a ``cut`` looks like the end to the client."""
+        with self._lock:
+            self._state.unsized.add(name)
+
     def slow_download(self, name: str, seconds_per_chunk: float) -> None:
         with self._lock:
             self._state.slow[name] = seconds_per_chunk
 
-    def _download(self, request: Request) -> tuple[FileBody, int | None, float] | None:
-        """The body a ``:download`` request streams, where to cut it and how slowly."""
+    def _download(self, request: Request) -> tuple[FileBody, int | None, float, bool] | None:
+        """The body a ``:download`` request streams, where to cut it, how slowly and whether
+        it is sized (a Content-Length) or ended by the close."""
         with self._lock:
             body = self._state.files.get(request.name)
             if body is None:
@@ -434,7 +456,8 @@ class FakeGemini:
                     cut.times -= 1
                     if cut.times <= 0:
                         del self._state.cuts[request.name]
-            return body, after, self._state.slow.get(request.name, 0.0)
+            slow = self._state.slow.get(request.name, 0.0)
+            return body, after, slow, request.name not in self._state.unsized
 
     def put_webhook(self, webhook_id: str, **kw: Any) -> None:
         self.put(f"webhooks/{webhook_id}", webhook_resource(webhook_id, **kw))
@@ -631,13 +654,20 @@ class _RequestHandler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
             self.close_connection = True
 
-    def _stream(self, body: FileBody, cut_after: int | None, delay: float) -> None:
+    def _stream(self, body: FileBody, cut_after: int | None, delay: float, sized: bool) -> None:
         """Send a file's bytes as they are generated; cut the connection after ``cut_after``
-        bytes (the client sees a body shorter than its Content-Length)."""
+        bytes (the client sees a body shorter than its Content-Length, or, not ``sized``, a
+        body that simply ended)."""
         try:
             self.send_response(200)
             self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(body.size))
+            if body.encoding is not None:
+                self.send_header("Content-Encoding", body.encoding)
+            if sized:
+                self.send_header("Content-Length", str(body.size))
+            else:
+                self.send_header("Connection", "close")
+                self.close_connection = True
             self.end_headers()
             sent = 0
             for chunk in body.chunks():

@@ -8,7 +8,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from opstate.outcomes.ledger import USAGE_FIELDS
+from opstate.domain.model import OpRecord
+from opstate.domain.states import State
+from opstate.outcomes.ledger import USAGE_FIELDS, BatchLedger
+from opstate.outcomes.plan import MAX_CODE_CHARS
+from opstate.outcomes.sink import StoredObject
+from opstate.outcomes.source import VIDEO, Output, Outputs
+from opstate.outcomes.summary import MAX_COUNT, MAX_OBJECTS, summary_of
+from opstate.store.port import ARCHIVE_ARCHIVED, ArchiveState
 
 
 @dataclass
@@ -95,3 +102,37 @@ def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
         start = point
     pieces.append(data[start:])
     return pieces
+
+
+def worst_case() -> tuple[OpRecord, ArchiveState]:
+    """A record with the longest name and the largest state every bound allows: as many
+    objects as an archive keeps, at long locations, every error code as long as kept, every
+    count at its maximum, every filtered reason as long as kept, the longest last error."""
+    name = "batches/" + "a" * (512 - len("batches/"))
+    record = OpRecord(name, State.SUCCEEDED, 1, 2, "poll", {}, created_ns=2**62)
+    location = "s3://" + "b" * 63 + "/" + "p" * 200 + "/" + name + f"/{2**62}/video-99.mp4"
+    objects = [StoredObject(location, MAX_COUNT, "f" * 64) for _ in range(MAX_OBJECTS)]
+    ledger = BatchLedger()
+    ledger.rows.total = ledger.rows.failed = MAX_COUNT
+    codes = ((f"{i:04d}" + "c" * MAX_CODE_CHARS)[:MAX_CODE_CHARS] for i in range(1000))
+    ledger.errors = dict.fromkeys(codes, MAX_COUNT)  # as many as the ledger tells apart
+    ledger.usage = dict.fromkeys(ledger.usage, 10**30)  # a sum past any int64
+    outputs = Outputs(
+        tuple(Output(f"video-{i}.mp4", VIDEO, file=f"files/v{i}") for i in range(MAX_OBJECTS)),
+        requests=10**40,
+        filtered_count=10**40,
+        filtered_reasons=tuple("r" * 10_000 for _ in range(1000)),
+    )
+    summary = summary_of(record, outputs, objects, ledger)
+    state = ArchiveState(
+        ARCHIVE_ARCHIVED,
+        created_ns=2**62,
+        rev=2**62,
+        attempts=2**31,
+        last_error="e" * 300,
+        deadline_ns=2**62,
+        archived_ns=2**62,
+        location=location,
+        summary=summary,
+    )
+    return record, state

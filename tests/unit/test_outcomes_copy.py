@@ -19,8 +19,9 @@ from opstate.domain.model import OpEvent, OpRecord
 from opstate.domain.states import State
 from opstate.domain.times import NS_PER_SECOND
 from opstate.ingest import ingest
+from opstate.outcomes.copy import WRITE_QUEUE_CHUNKS
 from opstate.outcomes.file_sink import FileSink
-from opstate.outcomes.run import WRITE_QUEUE_CHUNKS, archive_once
+from opstate.outcomes.run import archive_once
 from opstate.outcomes.source import BATCH_OUTPUT, Output, Outputs, Writer
 from opstate.store import MemoryStore
 

@@ -11,24 +11,27 @@ For each entry of ``ArchivingStore.iter_archive_due`` (soonest due first), by th
    archiver's claim fails on the revision, so one archive is made), asks Gemini what it left
    (``Source.outputs``) and:
    - nothing to copy: ``none``;
-   - a ``summary.json`` already under its prefix whose objects are all there (same size; on S3
-     the same sha256 metadata): ``archived`` from it, nothing downloaded (idempotent);
-   - else every object is streamed through its ledger into the sink and committed, then
-     ``summary.json`` last, then ``archived``. A failure (cut, 5xx, storage fault) leaves
-     nothing that looks archived: ``failed`` with ``attempts`` and ``last_error``, due again
-     after ``retry_delay_s``; a 404 from Gemini is ``expired`` (deleted before we got it).
+   - an earlier complete copy under its prefix, checked by ``earlier`` (its ``summary.json``
+     names this operation, every object read back is what it lists and what Gemini declared):
+     ``archived``, recounted from the stored bytes, nothing downloaded (idempotent);
+   - else every object is streamed through its ledger into the sink (``copy``), compared with
+     what Gemini declared and committed, then ``summary.json`` last, then ``archived``. A
+     failure (cut, 5xx, storage fault, a copy shorter than declared) leaves nothing that looks
+     archived: ``failed`` with ``attempts`` and ``last_error``, due again after
+     ``retry_delay_s``; a 404 from Gemini is ``expired`` (deleted before we got it).
 
+Every state written is bounded (``summary``: it fits beside its record in one DynamoDB item).
 Archiving never changes the record (its own conditional write, ``set_archive``). A store
-fault is counted and left for the next pass. The pass stops starting entries when
-``remaining_s()`` falls under ``safety_s``.
+fault is counted and left for the next pass. Any other failure of one entry (a refused write,
+a bug) is that entry's ``failed`` (or, when even that cannot be written, counted as an error),
+never the end of the pass. The pass stops starting entries when ``remaining_s()`` falls under
+``safety_s``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import queue
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -38,17 +41,13 @@ from opstate.config import ResultsSettings
 from opstate.domain.model import OpRecord
 from opstate.domain.times import NS_PER_SECOND, format_time
 from opstate.observability import count, log_fields, logger
-from opstate.outcomes.ledger import BatchLedger, VideoLedger
-from opstate.outcomes.plan import (
-    SUMMARY_KEY,
-    capped_errors,
-    deadline_ns,
-    is_cloud_job,
-    prefix_of,
-    retry_delay_s,
-)
+from opstate.outcomes.copy import CopyError, copy_object
+from opstate.outcomes.earlier import earlier_copy
+from opstate.outcomes.ledger import BatchLedger
+from opstate.outcomes.plan import SUMMARY_KEY, deadline_ns, is_cloud_job, prefix_of, retry_delay_s
 from opstate.outcomes.sink import Sink, SinkError, StoredObject
-from opstate.outcomes.source import BATCH_OUTPUT, VIDEO, Output, Outputs, Source, SourceError
+from opstate.outcomes.source import Outputs, Source, SourceError
+from opstate.outcomes.summary import bounded_location, check_fits, summary_of, too_many
 from opstate.store.port import (
     ARCHIVE_ARCHIVED,
     ARCHIVE_EXPIRED,
@@ -61,8 +60,8 @@ from opstate.store.port import (
     RetryableError,
 )
 
-MAX_SUMMARY_BYTES = 1024 * 1024
 MAX_ERROR_TEXT = 300
+MiB = 1024 * 1024
 
 
 @dataclass
@@ -76,7 +75,7 @@ class ArchiveResult:
     bytes: int = 0
     skipped: int = 0  # claimed by another archiver meanwhile
     at_risk: int = 0  # still not archived with less than the warning margin left
-    errors: int = 0  # store faults
+    errors: int = 0  # store faults, and entries whose failure could not even be written
     remaining: int = 0  # due entries the pass did not reach
 
     def as_dict(self) -> dict[str, int]:
@@ -91,66 +90,6 @@ class ArchiveResult:
             "errors": self.errors,
             "remaining": self.remaining,
         }
-
-
-# Chunks (1 MiB each from the SDK) queued between the download and the writing thread.
-WRITE_QUEUE_CHUNKS = 8
-
-
-class _Tee:
-    """Sends every chunk of a download through the ledger into the sink's writer, on two
-    threads: this one (the download's) counts the lines, which holds the interpreter; a thread
-    of its own writes each chunk to the sink and hashes it, which mostly does not (file writes
-    and hashlib let go of the interpreter), so the copy, the count and the digest run side by
-    side on two cores. The queue between them is bounded: memory stays bounded. A failure of
-    the writer (a ``SinkError``; anything else it raises becomes one) stops the download at its
-    next chunk, or is raised by ``close`` when no chunk came after it."""
-
-    def __init__(self, ledger: BatchLedger | VideoLedger, out: Any) -> None:
-        self.ledger = ledger
-        self.count = ledger.count if isinstance(ledger, BatchLedger) else None
-        self.out = out
-        self.queue: queue.Queue[bytes | None] = queue.Queue(maxsize=WRITE_QUEUE_CHUNKS)
-        self.error: SinkError | None = None
-        self.reported = False
-        self.thread = threading.Thread(target=self._write, name="archive-write", daemon=True)
-        self.thread.start()
-
-    def _write(self) -> None:
-        while (chunk := self.queue.get()) is not None:
-            if self.error is None:
-                try:
-                    self.out.write(chunk)
-                    self.ledger.digest(chunk)
-                except SinkError as exc:  # raised by the next write() or by close()
-                    self.error = exc
-                except Exception as exc:
-                    self.error = SinkError(f"writing the copy failed: {type(exc).__name__}: {exc}")
-                    self.error.__cause__ = exc
-
-    def write(self, data: bytes) -> int:
-        if self.error is not None:
-            self.reported = True
-            raise self.error
-        chunk = bytes(data)
-        self.queue.put(chunk)
-        if self.count is not None:
-            self.count(chunk)
-        return len(chunk)
-
-    def close(self) -> None:
-        """Wait until every chunk is written and digested; raise what the writer raised,
-        unless a write() already did (the download failed with it)."""
-        self.queue.put(None)
-        self.thread.join()
-        if self.error is not None and not self.reported:
-            raise self.error
-
-
-class _Failed(Exception):
-    def __init__(self, message: str, *, gone: bool = False) -> None:
-        super().__init__(message)
-        self.gone = gone
 
 
 class Archiver:
@@ -187,12 +126,12 @@ class Archiver:
                 break
             try:
                 self.one(entry)
-            except RetryableError as exc:
+            except Exception as exc:  # one entry's fault never ends the pass
                 self.result.errors += 1
                 log_fields(
                     logger.error,
                     "archive not written",
-                    {"name": entry.record.name, "error": str(exc)[:MAX_ERROR_TEXT]},
+                    {"name": entry.record.name, "error": _text(exc)[:MAX_ERROR_TEXT]},
                 )
 
     def one(self, entry: ArchiveEntry) -> None:
@@ -200,7 +139,7 @@ class Archiver:
         now = self.clock_ns()
         rev = state.rev if state is not None else 0
         if is_cloud_job(record.name):
-            location = str(record.details.get("output_location") or "")
+            location = bounded_location(str(record.details.get("output_location") or ""))
             self._settle(record, rev, ArchiveState(ARCHIVE_NONE, location=location), "none")
             return
         stored = state.deadline_ns if state is not None else 0
@@ -227,9 +166,9 @@ class Archiver:
     # -- outcomes ----------------------------------------------------------------------------
 
     def _settle(self, record: OpRecord, rev: int, state: ArchiveState, what: str) -> bool:
-        written = self.store.set_archive(
-            record.name, rev, replace(state, created_ns=record.created_ns)
-        )
+        state = replace(state, created_ns=record.created_ns)
+        check_fits(state)
+        written = self.store.set_archive(record.name, rev, state)
         if not written:
             self.result.skipped += 1
             return False
@@ -264,31 +203,35 @@ class Archiver:
             )
 
     def _copy(self, record: OpRecord, claim: ArchiveState) -> None:
+        """Copy (or find copied) what ``record`` left and settle it; any failure but a store
+        fault is this entry's ``failed`` (``expired`` when Gemini no longer has it)."""
         try:
             outputs = self.source.outputs(record)
-            deadline = outputs.expiration_ns or claim.deadline_ns
-            claim = replace(claim, deadline_ns=deadline)
+            claim = replace(claim, deadline_ns=outputs.expiration_ns or claim.deadline_ns)
             if not outputs.items and outputs.filtered_count is None:
                 self._settle(record, claim.rev, replace(claim, status=ARCHIVE_NONE), "none")
                 return
-            summary = self._existing(record, outputs) or self._write(record, outputs)
-        except (SourceError, SinkError, _Failed) as exc:
-            gone = (isinstance(exc, SourceError) and exc.not_found) or (
-                isinstance(exc, _Failed) and exc.gone
+            if (why := too_many(outputs)) is not None:
+                raise CopyError(why)
+            summary = self._reuse(record, outputs) or self._write(record, outputs)
+            archived = replace(
+                claim,
+                status=ARCHIVE_ARCHIVED,
+                archived_ns=self.clock_ns(),
+                due_ns=0,
+                location=self.sink.location(f"{prefix_of(record)}/{SUMMARY_KEY}"),
+                summary=summary,
             )
+            if self._settle(record, claim.rev, archived, "archived"):
+                self.result.archived += 1
+                count("ResultsArchived")
+        except RetryableError:
+            raise
+        except (SourceError, SinkError, CopyError) as exc:
+            gone = isinstance(exc, SourceError) and exc.not_found
             self._failed(record, claim, str(exc), gone=gone)
-            return
-        archived = replace(
-            claim,
-            status=ARCHIVE_ARCHIVED,
-            archived_ns=self.clock_ns(),
-            due_ns=0,
-            location=self.sink.location(f"{prefix_of(record)}/{SUMMARY_KEY}"),
-            summary=summary,
-        )
-        if self._settle(record, claim.rev, archived, "archived"):
-            self.result.archived += 1
-            count("ResultsArchived")
+        except Exception as exc:  # a refused write (an item DynamoDB will not take), a bug
+            self._failed(record, claim, _text(exc), gone=False)
 
     def _failed(self, record: OpRecord, claim: ArchiveState, error: str, *, gone: bool) -> None:
         if gone:
@@ -320,42 +263,44 @@ class Archiver:
 
     # -- copying -----------------------------------------------------------------------------
 
-    def _existing(self, record: OpRecord, outputs: Outputs) -> dict[str, Any] | None:
-        """The summary of a complete earlier copy (every object there, same size and, where
-        the storage keeps it, same sha256), or None."""
-        raw = self.sink.read(f"{prefix_of(record)}/{SUMMARY_KEY}", MAX_SUMMARY_BYTES)
-        if raw is None:
+    def _reuse(self, record: OpRecord, outputs: Outputs) -> dict[str, Any] | None:
+        """The summary of a checked earlier copy (``earlier``), recounted and written over
+        the summary.json found; or None."""
+        found = earlier_copy(self.sink, record, outputs, self._max_line_bytes)
+        if found is None:
             return None
-        try:
-            summary = json.loads(raw)
-        except ValueError:
-            return None
-        objects = summary.get("objects") if isinstance(summary, dict) else None
-        if not isinstance(objects, list) or len(objects) != len(outputs.items):
-            return None
-        for item, listed in zip(outputs.items, objects, strict=True):
-            stored = self.sink.head(f"{prefix_of(record)}/{item.key}")
-            if not isinstance(listed, dict) or stored is None:
-                return None
-            if stored.size != listed.get("bytes"):
-                return None
-            if stored.sha256 and stored.sha256 != listed.get("sha256"):
-                return None
-        stripped: dict[str, Any] = {
-            k: v for k, v in summary.items() if k not in ("name", "expiresAt", "archivedAt")
-        }
-        return stripped
+        summary = summary_of(record, outputs, *found)
+        self._write_summary(record, summary)
+        return summary
+
+    @property
+    def _max_line_bytes(self) -> int:
+        return self.settings.results_max_line_mib * MiB
 
     def _write(self, record: OpRecord, outputs: Outputs) -> dict[str, Any]:
         objects: list[StoredObject] = []
         batch: BatchLedger | None = None
+        prefix = prefix_of(record)
         for item in outputs.items:
-            stored, ledger = self._object(record, item)
+            stored, ledger = copy_object(
+                self.source,
+                self.sink,
+                f"{prefix}/{item.key}",
+                record.name,
+                item,
+                self._max_line_bytes,
+            )
             objects.append(stored)
             if isinstance(ledger, BatchLedger):
                 batch = ledger
             self.result.bytes += stored.size
-        summary = _summary(record, outputs, objects, batch)
+        summary = summary_of(record, outputs, objects, batch)
+        self._write_summary(record, summary)
+        return summary
+
+    def _write_summary(self, record: OpRecord, summary: dict[str, Any]) -> None:
+        """``summary.json``: ``summary`` with the operation's name and the time, written
+        last (an object without its summary is never reported archived)."""
         document = {
             "name": record.name,
             **summary,
@@ -365,59 +310,11 @@ class Archiver:
         with self.sink.open(f"{prefix_of(record)}/{SUMMARY_KEY}", name=record.name) as out:
             out.write(data)
             out.commit(hashlib.sha256(data).hexdigest())
-        return summary
-
-    def _object(
-        self, record: OpRecord, item: Output
-    ) -> tuple[StoredObject, BatchLedger | VideoLedger]:
-        ledger: BatchLedger | VideoLedger = (
-            BatchLedger() if item.what == BATCH_OUTPUT else VideoLedger()
-        )
-        with self.sink.open(f"{prefix_of(record)}/{item.key}", name=record.name) as out:
-            tee = _Tee(ledger, out)
-            try:
-                if item.file is not None:
-                    self.source.download(item.file, tee)
-                elif item.data is not None:
-                    tee.write(item.data)
-            finally:
-                tee.close()
-            if isinstance(ledger, BatchLedger):
-                ledger.finish()
-            stored = out.commit(ledger.sha256)
-        return stored, ledger
 
 
-def _summary(
-    record: OpRecord,
-    outputs: Outputs,
-    objects: list[StoredObject],
-    batch: BatchLedger | None,
-) -> dict[str, Any]:
-    summary: dict[str, Any] = {
-        "kind": str(record.kind),
-        "state": str(record.state),
-        "objects": [o.as_dict() for o in objects],
-        "rows": None,
-        "errors": None,
-        "usage": None,
-        "requests": None,
-    }
-    if batch is not None:
-        summary.update(
-            rows=batch.rows.as_dict(),
-            errors=capped_errors(batch.errors),
-            usage=dict(batch.usage),
-            requests=outputs.requests,
-        )
-    videos = [i for i in outputs.items if i.what == VIDEO]
-    if videos or outputs.filtered_count is not None:
-        summary["videos"] = {
-            "count": len(videos),
-            "filteredCount": outputs.filtered_count or 0,
-            "filteredReasons": list(outputs.filtered_reasons),
-        }
-    return summary
+def _text(exc: BaseException) -> str:
+    """An exception as one line of a state's ``last_error`` or a log: its type and message."""
+    return f"{type(exc).__name__}: {exc}"
 
 
 def due_entries(store: ArchivingStore, names: list[str], now_ns: int) -> list[ArchiveEntry]:
