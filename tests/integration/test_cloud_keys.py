@@ -17,9 +17,10 @@ from opstate.domain.events import from_report
 from opstate.domain.model import OpRecord
 from opstate.domain.states import State
 from opstate.domain.times import parse_time
+from opstate.gemini.client import make_client
 from opstate.ingest import ingest
 from opstate.reconcile.cloud_gateway import GoogleCloudGateway
-from opstate.reconcile.genai_gateway import GenaiGateway, make_client
+from opstate.reconcile.genai_gateway import GenaiGateway
 from opstate.reconcile.pacing import Backoff
 from opstate.reconcile.run import reconcile_once
 from opstate.store import MemoryStore

@@ -20,12 +20,13 @@ from opstate.domain.names import Kind
 from opstate.domain.states import State
 from opstate.domain.times import parse_time
 from opstate.domain.views import record_to_json
+from opstate.gemini.client import make_client
 from opstate.ingest import ingest
 from opstate.observability import metrics
 from opstate.reconcile.cloud_credentials import CredentialsError, load_credentials
 from opstate.reconcile.cloud_gateway import GoogleCloudGateway
 from opstate.reconcile.gateway import AuthError
-from opstate.reconcile.genai_gateway import GenaiGateway, make_client
+from opstate.reconcile.genai_gateway import GenaiGateway
 from opstate.reconcile.pacing import SYSTEM_CLOCK, Backoff, Clock, SystemClock
 from opstate.reconcile.run import reconcile_once
 from opstate.store import MemoryStore

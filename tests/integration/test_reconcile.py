@@ -17,10 +17,12 @@ from opstate.domain.model import OpRecord
 from opstate.domain.names import Kind, canonical_name
 from opstate.domain.states import State
 from opstate.domain.times import parse_time
+from opstate.gemini.client import make_client
+from opstate.gemini.errors import retry_after_s
 from opstate.ingest import ingest
 from opstate.observability import metrics
 from opstate.reconcile.gateway import GatewayError
-from opstate.reconcile.genai_gateway import GenaiGateway, make_client, retry_after_s
+from opstate.reconcile.genai_gateway import GenaiGateway
 from opstate.reconcile.pacing import Backoff, SystemClock
 from opstate.reconcile.run import reconcile_once
 from opstate.store import MemoryStore, StoreUnavailableError

@@ -16,10 +16,11 @@ from opstate.config import ConfigError, Settings
 from opstate.domain.events import from_report
 from opstate.domain.states import State
 from opstate.domain.times import parse_time
+from opstate.gemini import api_key, make_client
 from opstate.ingest import ingest
 from opstate.local.apigw import LocalLambdaContext
 from opstate.observability import metrics
-from opstate.reconcile import api_key, make_client, run_from_settings
+from opstate.reconcile import run_from_settings
 from opstate.store.sqlite import SQLiteStore
 from tests.support.fake_gemini import FakeGemini
 

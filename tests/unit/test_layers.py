@@ -5,8 +5,8 @@ Layers, bottom up (a module may import its own layer and the ones below, never a
 
 0. the domain (``opstate/domain/``, pure: no AWS, HTTP or Gemini code; test_purity.py checks
    that) and settings;
-1. the store, webhook authenticity (signatures, secrets, the local API token), observability and
-   ingest;
+1. the store, webhook authenticity (signatures, secrets, the local API token), observability,
+   ingest, the quarantine and ``gemini`` (talking to Gemini: below both of its users);
 2. the API, the notifier and the reconciler;
 3. the local server and the CLI.
 
@@ -47,7 +47,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     (
-        "store, signatures, secrets, observability, ingest",
+        "store, signatures, secrets, observability, ingest, gemini",
         (
             "opstate.store",
             "opstate.signatures",
@@ -56,6 +56,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "opstate.observability",
             "opstate.ingest",
             "opstate.quarantine",
+            "opstate.gemini",
         ),
     ),
     (
@@ -226,7 +227,7 @@ def test_the_checks_can_fail() -> None:
     assert upward_arrows(bad) == [
         "opstate.api (api, notify, reconcile) imports opstate.cli.app (local, cli)",
         "opstate.domain.reducer (domain and settings) imports opstate.store.port "
-        "(store, signatures, secrets, observability, ingest)",
+        "(store, signatures, secrets, observability, ingest, gemini)",
     ]
     assert cycles(bad) == [
         ["opstate.api", "opstate.cli.app"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from opstate.reconcile.genai_gateway import classify
+from opstate.gemini.errors import classify
 from opstate.reconcile.pacing import Backoff
 from opstate.reconcile.run import RunResult
 
@@ -13,6 +13,8 @@ from opstate.reconcile.run import RunResult
 def test_importing_the_package_and_the_run_does_not_import_google_genai() -> None:
     code = (
         "import sys, opstate.reconcile, opstate.reconcile.run, opstate.reconcile.schedule; "
+        "import opstate.gemini, opstate.gemini.batches, opstate.gemini.client; "
+        "import opstate.gemini.errors, opstate.reconcile.genai_gateway; "
         "print('google.genai' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -141,8 +143,8 @@ def test_the_rest_listing_pages_and_keeps_progress_and_refusals_in_place() -> No
     import pytest
 
     from opstate.domain.events import EventError
+    from opstate.gemini.batches import rest_batch_pages
     from opstate.reconcile.gateway import GatewayError
-    from opstate.reconcile.genai_gateway import rest_batch_pages
 
     running = {
         "name": "batches/a",

@@ -10,9 +10,10 @@ tests/unit/test_layers.py checks both):
 1. ``store`` (the port and its DynamoDB, SQLite and memory stores), ``signatures`` (webhook
    authenticity), ``webhook_secrets`` (reading and writing the signing secrets), ``api_token``
    (the local server's operations token), ``observability`` (logs, metrics, tracing),
-   ``ingest`` (the one ingest path);
+   ``ingest`` (the one ingest path), ``gemini`` (talking to Gemini: the API key, the client,
+   the batch reads, error classification; below both of its users);
 2. ``api`` (the HTTP API), ``notify`` (announcing state changes), ``reconcile`` (polling
-   Gemini; the only importer of google-genai);
+   Gemini and Google Cloud through ``gemini``);
 3. ``local`` (``opstate serve``) and ``cli`` (the ``opstate`` command).
 
 The Lambda entries under ``functions/`` import layers 0-2. This ``__init__`` may import nothing

@@ -4,8 +4,8 @@ One module per concern:
 
 - ``gateway``: the port a run needs from Gemini (webhook health, batch pages, fetch one
   operation as an ``OpEvent``) and its ``GatewayError``;
-- ``genai_gateway``: that port on google-genai (inside functions), the API key and
-  ``make_client``;
+- ``genai_gateway``: that port on google-genai (inside functions), built on ``opstate.gemini``
+  (the API key, ``make_client``, the REST batch reads, ``classify``);
 - ``cloud_gateway``: the ``CloudGateway`` port on google-genai's enterprise (Vertex AI) mode,
   one client per project/location; ``cloud_credentials``: its google-auth credentials
   (Secrets Manager or ``GOOGLE_APPLICATION_CREDENTIALS``; workload identity federation first),
@@ -24,9 +24,9 @@ One module per concern:
   ``refresh_with``.
 
 Owns: the reconciler, one module per concern as above. May import the domain, ``config``,
-``observability``, the store port, ``ingest``, ``opstate.outcomes.redrive`` (``wiring`` only),
-and google-genai / google-auth (``genai_gateway``, ``cloud_gateway``, ``cloud_credentials``
-only, inside functions);
+``observability``, the store port, ``ingest``, ``opstate.gemini``, ``opstate.outcomes.redrive``
+(``wiring`` only), and google-genai / google-auth (``genai_gateway``, ``cloud_gateway``,
+``cloud_credentials`` only, inside functions);
 never the API, the notifier, the local server or the CLI.
 
 Names are loaded on first use, so ``import opstate.reconcile`` stays cheap (no SDK, no boto3).
@@ -38,6 +38,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from opstate.gemini.client import api_key, make_client
+    from opstate.gemini.errors import classify
     from opstate.reconcile.cloud_gateway import GoogleCloudGateway
     from opstate.reconcile.gateway import (
         AuthError,
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
         GatewayError,
         WebhookInfo,
     )
-    from opstate.reconcile.genai_gateway import GenaiGateway, api_key, classify, make_client
+    from opstate.reconcile.genai_gateway import GenaiGateway
     from opstate.reconcile.pacing import Backoff, Clock, SystemClock, TokenBucket
     from opstate.reconcile.run import Refreshed, reconcile_once, refresh_one
     from opstate.reconcile.schedule import Mark, Schedule
@@ -61,9 +63,9 @@ _WHERE = {
     "GatewayError": "gateway",
     "WebhookInfo": "gateway",
     "GenaiGateway": "genai_gateway",
-    "api_key": "genai_gateway",
-    "classify": "genai_gateway",
-    "make_client": "genai_gateway",
+    "api_key": "opstate.gemini.client",
+    "classify": "opstate.gemini.errors",
+    "make_client": "opstate.gemini.client",
     "Backoff": "pacing",
     "Clock": "pacing",
     "SystemClock": "pacing",
@@ -112,6 +114,7 @@ def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'opstate.reconcile' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"opstate.reconcile.{module}"), name)
+    where = module if "." in module else f"opstate.reconcile.{module}"
+    value = getattr(importlib.import_module(where), name)
     globals()[name] = value
     return value

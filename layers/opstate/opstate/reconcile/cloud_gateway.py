@@ -30,6 +30,8 @@ from opstate.config import Settings
 from opstate.domain.events import EventError, from_batch_job, from_operation
 from opstate.domain.model import OpEvent, OpRecord
 from opstate.domain.names import Kind, cloud_scope
+from opstate.gemini.batches import batch_job_pages
+from opstate.gemini.errors import classify
 from opstate.reconcile.cloud_credentials import (
     CredentialsError,
     auth_error_reason,
@@ -37,7 +39,6 @@ from opstate.reconcile.cloud_credentials import (
     token_request,
 )
 from opstate.reconcile.gateway import AuthError, GatewayError, Listed, Scope
-from opstate.reconcile.genai_gateway import batch_job_pages, classify
 
 if TYPE_CHECKING:
     from google import genai

@@ -4,7 +4,8 @@ asks Google Cloud (``CloudGateway``).
 The run depends on these ports only; ``opstate.reconcile.genai_gateway`` and
 ``opstate.reconcile.cloud_gateway`` implement them with google-genai, tests in memory. Answers
 are already normalised ``OpEvent``s; failures are ``GatewayError``s carrying what the run needs
-to decide (status, transient, ``Retry-After``).
+to decide (status, transient, ``Retry-After``): ``opstate.gemini``'s, as ``Listed`` is (both
+re-exported here for the run and its tests).
 """
 
 from __future__ import annotations
@@ -13,39 +14,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from opstate.domain.events import EventError
 from opstate.domain.model import OpEvent, OpRecord
-
-
-class GatewayError(Exception):
-    """A request failed. ``status`` is the HTTP status (None: no answer, e.g. a timeout);
-    ``transient``: the same request may succeed later; ``retry_after_s``: the server's
-    ``Retry-After``, when it sent one; ``said``: what the server said, for a person to read
-    (``sentence`` falls back to ``message``, the technical text that is logged)."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int | None = None,
-        transient: bool = False,
-        retry_after_s: float | None = None,
-        said: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.transient = transient
-        self.retry_after_s = retry_after_s
-        self.said = said
-
-    @property
-    def sentence(self) -> str:
-        return self.said or self.message
-
-    @property
-    def not_found(self) -> bool:
-        return self.status == 404
+from opstate.gemini.batches import Listed
+from opstate.gemini.errors import GatewayError
 
 
 class AuthError(GatewayError):
@@ -60,10 +31,6 @@ class WebhookInfo:
     id: str | None
     name: str | None
     state: str | None
-
-
-# One listed batch job: its raw name and either its event or why it was refused.
-Listed = tuple[str, OpEvent | EventError]
 
 
 class Gateway(Protocol):
@@ -108,3 +75,14 @@ class CloudGateway(Protocol):
         """As ``Gateway.fetch``, for a ``projects/...`` record; ``AuthError`` when the
         credentials are missing or refused."""
         ...
+
+
+__all__ = [
+    "AuthError",
+    "CloudGateway",
+    "Gateway",
+    "GatewayError",
+    "Listed",
+    "Scope",
+    "WebhookInfo",
+]

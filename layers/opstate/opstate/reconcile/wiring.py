@@ -13,11 +13,12 @@ from collections.abc import Callable, Iterator, Sequence
 
 from opstate.config import ConfigError, Settings
 from opstate.domain.model import OpEvent, OpRecord
+from opstate.gemini.client import make_client
 from opstate.observability import logger
 from opstate.outcomes.redrive import redrive
 from opstate.reconcile.cloud_gateway import GoogleCloudGateway
 from opstate.reconcile.gateway import AuthError, Listed, WebhookInfo
-from opstate.reconcile.genai_gateway import GenaiGateway, make_client
+from opstate.reconcile.genai_gateway import GenaiGateway
 from opstate.reconcile.run import DecisionHook, Refreshed, RunResult, reconcile_once, refresh_one
 from opstate.store.port import PollingStore
 

@@ -1,0 +1,74 @@
+"""Talking to Gemini: the one package below both of its users (the reconciler and the outcomes).
+
+One module per concern:
+
+- ``client``: the Gemini API key (Secrets Manager or ``GEMINI_API_KEY``) and ``make_client``;
+- ``batches``: reading batch jobs, the REST resource with its ``batchStats`` (``rest_batch``,
+  ``rest_batch_pages``, ``batch_stats``) and the SDK's pager (``batch_job_pages``);
+- ``errors``: ``GatewayError`` and ``classify`` (an SDK exception as a status, transient or
+  not, ``Retry-After`` and what the server said).
+
+Owns the low-level Gemini pieces above: the key, the client, the batch reads and the error
+classification. The reconciler's port adapters (``opstate.reconcile.genai_gateway``,
+``cloud_gateway``) and the archiver's source (``opstate.outcomes``) are built on them.
+May import the domain, ``config`` and ``observability``, and google-genai and Powertools'
+parameters (inside functions only); never the store, the reconciler, the outcomes, the API or
+anything above them.
+
+Names are loaded on first use, so ``import opstate.gemini`` stays cheap (no SDK, no boto3);
+the webhook function never imports this package.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opstate.gemini.batches import (
+        Listed,
+        batch_job_pages,
+        batch_stats,
+        rest_batch,
+        rest_batch_event,
+        rest_batch_pages,
+    )
+    from opstate.gemini.client import api_key, make_client
+    from opstate.gemini.errors import GatewayError, classify, retry_after_s
+
+_WHERE = {
+    "Listed": "batches",
+    "batch_job_pages": "batches",
+    "batch_stats": "batches",
+    "rest_batch": "batches",
+    "rest_batch_event": "batches",
+    "rest_batch_pages": "batches",
+    "api_key": "client",
+    "make_client": "client",
+    "GatewayError": "errors",
+    "classify": "errors",
+    "retry_after_s": "errors",
+}
+
+__all__ = [
+    "GatewayError",
+    "Listed",
+    "api_key",
+    "batch_job_pages",
+    "batch_stats",
+    "classify",
+    "make_client",
+    "rest_batch",
+    "rest_batch_event",
+    "rest_batch_pages",
+    "retry_after_s",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'opstate.gemini' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"opstate.gemini.{module}"), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,81 @@
+"""The Gemini API key and the google-genai client.
+
+- ``api_key``: from Secrets Manager when ``OPSTATE_GEMINI_API_KEY_SECRET_ARN`` is set (the
+  secret as text, or a JSON object with the key under one of ``SECRET_JSON_KEYS``), else
+  ``GEMINI_API_KEY``; a ``ConfigError`` naming what is missing, never the key.
+- ``make_client``: the reconciler's client (no SDK retries: the run paces itself).
+
+google-genai and Powertools' parameters are imported inside the functions only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from opstate.config import ConfigError, Settings
+
+if TYPE_CHECKING:
+    from google import genai
+
+# Keys tried, in order, when the Gemini API key secret holds a JSON object.
+SECRET_JSON_KEYS = ("GEMINI_API_KEY", "api_key", "apiKey", "key")
+
+
+def _secret_api_key(secret_id: str, max_age_s: int) -> str:
+    from aws_lambda_powertools.utilities.parameters import get_secret
+    from aws_lambda_powertools.utilities.parameters.exceptions import GetParameterError
+
+    try:
+        value = get_secret(secret_id, max_age=max_age_s)
+    except GetParameterError as exc:
+        raise ConfigError(f"could not read the Gemini API key secret: {exc}") from None
+    text = value.strip() if isinstance(value, str) else ""
+    if text.startswith("{"):
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, Mapping):
+            for key in SECRET_JSON_KEYS:
+                candidate = parsed.get(key)
+                if isinstance(candidate, str) and candidate.strip():
+                    return candidate.strip()
+        raise ConfigError(
+            "the Gemini API key secret is JSON without a string under one of "
+            + ", ".join(SECRET_JSON_KEYS)
+        )
+    if not text:
+        raise ConfigError("the Gemini API key secret is empty")
+    return text
+
+
+def api_key(settings: Settings) -> str:
+    """The Gemini API key: from Secrets Manager if an ARN is set, else ``GEMINI_API_KEY``."""
+    if settings.gemini_api_key_secret_arn:
+        return _secret_api_key(settings.gemini_api_key_secret_arn, settings.secrets_cache_s)
+    if settings.gemini_api_key:
+        return settings.gemini_api_key
+    raise ConfigError(
+        "no Gemini API key: set OPSTATE_GEMINI_API_KEY_SECRET_ARN (Secrets Manager) or "
+        "GEMINI_API_KEY"
+    )
+
+
+def make_client(settings: Settings) -> genai.Client:
+    """The google-genai client of the reconciler.
+
+    The base URL is never passed here, so ``GOOGLE_GEMINI_BASE_URL`` (read by the SDK) points
+    it at any server. Requests time out after ``reconcile_http_timeout_s`` and are never
+    retried by the SDK (its default would retry a 429 for up to ~30 s): the run paces itself
+    and leaves the operation for the next run.
+    """
+    from google import genai
+    from google.genai import types
+
+    options = types.HttpOptions(
+        timeout=max(1, int(settings.reconcile_http_timeout_s * 1000)),
+        retry_options=types.HttpRetryOptions(attempts=1),
+    )
+    return genai.Client(vertexai=False, api_key=api_key(settings), http_options=options)
