@@ -258,7 +258,8 @@ def test_the_readme_lists_every_variable_read() -> None:
     import re
 
     root = Path(__file__).resolve().parents[2]
-    source = (root / "layers" / "opstate" / "opstate" / "config.py").read_text(encoding="utf-8")
+    package = root / "layers" / "opstate" / "opstate" / "config"
+    source = "\n".join(path.read_text(encoding="utf-8") for path in sorted(package.glob("*.py")))
     variables = set(re.findall(r'"((?:OPSTATE|GEMINI|AWS_SAM)_[A-Z_]+)"', source))
     assert {"OPSTATE_STORE", "GEMINI_API_KEY", "OPSTATE_EVENT_BUS_NAME"} <= variables
     table = [line for line in (root / "README.md").read_text().splitlines() if line.startswith("|")]

@@ -22,7 +22,10 @@ def test_the_defaults_on_the_page_are_the_code_s() -> None:
 
 
 def test_every_variable_on_the_page_is_read_by_config() -> None:
-    source = (ROOT / "layers/opstate/opstate/config.py").read_text(encoding="utf-8")
+    source = "\n".join(
+        path.read_text(encoding="utf-8")
+        for path in sorted((ROOT / "layers/opstate/opstate/config").glob("*.py"))
+    )
     named = set(re.findall(r"`((?:OPSTATE|GOOGLE)_[A-Z_]+)`", PAGE))
     assert "OPSTATE_GOOGLE_CLOUD_SCOPES" in named
     read_by_sdk = {"GOOGLE_VERTEX_BASE_URL"}

@@ -1,0 +1,49 @@
+"""The store's settings (``store_from_url``) and ingest's conditional writes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from opstate.config.parse import Part, given, read_float, read_int, read_str
+
+DEFAULT_LOCAL_STORE = "sqlite:///.opstate/ops.db"
+# Defaults other modules need too (the stores' own keyword defaults).
+DEFAULT_OPEN_INDEX_SHARDS = 4
+DEFAULT_RETENTION_DAYS = 90
+DEFAULT_INGEST_MAX_ATTEMPTS = 8
+# How far ahead of the receiver's clock an event's time may be (reports 400, webhooks are
+# quarantined, polls skipped beyond it): a time far in the future would freeze a record.
+DEFAULT_MAX_FUTURE_SKEW_S = 3600.0
+MAX_FUTURE_SKEW_LIMIT_S = 7 * 86400.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreSettings(Part):
+    """The store (``store_from_url``) and ingest's conditional writes."""
+
+    # A URL (dynamodb://TABLE or sqlite:///PATH). In Lambda, OPSTATE_TABLE_NAME is set by the
+    # template and wins over the local default.
+    store_url: str = DEFAULT_LOCAL_STORE
+    open_index_shards: int = DEFAULT_OPEN_INDEX_SHARDS
+    retention_days: int = DEFAULT_RETENTION_DAYS
+    ingest_max_attempts: int = DEFAULT_INGEST_MAX_ATTEMPTS
+    # Every input path (reports, webhooks, polls) refuses an event time further ahead.
+    max_future_skew_s: float = DEFAULT_MAX_FUTURE_SKEW_S
+
+    @classmethod
+    def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
+        table = read_str(env, "OPSTATE_TABLE_NAME")
+        return given(
+            store_url=read_str(env, "OPSTATE_STORE") or (f"dynamodb://{table}" if table else None),
+            open_index_shards=read_int(env, "OPSTATE_OPEN_INDEX_SHARDS", minimum=1),
+            retention_days=read_int(env, "OPSTATE_RETENTION_DAYS", minimum=1),
+            ingest_max_attempts=read_int(env, "OPSTATE_INGEST_MAX_ATTEMPTS", minimum=1),
+            max_future_skew_s=read_float(
+                env,
+                "OPSTATE_MAX_FUTURE_SKEW_SECONDS",
+                minimum=1.0,
+                maximum=MAX_FUTURE_SKEW_LIMIT_S,
+            ),
+        )
