@@ -1,7 +1,8 @@
 """Lambda entry: EventBridge Scheduler -> one reconcile run.
 
-Thin wiring only; the logic is ``opstate.reconcile`` (google-genai comes from this function's
-own requirements). The time budget is the Lambda context's remaining time.
+Thin wiring only; the logic is ``opstate.reconcile``, put together by
+``opstate.wiring.reconcile`` (google-genai comes from this function's own requirements). The
+time budget is the Lambda context's remaining time.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from opstate.config import settings
 from opstate.observability import logger, metrics, tracer
-from opstate.reconcile.wiring import run_from_settings
+from opstate.wiring.reconcile import run_from_settings
 
 # Read the configuration during the init: a bad value fails the init, naming the variable,
 # instead of failing every invocation later.

@@ -347,8 +347,8 @@ def test_a_cloud_only_deployment_needs_no_gemini_api_key(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     from opstate.config import ConfigError
-    from opstate.reconcile.wiring import run_from_settings
     from opstate.store.sqlite import SQLiteStore
+    from opstate.wiring.reconcile import run_from_settings
 
     name = f"{JOBS}/5"
     fake_gemini.put(name, cloud_batch_resource(name, "SUCCEEDED"))

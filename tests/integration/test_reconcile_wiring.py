@@ -20,8 +20,8 @@ from opstate.gemini import api_key, make_client
 from opstate.ingest import ingest
 from opstate.local.apigw import LocalLambdaContext
 from opstate.observability import metrics
-from opstate.reconcile import run_from_settings
 from opstate.store.sqlite import SQLiteStore
+from opstate.wiring.reconcile import run_from_settings
 from tests.support.fake_gemini import FakeGemini
 
 ROOT = Path(__file__).resolve().parents[2]

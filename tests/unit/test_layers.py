@@ -1,5 +1,5 @@
-"""The import graph of ``opstate``: no upward arrow between layers, no cycle, every package says
-what it owns and what it may import.
+"""The import graph of ``opstate``: no upward arrow between layers, no cycle (between modules,
+nor between rooms), every package says what it owns and what it may import.
 
 Layers, bottom up (a module may import its own layer and the ones below, never above):
 
@@ -8,7 +8,12 @@ Layers, bottom up (a module may import its own layer and the ones below, never a
 1. the store, webhook authenticity (signatures, secrets, the local API token), observability,
    ingest, the quarantine and ``gemini`` (talking to Gemini: below both of its users);
 2. the API, the notifier and the reconciler;
-3. the local server and the CLI.
+3. the composition (``wiring``: where the Lambda entries and the CLI pick their parts), the local
+   server and the CLI.
+
+A room is ``opstate.X`` for each top-level module or package ``X`` (``opstate.reconcile``,
+``opstate.domain``, ``opstate.ingest``...): no two rooms may import each other, directly or
+through others, even within one layer.
 
 Every ``import`` counts, at module level, inside functions (lazy imports) and under
 ``TYPE_CHECKING`` alike: all are dependencies. Modules are placed by prefix, so a new module in
@@ -70,7 +75,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "opstate.waiters",
         ),
     ),
-    ("local, cli", ("opstate.local", "opstate.cli")),
+    ("wiring, local, cli", ("opstate.wiring", "opstate.local", "opstate.cli")),
 ]
 ROOT_PACKAGE = "opstate"  # its __init__ imports nothing of opstate: below everything
 
@@ -173,6 +178,21 @@ def cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
     return sorted(list(group) for group in groups)
 
 
+def room_of(module: str) -> str:
+    """``opstate.X``: the top-level module or package of ``module`` (the root is its own)."""
+    return ".".join(module.split(".")[:2])
+
+
+def room_graph(graph: Mapping[str, Iterable[str]]) -> dict[str, set[str]]:
+    """room -> the other rooms its modules import."""
+    rooms: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        source = room_of(module)
+        aims = rooms.setdefault(source, set())
+        aims.update(room_of(target) for target in targets if room_of(target) != source)
+    return rooms
+
+
 GRAPH = import_graph()
 
 
@@ -197,6 +217,12 @@ def test_no_upward_arrow() -> None:
 
 def test_no_cycle() -> None:
     assert cycles(GRAPH) == []
+
+
+def test_no_cycle_between_rooms() -> None:
+    rooms = room_graph(GRAPH)
+    assert {"opstate.domain", "opstate.gemini", "opstate.reconcile", "opstate.wiring"} <= set(rooms)
+    assert cycles(rooms) == []
 
 
 def test_the_types_live_apart_from_the_decision() -> None:
@@ -225,7 +251,7 @@ def test_the_checks_can_fail() -> None:
         "opstate.domain.names": set(),
     }
     assert upward_arrows(bad) == [
-        "opstate.api (api, notify, reconcile) imports opstate.cli.app (local, cli)",
+        "opstate.api (api, notify, reconcile) imports opstate.cli.app (wiring, local, cli)",
         "opstate.domain.reducer (domain and settings) imports opstate.store.port "
         "(store, signatures, secrets, observability, ingest, gemini)",
     ]
@@ -234,8 +260,34 @@ def test_the_checks_can_fail() -> None:
         ["opstate.domain.reducer", "opstate.store.port"],
     ]
     assert layer_of("opstate.brand_new") is None
+    assert layer_of("opstate.gemini.brand_new") == 1
+    assert layer_of("opstate.wiring.brand_new") == 3
     assert layer_of("opstate.reconcile.brand_new") == 2
     assert layer_of("opstate.local.brand_new") == 3
+
+
+def test_the_room_check_can_fail() -> None:
+    # No module imports itself back, yet the two rooms import each other (issue 32's cycle).
+    bad = {
+        "opstate.reconcile.wiring": {"opstate.outcomes.redrive", "opstate.reconcile.run"},
+        "opstate.reconcile.run": set(),
+        "opstate.reconcile.genai_gateway": set(),
+        "opstate.outcomes.redrive": set(),
+        "opstate.outcomes.genai_source": {"opstate.reconcile.genai_gateway"},
+        "opstate.store.a": {"opstate.store.b"},  # within one room: the module check's business
+        "opstate.store.b": {"opstate.domain.model"},
+        "opstate": set(),
+    }
+    assert cycles(bad) == []
+    assert room_graph(bad) == {
+        "opstate": set(),
+        "opstate.outcomes": {"opstate.reconcile"},
+        "opstate.reconcile": {"opstate.outcomes"},
+        "opstate.store": {"opstate.domain"},
+    }
+    assert cycles(room_graph(bad)) == [["opstate.outcomes", "opstate.reconcile"]]
+    bad["opstate.reconcile.wiring"] = {"opstate.reconcile.run"}  # the composition moved out
+    assert cycles(room_graph(bad)) == []
 
 
 def test_relative_and_from_imports_resolve(tmp_path: Path) -> None:

@@ -14,10 +14,13 @@ tests/unit/test_layers.py checks both):
    the batch reads, error classification; below both of its users);
 2. ``api`` (the HTTP API), ``notify`` (announcing state changes), ``reconcile`` (polling
    Gemini and Google Cloud through ``gemini``);
-3. ``local`` (``opstate serve``) and ``cli`` (the ``opstate`` command).
+3. ``wiring`` (the composition: where the Lambda entries and the CLI pick their parts, e.g.
+   the reconciler's store, gateways, run and archive re-drive), ``local`` (``opstate serve``)
+   and ``cli`` (the ``opstate`` command).
 
-The Lambda entries under ``functions/`` import layers 0-2. This ``__init__`` may import nothing
-of opstate: importing the package loads none of its modules.
+No two of these rooms (``opstate.X``) import each other, directly or through others. The Lambda
+entries under ``functions/`` import layers 0-2 and ``wiring``. This ``__init__`` may import
+nothing of opstate: importing the package loads none of its modules.
 """
 
 __version__ = "0.1.0"

@@ -67,7 +67,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     config = replace(config, reconcile_safety_margin_s=margin_s)
     remaining_ms = budget_ms(args, margin_s)
     require_gemini_key(config)
-    from opstate.reconcile import run_from_settings
+    from opstate.wiring.reconcile import run_from_settings
 
     try:
         result = run_from_settings(config, remaining_ms=remaining_ms)

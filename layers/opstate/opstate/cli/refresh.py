@@ -36,8 +36,8 @@ def cmd_refresh(args: argparse.Namespace) -> int:
     require_gemini_key(config)
     from opstate.domain.names import VIDEO_DETAIL, parse_name
     from opstate.ingest import find_record
-    from opstate.reconcile.wiring import refresh_with
     from opstate.store.port import PollingStore
+    from opstate.wiring.reconcile import refresh_with
 
     with open_store(config) as store:
         parsed = parse_name(args.name)

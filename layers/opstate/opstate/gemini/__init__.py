@@ -5,12 +5,15 @@ One module per concern:
 - ``client``: the Gemini API key (Secrets Manager or ``GEMINI_API_KEY``) and ``make_client``;
 - ``batches``: reading batch jobs, the REST resource with its ``batchStats`` (``rest_batch``,
   ``rest_batch_pages``, ``batch_stats``) and the SDK's pager (``batch_job_pages``);
+- ``files``: the Files API: what a file declares (``file_info``: size, sha256, expiration)
+  and streaming its bytes (``download``), file names and Gemini's ``sha256Hash``;
 - ``errors``: ``GatewayError`` and ``classify`` (an SDK exception as a status, transient or
   not, ``Retry-After`` and what the server said).
 
-Owns the low-level Gemini pieces above: the key, the client, the batch reads and the error
-classification. The reconciler's port adapters (``opstate.reconcile.genai_gateway``,
-``cloud_gateway``) and the archiver's source (``opstate.outcomes``) are built on them.
+Owns the low-level Gemini pieces above: the key, the client, the batch reads, the file reads
+and the error classification. The reconciler's port adapters
+(``opstate.reconcile.genai_gateway``, ``cloud_gateway``) and the archiver's source
+(``opstate.outcomes.genai_source``) are built on them.
 May import the domain, ``config`` and ``observability``, and google-genai and Powertools'
 parameters (inside functions only); never the store, the reconciler, the outcomes, the API or
 anything above them.
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
     )
     from opstate.gemini.client import api_key, make_client
     from opstate.gemini.errors import GatewayError, classify, retry_after_s
+    from opstate.gemini.files import FileInfo, download, file_info, file_name_of, sha256_hex
 
 _WHERE = {
     "Listed": "batches",
@@ -48,20 +52,30 @@ _WHERE = {
     "GatewayError": "errors",
     "classify": "errors",
     "retry_after_s": "errors",
+    "FileInfo": "files",
+    "download": "files",
+    "file_info": "files",
+    "file_name_of": "files",
+    "sha256_hex": "files",
 }
 
 __all__ = [
+    "FileInfo",
     "GatewayError",
     "Listed",
     "api_key",
     "batch_job_pages",
     "batch_stats",
     "classify",
+    "download",
+    "file_info",
+    "file_name_of",
     "make_client",
     "rest_batch",
     "rest_batch_event",
     "rest_batch_pages",
     "retry_after_s",
+    "sha256_hex",
 ]
 
 

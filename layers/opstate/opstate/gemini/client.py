@@ -3,7 +3,9 @@
 - ``api_key``: from Secrets Manager when ``OPSTATE_GEMINI_API_KEY_SECRET_ARN`` is set (the
   secret as text, or a JSON object with the key under one of ``SECRET_JSON_KEYS``), else
   ``GEMINI_API_KEY``; a ``ConfigError`` naming what is missing, never the key.
-- ``make_client``: the reconciler's client (no SDK retries: the run paces itself).
+- ``make_client``: a client with no SDK retries (the reconciler paces itself, the archiver
+  retries a failed copy on its next pass), timing out after ``reconcile_http_timeout_s`` or the
+  ``timeout_s`` its caller gives (the archiver's per-read ``results_http_timeout_s``).
 
 google-genai and Powertools' parameters are imported inside the functions only.
 """
@@ -63,19 +65,20 @@ def api_key(settings: Settings) -> str:
     )
 
 
-def make_client(settings: Settings) -> genai.Client:
-    """The google-genai client of the reconciler.
+def make_client(settings: Settings, *, timeout_s: float | None = None) -> genai.Client:
+    """A google-genai client for the Gemini API with the configured key.
 
     The base URL is never passed here, so ``GOOGLE_GEMINI_BASE_URL`` (read by the SDK) points
-    it at any server. Requests time out after ``reconcile_http_timeout_s`` and are never
-    retried by the SDK (its default would retry a 429 for up to ~30 s): the run paces itself
-    and leaves the operation for the next run.
+    it at any server. Requests time out after ``timeout_s`` (default: the reconciler's
+    ``reconcile_http_timeout_s``) and are never retried by the SDK (its default would retry a
+    429 for up to ~30 s): the run paces itself and leaves the operation for the next run.
     """
     from google import genai
     from google.genai import types
 
+    timeout = settings.reconcile_http_timeout_s if timeout_s is None else timeout_s
     options = types.HttpOptions(
-        timeout=max(1, int(settings.reconcile_http_timeout_s * 1000)),
+        timeout=max(1, int(timeout * 1000)),
         retry_options=types.HttpRetryOptions(attempts=1),
     )
     return genai.Client(vertexai=False, api_key=api_key(settings), http_options=options)

@@ -409,8 +409,8 @@ def _refresher(
             say(line)
 
     def refresh(name: str) -> tuple[int, dict[str, Any]]:
-        from opstate.reconcile.wiring import refresh_with
         from opstate.store.port import PollingStore
+        from opstate.wiring.reconcile import refresh_with
 
         record = store.get(name)
         if record is None or not isinstance(store, PollingStore):

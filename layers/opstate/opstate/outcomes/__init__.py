@@ -17,8 +17,9 @@ One module per concern, shaped like ``opstate.reconcile``:
 Owns: the archive status beside each record (through the store port's ``ArchivingStore``),
 the archived objects and their ``summary.json``. May import the domain, ``config``,
 ``observability``, the store port, boto3 (``s3_sink`` only), google-genai (``genai_source``
-only, inside functions) and the reconciler's client factory (``genai_source``); never the API,
-the notifier, the local server or the CLI.
+only, inside functions) and ``opstate.gemini`` (``genai_source``: the key, the client, the
+batch and file reads); never the reconciler, the API, the notifier, the local server or the
+CLI.
 
 Names are loaded on first use, so ``import opstate.outcomes`` stays cheap (no SDK, no boto3).
 """

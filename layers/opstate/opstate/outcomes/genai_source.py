@@ -15,26 +15,24 @@ A batch's ``responsesFile`` is used only when it is a well-formed file name (``f
 (``files/abc/../../x``) would make the SDK request another path of the Gemini host with the
 key, so it is refused (``SourceError``) before any request. Each Gemini file's
 ``expirationTime``, ``sizeBytes`` and ``sha256Hash`` come from ``files.get`` (the copy must
-match them, ``opstate.outcomes.copy``); bytes are streamed by
-``client.files.download(file=..., destination=writer)``, which writes 1 MiB chunks into any
-object with ``write`` (``BaseApiClient.download_file``: an httpx streamed response). SDK
-exceptions become ``SourceError`` through the reconciler's ``classify``.
+match them, ``opstate.outcomes.copy``); bytes are streamed by ``client.files.download`` into the
+writer: both are ``opstate.gemini.files``'. SDK exceptions become ``SourceError`` through
+``opstate.gemini.classify``; the key and the client are ``opstate.gemini``'s too.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import io
 import json
-import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from opstate.config import Settings
 from opstate.domain.model import OpRecord
 from opstate.domain.names import Kind, api_name
-from opstate.domain.times import parse_time
+from opstate.gemini import client as gemini_client
+from opstate.gemini.batches import batch_stats
+from opstate.gemini.errors import classify
+from opstate.gemini.files import download, file_info, file_name_of, is_file_name, sha256_hex
 from opstate.outcomes.ledger import inlined_lines
 from opstate.outcomes.source import (
     BATCH_OUTPUT,
@@ -45,49 +43,21 @@ from opstate.outcomes.source import (
     SourceError,
     Writer,
 )
-from opstate.reconcile.genai_gateway import api_key, batch_stats, classify
 
 if TYPE_CHECKING:
     from google import genai
-
-_FILE_ID = re.compile(r"files/([a-z0-9-]+)")
-_FILE_NAME = re.compile(r"files/[a-z0-9-]{1,128}")
-_HEX_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
-
-
-def sha256_hex(value: str | None) -> str:
-    """Gemini's ``sha256Hash`` as a hex digest: base64 of the hex digest (what Gemini's files
-    carry), base64 of the 32-byte digest, or the hex digest itself; "" for anything else
-    (then it is not compared)."""
-    text = (value or "").strip()
-    if _HEX_SHA256.fullmatch(text):
-        return text.lower()
-    try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        return ""
-    if len(raw) == 32:
-        return raw.hex()
-    decoded = raw.decode("ascii", "replace")
-    return decoded.lower() if _HEX_SHA256.fullmatch(decoded) else ""
 
 
 def checked_file_name(name: str) -> str:
     """``name`` when it is a well-formed Gemini file name (``files/<id>``); else
     ``SourceError``."""
-    if not _FILE_NAME.fullmatch(name):
+    if not is_file_name(name):
         shown = name if len(name) <= 200 else f"{name[:200]}..."
         raise SourceError(
             f"Gemini names the output file {shown!r}, which is not a Gemini file name "
             "(files/<id>); nothing was requested"
         )
     return name
-
-
-def file_name_of(uri: str) -> str | None:
-    """``files/<id>`` of a Gemini file URI or name (``.../v1beta/files/abc:download?...``)."""
-    match = _FILE_ID.search(uri)
-    return f"files/{match.group(1)}" if match else None
 
 
 def _error(exc: BaseException) -> SourceError:
@@ -97,22 +67,6 @@ def _error(exc: BaseException) -> SourceError:
     return SourceError(
         gateway_error.message, status=gateway_error.status, transient=gateway_error.transient
     )
-
-
-class _Into(io.RawIOBase):
-    """A ``Writer`` as the binary stream ``files.download`` is typed to take."""
-
-    def __init__(self, writer: Writer) -> None:
-        super().__init__()
-        self.writer = writer
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        chunk = data if isinstance(data, bytes) else bytes(data)
-        self.writer.write(chunk)
-        return len(chunk)
 
 
 class GenaiSource:
@@ -135,7 +89,7 @@ class GenaiSource:
 
     def download(self, file: str, writer: Writer) -> None:
         try:
-            self.client.files.download(file=file, destination=_Into(writer))
+            download(self.client, file, writer.write)
         except Exception as exc:
             raise _error(exc) from exc
 
@@ -147,12 +101,9 @@ class GenaiSource:
     def _file(self, file: str, key: str, what: str) -> tuple[Output, int]:
         """The ``Output`` of Gemini file ``file`` with the size and sha256 ``files.get``
         declares, and its expirationTime (ns, 0: none)."""
-        found = self.client.files.get(name=file)
-        when = found.expiration_time
-        expiration = parse_time(when.isoformat()) if when is not None else 0
-        size = found.size_bytes if isinstance(found.size_bytes, int) else None
-        output = Output(key, what, file=file, size=size, sha256=sha256_hex(found.sha256_hash))
-        return output, expiration
+        info = file_info(self.client, file)
+        output = Output(key, what, file=file, size=info.size, sha256=info.sha256)
+        return output, info.expiration_ns
 
     def _batch(self, record: OpRecord) -> Outputs:
         answer = self.client._api_client.request("get", record.name, {})
@@ -213,14 +164,18 @@ class GenaiSource:
 
 
 def make_client(settings: Settings) -> genai.Client:
-    """The archiver's google-genai client: the reconciler's key, a per-read timeout of
-    ``results_http_timeout_s`` (a download is many reads) and no SDK retries (the run retries
-    a failed copy on its next pass). ``GOOGLE_GEMINI_BASE_URL`` points it at any server."""
-    from google import genai
-    from google.genai import types
+    """The archiver's google-genai client (``opstate.gemini.make_client``): the reconciler's
+    key, a per-read timeout of ``results_http_timeout_s`` (a download is many reads) and no SDK
+    retries (the run retries a failed copy on its next pass). ``GOOGLE_GEMINI_BASE_URL`` points
+    it at any server."""
+    return gemini_client.make_client(settings, timeout_s=settings.results_http_timeout_s)
 
-    options = types.HttpOptions(
-        timeout=max(1, int(settings.results_http_timeout_s * 1000)),
-        retry_options=types.HttpRetryOptions(attempts=1),
-    )
-    return genai.Client(vertexai=False, api_key=api_key(settings), http_options=options)
+
+# sha256_hex and file_name_of are opstate.gemini.files'; still importable from here.
+__all__ = [
+    "GenaiSource",
+    "checked_file_name",
+    "file_name_of",
+    "make_client",
+    "sha256_hex",
+]

@@ -19,15 +19,15 @@ One module per concern:
   ``runner`` (what the phases share: stop, report, pace, ingest);
 - ``poll_writer``: writing what a poll decided (the next ``PollState`` with a batch's
   progress, polled or listed, each lost / overdue mark in its own write);
-- ``tally``: what a run reports: ``RunResult``, ``MarkDecision``, its counters and metrics;
-- ``wiring``: ``run_from_settings`` (then the archive re-drive, ``opstate.outcomes.redrive``),
-  ``refresh_with``.
+- ``tally``: what a run reports: ``RunResult``, ``MarkDecision``, its counters and metrics.
+
+Its composition (``run_from_settings``, ``refresh_with``: the store, the gateways, the run and
+the archive re-drive) is ``opstate.wiring.reconcile``, at the top.
 
 Owns: the reconciler, one module per concern as above. May import the domain, ``config``,
-``observability``, the store port, ``ingest``, ``opstate.gemini``, ``opstate.outcomes.redrive``
-(``wiring`` only), and google-genai / google-auth (``genai_gateway``, ``cloud_gateway``,
-``cloud_credentials`` only, inside functions);
-never the API, the notifier, the local server or the CLI.
+``observability``, the store port, ``ingest``, ``opstate.gemini``, and google-genai /
+google-auth (``genai_gateway``, ``cloud_gateway``, ``cloud_credentials`` only, inside
+functions); never the outcomes, the API, the notifier, the wiring, the local server or the CLI.
 
 Names are loaded on first use, so ``import opstate.reconcile`` stays cheap (no SDK, no boto3).
 """
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     from opstate.reconcile.run import Refreshed, reconcile_once, refresh_one
     from opstate.reconcile.schedule import Mark, Schedule
     from opstate.reconcile.tally import MarkDecision, RunDecision, RunResult
-    from opstate.reconcile.wiring import refresh_with, run_from_settings
 
 _WHERE = {
     "AuthError": "gateway",
@@ -76,10 +75,8 @@ _WHERE = {
     "reconcile_once": "run",
     "Refreshed": "run",
     "refresh_one": "run",
-    "refresh_with": "wiring",
     "Mark": "schedule",
     "Schedule": "schedule",
-    "run_from_settings": "wiring",
 }
 
 __all__ = [
@@ -105,8 +102,6 @@ __all__ = [
     "make_client",
     "reconcile_once",
     "refresh_one",
-    "refresh_with",
-    "run_from_settings",
 ]
 
 

@@ -16,8 +16,7 @@ It imports the SDK inside functions, so ``import opstate.reconcile`` stays cheap
 - SDK exceptions become ``GatewayError`` (``opstate.gemini.classify``).
 
 ``make_client`` is re-exported for the callers that build this gateway (``opstate serve``'s
-loop, the benchmarks); ``api_key``, ``batch_stats`` and ``classify`` for the archiver's source
-until it imports them from ``opstate.gemini``.
+loop, the benchmarks).
 """
 
 from __future__ import annotations
@@ -30,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 from opstate.domain.events import EventError, from_interaction, from_operation
 from opstate.domain.model import OpEvent, OpRecord
 from opstate.domain.names import Kind, api_name
-from opstate.gemini.batches import batch_stats, rest_batch, rest_batch_pages
-from opstate.gemini.client import api_key, make_client
+from opstate.gemini.batches import rest_batch, rest_batch_pages
+from opstate.gemini.client import make_client
 from opstate.gemini.errors import classify
 from opstate.reconcile.gateway import Listed, WebhookInfo
 
@@ -110,4 +109,4 @@ class GenaiGateway:
         self.client.close()
 
 
-__all__ = ["MAX_WEBHOOK_PAGES", "GenaiGateway", "api_key", "batch_stats", "classify", "make_client"]
+__all__ = ["MAX_WEBHOOK_PAGES", "GenaiGateway", "make_client"]

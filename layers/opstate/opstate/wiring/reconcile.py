@@ -1,5 +1,6 @@
-"""Wiring: settings -> store + gateways -> one run (the Lambda entry and the CLI call this), then
-the archive re-drive (``opstate.outcomes.redrive``).
+"""The reconciler's wiring: settings -> store + gateways -> one run (the Lambda entry and the CLI
+call this), then the archive re-drive (``opstate.outcomes.redrive``); one poll now with the
+gateways made for it (``refresh_with``).
 
 The Google Cloud gateway is made only when Google Cloud is configured
 (``Settings.google_cloud_configured``); it loads its credentials on its first request. A

@@ -1,0 +1,14 @@
+"""Composition: where the Lambda entries, the CLI and the local server pick their parts.
+
+- ``reconcile``: settings -> store + Gemini API and Google Cloud gateways -> one reconcile run,
+  then the archive re-drive (``opstate.outcomes.redrive``): ``run_from_settings`` (the
+  reconciler's Lambda entry, ``opstate reconcile --once``); ``refresh_with`` (one poll now:
+  ``opstate refresh``, the operations page's button).
+
+Owns no logic of its own, only the choice of parts: it sits at the top, beside ``local`` and
+``cli``, so the rooms it puts together never import each other. May import every room below
+(the domain, ``config``, the store, ``observability``, ``gemini``, ``reconcile``,
+``outcomes``); never ``local`` or ``cli``, which import it.
+
+Importing this package loads none of its modules.
+"""
