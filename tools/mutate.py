@@ -52,7 +52,20 @@ TARGETS: dict[str, list[str]] = {
     "domain.states": ["tests/unit/test_states.py", "tests/unit/test_reducer.py"],
     "domain.times": ["tests/unit/test_times.py", "tests/unit/test_properties.py"],
     "domain.names": ["tests/unit/test_names.py", "tests/unit/test_events.py"],
-    "domain.events": ["tests/unit/test_events.py", "tests/unit/test_reducer.py"],
+    # The normalisers (domain.events only re-exports them, one module per kind of source).
+    "domain.events_parsing": [
+        "tests/unit/test_events.py",
+        "tests/unit/test_input_edges.py",
+        "tests/unit/test_reducer.py",
+    ],
+    "domain.events_webhook": ["tests/unit/test_events.py", "tests/unit/test_cloud_events.py"],
+    "domain.events_polls": [
+        "tests/unit/test_events.py",
+        "tests/unit/test_cloud_events.py",
+        "tests/unit/test_input_edges.py",
+        "tests/unit/test_reducer.py",
+    ],
+    "domain.events_report": ["tests/unit/test_events.py", "tests/unit/test_input_edges.py"],
     "domain.reducer": [
         "tests/unit/test_reducer.py",
         "tests/unit/test_properties.py",

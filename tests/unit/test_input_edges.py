@@ -283,6 +283,17 @@ def test_a_naive_sdk_time_is_utc() -> None:
     assert from_operation(op).update_time_ns == parse_time("2026-05-01T10:00:00Z")
 
 
+def test_naive_iso_text_off_a_rest_resource_is_utc() -> None:
+    """The REST form (a mapping, before the SDK parses it): naive ISO text with a time of day is
+    UTC, whichever case its ``T``; a date alone is no time at all."""
+    for text in (T_NAIVE, T_NAIVE.replace("T", "t")):
+        job = {"name": "batches/naive", "state": "BATCH_STATE_RUNNING", "updateTime": text}
+        assert from_batch_job(job).update_time_ns == parse_time("2026-05-01T10:00:00Z")
+    with pytest.raises(InvalidEventError) as info:
+        from_batch_job({"name": "batches/naive", "state": "RUNNING", "updateTime": "2026-05-01"})
+    assert info.value.code == "invalid-time"
+
+
 def test_a_naive_time_is_still_refused_in_a_report() -> None:
     with pytest.raises(InvalidEventError) as info:
         from_report("batches/b", {"updateTime": "2026-05-01T10:00:00"}, now_ns=NOW_NS)
