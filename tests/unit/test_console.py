@@ -9,6 +9,7 @@ import tomllib
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -17,7 +18,7 @@ from opstate.domain.model import OpEvent, OpRecord
 from opstate.domain.states import State
 from opstate.domain.times import format_time, parse_time
 from opstate.ingest import ingest
-from opstate.local.console import CSP, Console, DecisionLog
+from opstate.local.console import CSP, Console, DecisionLog, Refresher
 from opstate.reconcile.schedule import Mark
 from opstate.reconcile.tally import MarkDecision
 from opstate.store import MemoryStore
@@ -46,7 +47,7 @@ class Inner:
 
 
 class Harness:
-    def __init__(self, store: Any = None) -> None:
+    def __init__(self, store: Any = None, refresh: Refresher | None = None) -> None:
         self.store = store if store is not None else MemoryStore()
         self.decisions = DecisionLog(clock_ns=lambda: NOW)
         self.inner = Inner()
@@ -56,6 +57,7 @@ class Harness:
             decisions=self.decisions,
             authorized=authorized,
             clock_ns=lambda: NOW,
+            refresh=refresh,
         )
 
     def get(
@@ -209,6 +211,49 @@ def test_unknown_and_invalid_names(h: Harness) -> None:
     assert h.json("/ui/api/operation", "name=batches/nope")[0] == 404
     status, body = h.json("/ui/api/operation", "name=")
     assert status == 400 and body["error"] == "invalid-name"
+
+
+def test_records_an_earlier_release_keyed_otherwise_are_opened_and_polled_by_their_keys() -> None:
+    """Issue 31 §4: a Google Cloud job keyed with its location as written and a video keyed by
+    its full name (earlier releases) are listed under those keys; the page opens each by the
+    name its row shows, as the API and the CLI find them (``find_record``), with the decisions
+    filed under that key, and "poll now" polls the record under its own key."""
+    cloud_old = "projects/p1/locations/US-CENTRAL1/batchPredictionJobs/7"
+    video_old = "models/veo-3.0-generate-001/operations/v1"
+    store = MemoryStore()
+    for name in (cloud_old, video_old):
+        store.put_if_absent(OpRecord(name, State.RUNNING, NOW - 20, 2, "report", {}))
+    polled: list[str] = []
+
+    def refresh(name: str) -> tuple[int, dict[str, Any]]:
+        polled.append(name)
+        return 200, {"name": name, "message": "polled"}
+
+    h = Harness(store, refresh=refresh)
+    # The reconciler's answer, renamed to the record it polled (as run.py does), is decided.
+    h.decisions.add(
+        ingest(
+            store, OpEvent(cloud_old, State.SUCCEEDED, NOW - 10, "poll", {}), clock_ns=lambda: NOW
+        )
+    )
+    status, listing = h.json("/ui/api/operations")
+    assert status == 200
+    assert sorted(op["name"] for op in listing["operations"]) == sorted([cloud_old, video_old])
+    for name, state, version, decided in (
+        (cloud_old, "SUCCEEDED", 3, [(True, "advanced")]),
+        (video_old, "RUNNING", 2, []),
+    ):
+        status, body = h.json("/ui/api/operation", "name=" + quote(name, safe=""))
+        assert status == 200, body
+        assert (body["record"]["name"], body["record"]["state"]) == (name, state)
+        assert body["record"]["version"] == version
+        assert [(d["applied"], d["reason"]) for d in body["decisions"]] == decided
+        status, _, answer = h.get("/ui/api/refresh", "name=" + quote(name, safe=""), method="POST")
+        assert (status, json.loads(answer)["name"]) == (200, name)
+    assert polled == [cloud_old, video_old]
+    # A name no record has is still the refresher's to answer (under its canonical key).
+    h.get("/ui/api/refresh", "name=" + quote(cloud_old.replace("/7", "/8"), safe=""), method="POST")
+    assert polled[-1] == "projects/p1/locations/us-central1/batchPredictionJobs/8"
 
 
 def test_store_faults_are_503() -> None:

@@ -12,7 +12,10 @@ page polls, and hands every other request to the API unchanged.
   first, at most ``max_operations``; with ``since`` equal to the current cursor (the number of
   decisions this server has taken) only ``{"changed": false}``, without reading the store.
 - ``GET /ui/api/operation?name=<name>``: one record with its details and the decisions this
-  server has taken for it (``DecisionLog``: applied and dropped, with reasons).
+  server has taken for it (``DecisionLog``: applied and dropped, with reasons). Found as the API
+  finds it (``ingest.find_record``): a record an earlier release keyed otherwise (a video by its
+  full name, a Google Cloud job with its location as written) is found too; so is the one
+  ``refresh`` polls.
 - ``POST /ui/api/refresh?name=<name>``: poll that operation at Gemini now (``refresh``: the
   reconciler's ``refresh_one``, wired by serve when a Gemini API key is set; 409 otherwise).
 - ``GET /ui/api/token-help``: where the token is (``token_help``: the token file's path or the
@@ -37,9 +40,10 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from opstate.domain.model import OpRecord
-from opstate.domain.names import InvalidNameError, canonical_name
+from opstate.domain.names import VIDEO_DETAIL, InvalidNameError, parse_name
 from opstate.domain.times import format_time
 from opstate.domain.views import record_to_json
+from opstate.ingest import find_record
 from opstate.outcomes.results import record_outcome, results_json
 from opstate.reconcile.tally import MarkDecision, RunDecision
 from opstate.store.port import RetryableError, Store
@@ -262,12 +266,22 @@ class Console:
             "operations": [_summary(r) for r in shown],
         }
 
+    def _find(self, raw_name: str) -> tuple[str, OpRecord | None]:
+        """The canonical key of ``raw_name`` and its record, as the API and the CLI find it: a
+        video operation an earlier release keyed by its full name, and a Google Cloud job keyed
+        with its location as written (``ParsedName.legacy``), are found too; the record keeps
+        its own key. An invalid name raises ``InvalidNameError``."""
+        parsed = parse_name(raw_name)
+        details = {VIDEO_DETAIL: parsed.model} if parsed.model else None
+        return parsed.key, find_record(self._store, parsed.key, details, parsed.legacy)
+
     def _operation(self, raw_name: str) -> tuple[int, list[tuple[str, str]], bytes]:
         try:
-            name = canonical_name(raw_name)
+            name, record = self._find(raw_name)
         except InvalidNameError as exc:
             return self._data(400, _error("invalid-name", str(exc)))
-        record = self._store.get(name)
+        if record is not None:
+            name = record.name  # an older key: its decisions and results are filed under it
         decisions = self._decisions.for_operation(name)
         if record is None and not decisions:
             return self._data(404, _error("not-found", f"no operation named {name!r} is tracked"))
@@ -296,10 +310,10 @@ class Console:
                 ),
             )
         try:
-            name = canonical_name(raw_name)
+            name, record = self._find(raw_name)
         except InvalidNameError as exc:
             return self._data(400, _error("invalid-name", str(exc)))
-        status, body = self._refresh(name)
+        status, body = self._refresh(record.name if record is not None else name)
         return self._data(status, body)
 
     # --- responses --------------------------------------------------------------------------
