@@ -18,14 +18,16 @@ import gc
 
 gc.disable()
 
-from typing import Any  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 from aws_lambda_powertools.logging import correlation_paths  # noqa: E402
-from aws_lambda_powertools.utilities.typing import LambdaContext  # noqa: E402
 
 from opstate.api import handle  # noqa: E402
 from opstate.config import settings  # noqa: E402
 from opstate.observability import logger, metrics, tracer  # noqa: E402
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.typing import LambdaContext
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)

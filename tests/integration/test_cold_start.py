@@ -1,7 +1,10 @@
-"""The webhook's init keeps the cyclic GC away from what it builds, and always turns it back on.
+"""The webhook's init: it keeps the cyclic GC away from what it builds (and always turns it back
+on), and imports only what every request needs; the parts only some requests need are imported
+by their first request.
 
-Each case runs in a fresh interpreter (``gc.freeze`` is process-wide, so not in the test
-process). benchmarks/bench_cold.py measures what this saves; nothing here is timed.
+Each case runs in a fresh interpreter (``gc.freeze`` and ``sys.modules`` are process-wide, so
+not in the test process). benchmarks/bench_cold.py measures what this saves; nothing here is
+timed.
 """
 
 from __future__ import annotations
@@ -10,8 +13,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.support.webhooks import TEST_SECRET, http_event, signed_headers
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY = ROOT / "functions" / "webhook" / "app.py"
@@ -29,7 +35,7 @@ def load_entry():
 """
 
 
-def run(code: str, **env: str) -> dict[str, object]:
+def run(code: str, **env: str) -> dict[str, Any]:
     result = subprocess.run(
         [sys.executable, "-c", PRELUDE + code],
         capture_output=True,
@@ -47,7 +53,7 @@ def run(code: str, **env: str) -> dict[str, object]:
         },
     )
     assert result.returncode == 0, result.stderr
-    answer: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
+    answer: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     return answer
 
 
@@ -136,3 +142,122 @@ def test_the_tracer_instruments_only_aws_calls_and_http_client() -> None:
         AWS_XRAY_CONTEXT_MISSING="LOG_ERROR",
     )
     assert answer == {"calls": [["botocore", "httplib"]], "requests": False}
+
+
+# Modules (and their submodules) the webhook's init - the entry, then the app its first request
+# uses - must not import (docs/api.md, "Cold start"): the reconciler's SDK and Google's auth;
+# what Powertools' event handler package loads (asyncio, the event data classes, OpenAPI: the
+# API routes with ``opstate.api.router``); the X-Ray SDK (tracing off); PyJWT and sqlite3; and
+# the parts of the app that only some requests need, each imported by its first request.
+NOT_AT_INIT = (
+    "google.genai",
+    "google.auth",
+    "asyncio",
+    "aws_lambda_powertools.event_handler",
+    "aws_lambda_powertools.utilities.data_classes",
+    "aws_lambda_powertools.utilities.parser",
+    "pydantic",
+    "aws_xray_sdk",
+    "jwt",
+    "sqlite3",
+    "opstate.api.pubsub",  # the first Pub/Sub push
+    "opstate.quarantine",  # the first signed delivery that cannot be read
+    "opstate.private_files",
+    "opstate.waiters",  # the first report that names a waiter
+    "opstate.outcomes",  # the first GET of a record (its results view)
+    "opstate.signatures.jwt_tokens",
+    "opstate.webhook_secrets.files",
+    "opstate.webhook_secrets.rotation",
+    "opstate.reconcile",
+    "opstate.notify",
+    "opstate.replay",
+    "opstate.local",
+    "opstate.cli",
+)
+
+LOADED = (
+    "def loaded(names):\n"
+    "    return sorted(m for m in sys.modules\n"
+    "                  if any(m == n or m.startswith(n + '.') for n in names))\n"
+)
+
+# The deployed function's settings (template.yaml): the quarantine queue, the waiters table and
+# their ARNs, Pub/Sub push; a webhook or operations request needs none of them at init.
+DEPLOYED = {
+    "OPSTATE_QUARANTINE_QUEUE_URL": "https://sqs.us-east-1.amazonaws.com/123456789012/q",
+    "OPSTATE_WAITERS_TABLE_NAME": "cold-start-waiters",
+    "OPSTATE_WAITER_STATE_MACHINE_ARNS": "arn:aws:states:us-east-1:123456789012:stateMachine:w",
+    "OPSTATE_PUBSUB_AUDIENCE": "https://example.invalid/google-cloud/pubsub",
+    "OPSTATE_PUBSUB_EMAIL": "push@p1.iam.gserviceaccount.com",
+}
+
+
+@pytest.mark.parametrize("deployed", [False, True], ids=["bare", "deployed"])
+def test_the_init_imports_only_what_every_request_needs(deployed: bool) -> None:
+    answer = run(
+        LOADED + "load_entry()\n"
+        "from opstate.api import default_app\n"
+        "default_app()\n"
+        f"print(json.dumps({{'loaded': loaded({NOT_AT_INIT!r})}}))\n",
+        OPSTATE_STORE="dynamodb://cold-start-test",
+        AWS_ENDPOINT_URL_DYNAMODB="http://127.0.0.1:9",
+        **(DEPLOYED if deployed else {}),
+    )
+    assert answer["loaded"] == []
+
+
+def test_each_lazy_part_is_imported_by_its_first_request() -> None:
+    """Through the Lambda entry: a webhook and a report import none of the lazy parts; a GET
+    imports the results view, a report naming a waiter the waiters, a push the Pub/Sub
+    receiver, an unreadable signed webhook the quarantine; each answers as it always did."""
+    body = b'{"type": "batch.succeeded", "data": {"id": "batches/cold"}}'
+    unreadable = b"{not json"
+    steps = [
+        (
+            "webhook",
+            http_event(
+                "POST", "/gemini/webhook", body=body, headers=signed_headers(body, timestamp=None)
+            ),
+        ),
+        ("report", http_event("PUT", "/operations/batches/cold", iam=True)),
+        ("get", http_event("GET", "/operations/batches/cold", iam=True)),
+        (
+            "waiter",
+            http_event(
+                "PUT",
+                "/operations/batches/cold",
+                body=json.dumps({"waiter": {"taskToken": "t"}}).encode(),
+                iam=True,
+            ),
+        ),
+        ("push", http_event("POST", "/google-cloud/pubsub", body=b"{}")),
+        (
+            "unreadable",
+            http_event(
+                "POST",
+                "/gemini/webhook",
+                body=unreadable,
+                headers=signed_headers(unreadable, timestamp=None),
+            ),
+        ),
+    ]
+    lazy = ["opstate.outcomes", "opstate.waiters", "opstate.api.pubsub", "opstate.quarantine"]
+    answer = run(
+        LOADED + "module = load_entry()\n"
+        f"steps = json.loads({json.dumps(steps)!r})\n"
+        "seen = {}\n"
+        "for label, event in steps:\n"
+        "    status = module.handle(event, None)['statusCode']\n"
+        f"    seen[label] = [status, [n for n in {lazy!r} if loaded([n])]]\n"
+        "print(json.dumps(seen))\n",
+        OPSTATE_STORE="memory://",
+        OPSTATE_WEBHOOK_SECRETS=TEST_SECRET,
+    )
+    assert answer == {
+        "webhook": [200, []],
+        "report": [200, []],
+        "get": [200, ["opstate.outcomes"]],
+        "waiter": [400, ["opstate.outcomes", "opstate.waiters"]],  # no ARNs: not enabled
+        "push": [401, ["opstate.outcomes", "opstate.waiters", "opstate.api.pubsub"]],
+        "unreadable": [200, lazy],
+    }

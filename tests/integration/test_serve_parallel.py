@@ -128,20 +128,49 @@ def test_concurrent_resolves_never_mix_their_requests(tmp_path: Path, threads: i
     ][:5]
 
 
-def test_every_route_is_ready_before_the_first_request() -> None:
-    """Powertools builds a route's middleware stack on its first request; two threads taking
-    that first request at once built it twice and one answered 500 (``MiddlewareFrame.__call__()
-    missing ... 'app'``, seen under CI in the test above). ``create_app`` builds them all."""
+def test_the_first_requests_of_every_route_at_once_are_all_answered() -> None:
+    """The first requests of every route arriving together are all answered (Powertools built
+    a route's middleware stack on its first request, and two threads taking it at once answered
+    one of them 500), and what the app builds on first use (the waiters' registrar, the Pub/Sub
+    receiver) is built once."""
     from opstate.api import create_app
     from opstate.config import Settings
     from opstate.signatures import StaticSecretsVerifier
     from opstate.store.memory import MemoryStore
+
+    builds: list[str] = []
+
+    def registrar_factory() -> None:
+        builds.append("registrar")
+        time.sleep(0.05)  # a slow build: the other first requests arrive meanwhile
+        return None  # no waiter store: a waiter is refused with a 400
 
     app = create_app(
         store=MemoryStore(),
         verifier=StaticSecretsVerifier([SECRET]),
         settings=Settings(webhook_secrets=(SECRET,)),
         operations_auth=lambda _event: None,
+        registrar_factory=registrar_factory,
     )
-    routes = app._static_routes + app._dynamic_routes
-    assert routes and all(route._middleware_stack_built for route in routes)
+    waiter = json.dumps({"waiter": {"type": "step-functions", "token": "t"}}).encode()
+    requests: list[tuple[dict[str, Any], int]] = []
+    for i in range(4):
+        raw, headers = signed_webhook(f"batches/first-{i}")
+        requests += [
+            (http_event("POST", "/gemini/webhook", body=raw, headers=headers), 200),
+            (http_event("POST", "/google-cloud/pubsub", body=b"{}"), 401),  # not configured
+            (http_event("GET", f"/operations/batches/none-{i}"), 404),
+            (http_event("PUT", f"/operations/batches/wait-{i}", body=waiter), 400),
+            (http_event("DELETE", f"/operations/batches/none-{i}"), 404),
+        ]
+    barrier = threading.Barrier(len(requests))
+    context = LocalLambdaContext()
+
+    def answer(event: dict[str, Any]) -> int:
+        barrier.wait(timeout=10)
+        return int(app.resolve(event, context)["statusCode"])
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        statuses = list(pool.map(answer, [event for event, _ in requests]))
+    assert statuses == [status for _, status in requests]
+    assert builds == ["registrar"]

@@ -1,4 +1,4 @@
-"""The HTTP API: Gemini webhooks in, operation records out (Powertools, HTTP API payload v2).
+"""The HTTP API: Gemini webhooks in, operation records out (API Gateway HTTP API payload v2).
 
 Routes:
 - ``POST /gemini/webhook``: size check (413, before any HMAC work), signature verification over
@@ -20,14 +20,18 @@ the quarantine and answered 200 ``reason: quarantined`` (``opstate.quarantine``)
 the event was neither applied nor dropped (contention, store or secrets unavailable) - never
 200 then; 404 ``not-found`` for unknown records and routes.
 
-The package owns the API: ``errors`` (``ApiError``, JSON responses, the 503 of an unavailable
-dependency), ``request`` (body, size limit, JSON, headers), ``auth`` (who may call the
-operations routes), ``ingesting`` (one event into the store, with the API's answers to its
-failures), ``webhook`` (the webhook receiver and its quarantine), ``operations`` (the
-operations routes), ``app`` (``create_app``: the wiring) and ``lambda_entry`` (``handle``,
-``default_app``); every name callers use is re-exported here. It may import the domain,
-settings (``opstate.config``), ingest, the store, signatures, the quarantine, observability and
-``opstate.api_token``, never the notifier, the reconciler, the local server or the CLI.
+The package owns the API: ``router`` (routing HTTP API payload 2.0 events, ``Response``),
+``lazy`` (parts built by their first request), ``errors`` (``ApiError``, JSON responses, the 503
+of an unavailable dependency), ``request`` (body, size limit, JSON, headers), ``auth`` (who may
+call the operations routes), ``ingesting`` (one event into the store, with the API's answers to
+its failures), ``webhook`` (the webhook receiver and its quarantine), ``pubsub`` (Pub/Sub
+pushes, imported by the first one), ``operations`` (the operations routes), ``app``
+(``create_app``: the wiring) and ``lambda_entry`` (``handle``, ``default_app``); every name
+callers use is re-exported here. The Lambda's init imports only what every webhook or
+operations request needs (docs/api.md, "Cold start"). It may import the domain,
+settings (``opstate.config``), ingest, the store, signatures, the quarantine, observability,
+``opstate.api_token``, the waiters and the results view (``opstate.outcomes.results``), never
+the notifier, the reconciler, the local server or the CLI.
 """
 
 from opstate.api.app import create_app

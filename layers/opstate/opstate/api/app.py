@@ -1,118 +1,28 @@
-"""``create_app``: the routes wired onto one Powertools resolver, with the JSON error answers."""
+"""``create_app``: the routes wired onto one ``Router``, with the JSON error answers."""
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, cast
-
-from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
-from aws_lambda_powertools.event_handler.api_gateway import ResponseBuilder
-from aws_lambda_powertools.event_handler.exceptions import NotFoundError
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from opstate.api.auth import OperationsAuth, require_iam_caller
 from opstate.api.errors import ApiError, json_response
 from opstate.api.ingesting import Ingester
+from opstate.api.lazy import OnFirstUse
 from opstate.api.operations import OPERATIONS_ROUTE, OperationsRoutes
-from opstate.api.pubsub import NotConfigured, PubSubReceiver
-from opstate.api.webhook import WebhookReceiver
+from opstate.api.router import Request, Response, Router
+from opstate.api.webhook import Keeper, QuarantineOnFirstUse, WebhookReceiver
 from opstate.config import Settings
 from opstate.domain.model import Decision
 from opstate.domain.routes import PUBSUB_PATH, WEBHOOK_PATH
 from opstate.observability import logger
-from opstate.quarantine import LogQuarantine, Quarantine
-from opstate.signatures import Verifier, pubsub_verifier_from_settings
+from opstate.signatures import Verifier
 from opstate.store.port import Store
-from opstate.waiters.run import Registrar
 
 if TYPE_CHECKING:
-    from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEventV2
-    from aws_lambda_powertools.utilities.typing import LambdaContext
-
-
-class _ResponseBuilder(ResponseBuilder[Any]):
-    """Powertools' response builder, which reads the request's headers for ``Accept-Encoding``
-    only when the route or the response may be compressed (none of ours is): Powertools builds
-    a case-insensitive copy of every header, each split at its commas, on every response to
-    answer that question, whose answer is then no compression whatever the header says."""
-
-    @staticmethod
-    def _has_compression_enabled(
-        route_compression: bool, response_compression: bool | None, event: Any
-    ) -> bool:
-        if not route_compression and not response_compression:
-            return False
-        return ResponseBuilder._has_compression_enabled(
-            route_compression, response_compression, event
-        )
-
-
-class _Resolver(APIGatewayHttpResolver):
-    """Powertools' HTTP API resolver, its per-request state kept per thread.
-
-    Powertools keeps the request being resolved on the router *class* (``BaseRouter.
-    current_event`` and ``lambda_context``, shared by every resolver) and its routing context on
-    the instance, so two threads resolving at once would read each other's request. Here the
-    three live in a ``threading.local`` and ``resolve`` does what Powertools' does (no debug
-    print, which is off) with them: ``opstate serve``'s worker threads resolve requests in
-    parallel, with no process-wide lock, so a read never waits behind a write that waits on
-    the store (tests/integration/test_serve_parallel.py). In Lambda one request at a time is
-    resolved, as before.
-    """
-
-    def __init__(self) -> None:
-        self._request = threading.local()
-        super().__init__()
-        self._response_builder_class = _ResponseBuilder
-
-    @property  # type: ignore[override]
-    def current_event(self) -> APIGatewayProxyEventV2:
-        event: APIGatewayProxyEventV2 = self._request.event
-        return event
-
-    @current_event.setter
-    def current_event(self, value: APIGatewayProxyEventV2) -> None:
-        self._request.event = value
-
-    @property
-    def lambda_context(self) -> LambdaContext:
-        context: LambdaContext = self._request.lambda_context
-        return context
-
-    @lambda_context.setter
-    def lambda_context(self, value: LambdaContext) -> None:
-        self._request.lambda_context = value
-
-    @property
-    def context(self) -> dict[str, Any]:
-        request = self._request
-        if not hasattr(request, "context"):
-            request.context = {}
-        routing: dict[str, Any] = request.context
-        return routing
-
-    @context.setter
-    def context(self, value: dict[str, Any]) -> None:
-        self._request.context = value
-
-    def build_middleware_stacks(self) -> None:
-        """Build every route's middleware stack now, once. Powertools builds a route's stack
-        lazily on its first request and flags it built; two threads taking a route's first
-        request at once would both build it, one calling the other's half-built stack
-        (``TypeError: MiddlewareFrame.__call__() missing ... 'app'``). Built here, before any
-        request, it is only read afterwards."""
-        for route in self._static_routes + self._dynamic_routes:
-            if not route._middleware_stack_built:
-                route._build_middleware_stack(router_middlewares=self._router_middlewares, app=self)
-
-    def resolve(self, event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
-        self.current_event = cast("APIGatewayProxyEventV2", self._to_proxy_event(dict(event)))
-        self.lambda_context = context
-        try:
-            return self._build_response(self._resolve())
-        finally:
-            self.context.clear()
+    from opstate.api.pubsub import PubSubReceiver
+    from opstate.waiters.run import Registrar
 
 
 def create_app(
@@ -122,19 +32,26 @@ def create_app(
     settings: Settings,
     clock_ns: Callable[[], int] = time.time_ns,
     on_decision: Callable[[Decision], None] | None = None,
-    quarantine: Quarantine | None = None,
+    quarantine: Keeper | None = None,
     operations_auth: OperationsAuth = require_iam_caller,
     pubsub_verifier: Verifier | None = None,
     registrar: Registrar | None = None,
+    registrar_factory: Callable[[], Registrar | None] | None = None,
     on_waiter: Callable[[str], None] | None = None,
-) -> APIGatewayHttpResolver:
-    """The API's resolver over ``store``; ``on_decision`` sees every decision taken;
+) -> Router:
+    """The API's router over ``store``; ``on_decision`` sees every decision taken;
     ``operations_auth`` admits or refuses each operations request (default: AWS IAM); signed
     webhooks that cannot be read are kept in ``quarantine`` (default: logged whole); Pub/Sub
-    pushes meet ``pubsub_verifier`` (default: the one the settings describe, else refused)."""
-    app = _Resolver()
+    pushes meet ``pubsub_verifier`` (default: the one the settings describe, else refused);
+    waiters are kept by ``registrar``, or by the one ``registrar_factory`` builds on the first
+    report that names a waiter (None: waiters refused).
+
+    The Pub/Sub receiver is built on the first push: a webhook or operations request never
+    imports its code (nor PyJWT, which its verifier uses)."""
+    if registrar is not None and registrar_factory is not None:
+        raise ValueError("give a registrar or a registrar_factory, not both")
     ingest = Ingester(store, settings.ingest_max_attempts, clock_ns, on_decision)
-    kept = quarantine if quarantine is not None else LogQuarantine()
+    kept = quarantine if quarantine is not None else QuarantineOnFirstUse(_log_quarantine)
     receiver = WebhookReceiver(
         verifier=verifier,
         ingest=ingest,
@@ -142,71 +59,78 @@ def create_app(
         max_bytes=settings.max_body_bytes,
         clock_ns=clock_ns,
     )
-    if pubsub_verifier is None:
-        pubsub_verifier = pubsub_verifier_from_settings(settings) or NotConfigured()
-    pubsub = PubSubReceiver(
-        verifier=pubsub_verifier,
-        ingest=ingest,
-        quarantine=kept,
-        max_bytes=settings.max_body_bytes,
-        clock_ns=clock_ns,
-        max_future_skew_s=settings.max_future_skew_s,
-    )
+
+    def pubsub_receiver() -> PubSubReceiver:
+        from opstate.api.pubsub import NotConfigured, PubSubReceiver
+        from opstate.signatures import pubsub_verifier_from_settings
+
+        chosen = pubsub_verifier
+        if chosen is None:
+            chosen = pubsub_verifier_from_settings(settings) or NotConfigured()
+        return PubSubReceiver(
+            verifier=chosen,
+            ingest=ingest,
+            quarantine=kept,
+            max_bytes=settings.max_body_bytes,
+            clock_ns=clock_ns,
+            max_future_skew_s=settings.max_future_skew_s,
+        )
+
     operations = OperationsRoutes(
         store=store,
         ingest=ingest,
         operations_auth=operations_auth,
         max_bytes=settings.max_body_bytes,
         clock_ns=clock_ns,
-        registrar=registrar,
+        registrar=(
+            OnFirstUse(registrar_factory)
+            if registrar_factory is not None
+            else OnFirstUse.ready(registrar)
+        ),
         on_waiter=on_waiter,
         max_future_skew_s=settings.max_future_skew_s,
     )
-    _add_routes(app, receiver, operations, pubsub)
+    app = Router()
+    _add_routes(app, receiver, operations, OnFirstUse(pubsub_receiver))
     _add_error_answers(app)
-    app.build_middleware_stacks()
     return app
 
 
+def _log_quarantine() -> Keeper:
+    from opstate.quarantine import LogQuarantine
+
+    return LogQuarantine()
+
+
 def _add_routes(
-    app: APIGatewayHttpResolver,
+    app: Router,
     receiver: WebhookReceiver,
     operations: OperationsRoutes,
-    pubsub: PubSubReceiver,
+    pubsub: OnFirstUse[PubSubReceiver],
 ) -> None:
-    @app.post(WEBHOOK_PATH)
-    def webhook() -> Response[str]:
-        return receiver.answer(app.current_event.raw_event)
-
-    @app.post(PUBSUB_PATH)
-    def pubsub_push() -> Response[str]:
-        return pubsub.answer(app.current_event.raw_event)
-
-    @app.get(OPERATIONS_ROUTE)
-    def get_operation() -> Response[str]:
-        event = app.current_event
-        return operations.get(event.raw_event, event.path)
-
-    @app.put(OPERATIONS_ROUTE)
-    def put_operation() -> Response[str]:
-        event = app.current_event
-        return operations.put(event.raw_event, event.path)
+    app.route("POST", WEBHOOK_PATH, lambda request: receiver.answer(request.event))
+    app.route("POST", PUBSUB_PATH, lambda request: pubsub.get().answer(request.event))
+    app.route("GET", OPERATIONS_ROUTE, lambda request: operations.get(request.event, request.path))
+    app.route("PUT", OPERATIONS_ROUTE, lambda request: operations.put(request.event, request.path))
 
 
-def _add_error_answers(app: APIGatewayHttpResolver) -> None:
-    @app.exception_handler(ApiError)  # type: ignore[untyped-decorator]
-    def api_error(exc: ApiError) -> Response[str]:
+def _add_error_answers(app: Router) -> None:
+    def api_error(exc: ApiError, request: Request) -> Response:
         return json_response(exc.status, {"error": exc.code, "message": exc.message}, exc.headers)
 
-    @app.not_found
-    def not_found(exc: NotFoundError) -> Response[str]:
-        event = app.current_event
+    def not_found(request: Request) -> Response:
         return json_response(
             404,
-            {"error": "not-found", "message": f"no route for {event.http_method} {event.path}"},
+            {
+                "error": "not-found",
+                "message": f"no route for {request.http_method} {request.path}",
+            },
         )
 
-    @app.exception_handler(Exception)  # type: ignore[untyped-decorator]
-    def internal_error(exc: Exception) -> Response[str]:
+    def internal_error(exc: Exception, request: Request) -> Response:
         logger.exception("unhandled error", extra={"error_type": type(exc).__name__})
         return json_response(500, {"error": "internal-error", "message": "internal error"})
+
+    app.exception_handler(ApiError, api_error)
+    app.not_found(not_found)
+    app.exception_handler(Exception, internal_error)

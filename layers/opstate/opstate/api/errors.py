@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from aws_lambda_powertools.event_handler import Response
-
+from opstate.api.router import Response
 from opstate.domain.strict_json import dumps
 from opstate.observability import record_retry_later
 
@@ -31,7 +30,7 @@ class ApiError(Exception):
 
 def json_response(
     status: int, body: Mapping[str, Any], headers: Mapping[str, str] | None = None
-) -> Response[str]:
+) -> Response:
     return Response(
         status_code=status,
         content_type=JSON,

@@ -5,20 +5,24 @@ from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Any
-
-from aws_lambda_powertools.event_handler import APIGatewayHttpResolver
 
 from opstate.api.app import create_app
 from opstate.api.auth import lambda_operations_auth
-from opstate.config import settings
+from opstate.api.webhook import Keeper, QuarantineOnFirstUse
+from opstate.config import Settings, settings
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.typing import LambdaContext
 
-_app: APIGatewayHttpResolver | None = None
+    from opstate.api.router import Router
+    from opstate.store.port import Store
+    from opstate.waiters.run import Registrar
+
+_app: Router | None = None
 _app_lock = threading.Lock()
 
 
@@ -38,17 +42,34 @@ def _built_for_life() -> Iterator[None]:
             gc.enable()
 
 
-def default_app() -> APIGatewayHttpResolver:
+def _quarantine(config: Settings) -> Keeper:
+    """The quarantine the settings name (``OPSTATE_QUARANTINE_QUEUE_URL``, else the log)."""
+    from opstate.quarantine import quarantine_from_settings
+
+    return quarantine_from_settings(config.quarantine_queue_url)
+
+
+def _registrar_factory(store: Store, config: Settings) -> Callable[[], Registrar | None]:
+    """The waiters' registrar beside ``store``, built by the first report that names a waiter
+    (the waiters code and its DynamoDB client are no part of the init)."""
+
+    def build() -> Registrar | None:
+        from opstate.waiters.wiring import registrar_for, waiter_store_for
+
+        return registrar_for(waiter_store_for(store, config), config)
+
+    return build
+
+
+def default_app() -> Router:
     """The app the Lambda serves, built once from ``settings()``: the store named by
     ``OPSTATE_STORE`` / ``OPSTATE_TABLE_NAME``, the configured webhook verifier and the waiters
-    beside the store (``OPSTATE_WAITERS_TABLE_NAME`` for DynamoDB)."""
+    beside the store (``OPSTATE_WAITERS_TABLE_NAME`` for DynamoDB; built on first use)."""
     global _app
     with _app_lock:
         if _app is None:
-            from opstate.quarantine import quarantine_from_settings
             from opstate.signatures import verifier_from_settings
             from opstate.store import store_from_url
-            from opstate.waiters.wiring import registrar_for, waiter_store_for
 
             with _built_for_life():
                 config = settings()
@@ -58,9 +79,9 @@ def default_app() -> APIGatewayHttpResolver:
                     verifier=verifier_from_settings(config),
                     settings=config,
                     operations_auth=lambda_operations_auth(config),
-                    quarantine=quarantine_from_settings(config.quarantine_queue_url),
+                    quarantine=QuarantineOnFirstUse(partial(_quarantine, config)),
                     # Registration only: the resumer function resumes (the waiters stream).
-                    registrar=registrar_for(waiter_store_for(store, config), config),
+                    registrar_factory=_registrar_factory(store, config),
                 )
         return _app
 

@@ -1,33 +1,36 @@
 """``GET`` and ``PUT /operations/{name+}``: a record out, a report from the user's own producer
-in; each request admitted by ``operations_auth`` before anything else."""
+in; each request admitted by ``operations_auth`` before anything else.
+
+The results view (``opstate.outcomes.results``) is imported by the first GET, the waiters code
+by the first report that names a waiter: neither is needed at init (docs/api.md, "Cold
+start")."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
-
-from aws_lambda_powertools.event_handler import Response
 
 from opstate.api.auth import OperationsAuth
 from opstate.api.errors import ApiError, json_response, unavailable
 from opstate.api.ingesting import Ingester
+from opstate.api.lazy import OnFirstUse
 from opstate.api.request import parse_json, raw_body
+from opstate.api.router import Response
 from opstate.config import DEFAULT_MAX_FUTURE_SKEW_S
 from opstate.domain.events import InvalidEventError, UnsupportedEventError, from_report
 from opstate.domain.names import VIDEO_DETAIL, InvalidNameError, ParsedName, parse_name
 from opstate.domain.routes import OPERATIONS_PREFIX
 from opstate.domain.views import decision_to_json, record_to_json
 from opstate.ingest import find_record
-from opstate.outcomes.results import record_outcome
 from opstate.store.port import RetryableError, Store
-from opstate.waiters.enabled import TargetNotEnabledError
-from opstate.waiters.model import InvalidWaiterError, Waiter, parse_waiter
-from opstate.waiters.port import TooManyWaitersError
-from opstate.waiters.run import ArchivingUnavailableError, Registrar
 
-# Powertools treats a route rule as a regular expression: ".+" is its documented catch-all,
-# here a greedy, slash-containing operation name.
+if TYPE_CHECKING:
+    from opstate.waiters.model import Waiter
+    from opstate.waiters.run import Registrar
+
+# A route rule is a regular expression (``api.router``): ".+" is a greedy, slash-containing
+# operation name.
 OPERATIONS_ROUTE = OPERATIONS_PREFIX + ".+"
 
 
@@ -54,7 +57,7 @@ class OperationsRoutes:
         operations_auth: OperationsAuth,
         max_bytes: int,
         clock_ns: Callable[[], int],
-        registrar: Registrar | None = None,
+        registrar: OnFirstUse[Registrar | None] | None = None,
         on_waiter: Callable[[str], None] | None = None,
         max_future_skew_s: float = DEFAULT_MAX_FUTURE_SKEW_S,
     ) -> None:
@@ -64,13 +67,14 @@ class OperationsRoutes:
         self.operations_auth = operations_auth
         self.max_bytes = max_bytes
         self.clock_ns = clock_ns
-        # Waiters (docs/waiters.md): None refuses a body's "waiter"; ``on_waiter(name)`` runs
+        # Waiters (docs/waiters.md): a registrar of None refuses a body's "waiter" (it is built
+        # by the first report that names one: ``OnFirstUse``); ``on_waiter(name)`` runs
         # after a waiter was kept (the local server resumes at once; in AWS the waiters
         # table's stream does).
-        self.registrar = registrar
+        self.registrar = registrar if registrar is not None else OnFirstUse.ready(None)
         self.on_waiter = on_waiter
 
-    def get(self, event: Mapping[str, Any], path: str) -> Response[str]:
+    def get(self, event: Mapping[str, Any], path: str) -> Response:
         """The record (``views.record_to_json``) or 404."""
         self.operations_auth(event)
         parsed = _path_parsed(path)
@@ -88,13 +92,15 @@ class OperationsRoutes:
             raise unavailable(exc, name=name) from None
         if record is None:
             raise ApiError(404, "not-found", f"no operation named {name!r} is tracked")
+        from opstate.outcomes.results import record_outcome
+
         try:
             results, progress = record_outcome(self.store, record.name)
         except RetryableError as exc:
             raise unavailable(exc, name=name) from None
         return json_response(200, record_to_json(record, results, progress))
 
-    def put(self, event: Mapping[str, Any], path: str) -> Response[str]:
+    def put(self, event: Mapping[str, Any], path: str) -> Response:
         """A report; no body = "track this job" (PENDING now); an optional ``waiter`` is
         checked with the report before anything is written, then kept before the report is
         ingested (so no change can slip between the two unseen)."""
@@ -113,42 +119,50 @@ class OperationsRoutes:
         except UnsupportedEventError as exc:
             # The producer is the user's own code: an unknown state is its bug to fix.
             raise ApiError(400, "invalid-state", exc.message) from None
-        waiter = None if body is None or "waiter" not in body else self._waiter(op_event.name, body)
-        added = self._register(waiter) if waiter is not None else False
+        kept = None if body is None or "waiter" not in body else self._waiter(op_event.name, body)
+        added = _register(*kept) if kept is not None else False
         decision = self.ingest(op_event)
         answer = decision_to_json(decision)
-        if waiter is not None:
+        if kept is not None:
+            waiter = kept[0]
             answer["waiter"] = {"id": waiter.waiter_id, "when": str(waiter.when), "added": added}
             if self.on_waiter is not None:
                 self.on_waiter(waiter.name)
         return json_response(200, answer)
 
-    def _waiter(self, name: str, body: Mapping[str, Any]) -> Waiter:
-        if self.registrar is None:
+    def _waiter(self, name: str, body: Mapping[str, Any]) -> tuple[Waiter, Registrar]:
+        from opstate.waiters.enabled import TargetNotEnabledError
+        from opstate.waiters.model import InvalidWaiterError, parse_waiter
+        from opstate.waiters.run import ArchivingUnavailableError
+
+        registrar = self.registrar.get()
+        if registrar is None:
             raise ApiError(400, "waiters-not-enabled", "waiters are not enabled in this deployment")
         try:
             waiter = parse_waiter(name, body["waiter"], now_ns=self.clock_ns())
-            self.registrar.check(waiter)
+            registrar.check(waiter)
         except InvalidWaiterError as exc:
             raise ApiError(400, "invalid-waiter", str(exc)) from None
         except TargetNotEnabledError as exc:
             raise ApiError(400, "waiters-not-enabled", str(exc)) from None
         except ArchivingUnavailableError as exc:
             raise ApiError(400, "archiving-not-available", str(exc)) from None
-        return waiter
+        return waiter, registrar
 
-    def _register(self, waiter: Waiter) -> bool:
-        assert self.registrar is not None
-        try:
-            return self.registrar.register(waiter)
-        except TooManyWaitersError:
-            raise ApiError(
-                409,
-                "too-many-waiters",
-                f"{waiter.name} already has the most waiters allowed ({self.registrar.limit})",
-            ) from None
-        except RetryableError as exc:
-            raise unavailable(exc, name=waiter.name) from None
+
+def _register(waiter: Waiter, registrar: Registrar) -> bool:
+    from opstate.waiters.port import TooManyWaitersError
+
+    try:
+        return registrar.register(waiter)
+    except TooManyWaitersError:
+        raise ApiError(
+            409,
+            "too-many-waiters",
+            f"{waiter.name} already has the most waiters allowed ({registrar.limit})",
+        ) from None
+    except RetryableError as exc:
+        raise unavailable(exc, name=waiter.name) from None
 
 
 def _raw_path_name(path: str) -> str:

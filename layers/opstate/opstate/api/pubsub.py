@@ -15,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from aws_lambda_powertools.event_handler import Response
-
 from opstate.api.errors import ApiError, json_response, unavailable
 from opstate.api.request import clip, parse_json, raw_body, request_headers
+from opstate.api.router import Response
 from opstate.api.webhook import WebhookReceiver
 from opstate.domain.events import InvalidEventError, UnsupportedEventError, from_pubsub
 from opstate.domain.views import decision_to_json
@@ -54,7 +53,7 @@ class PubSubReceiver(WebhookReceiver):
 
     __slots__ = ()
 
-    def receive(self, event: Mapping[str, Any]) -> tuple[Response[str], str]:
+    def receive(self, event: Mapping[str, Any]) -> tuple[Response, str]:
         raw = raw_body(event, self.max_bytes)
         try:
             self.verifier.verify(raw, request_headers(event))

@@ -1,16 +1,19 @@
 """``POST /gemini/webhook``: size check, signature, JSON, ``from_webhook``, ingest; a signed
-delivery that cannot be read is kept in the quarantine and answered 200."""
+delivery that cannot be read is kept in the quarantine and answered 200.
+
+The quarantine's code is imported by the first delivery kept, not at init (most cold starts
+keep nothing): the receiver keeps through a ``Keeper``, e.g. ``QuarantineOnFirstUse``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
-
-from aws_lambda_powertools.event_handler import Response
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opstate.api.errors import ApiError, json_response, unavailable
 from opstate.api.ingesting import Ingester
+from opstate.api.lazy import OnFirstUse
 from opstate.api.request import clip, parse_json, raw_body, request_headers
+from opstate.api.router import Response
 from opstate.config import DEFAULT_MAX_FUTURE_SKEW_S
 from opstate.domain.events import (
     InvalidEventError,
@@ -28,7 +31,6 @@ from opstate.observability import (
     record_unsupported,
     record_webhook_outcome,
 )
-from opstate.quarantine import Delivery, Quarantine, QuarantineFullError
 from opstate.signatures import (
     HEADER_ID,
     HEADER_SIGNATURE,
@@ -38,6 +40,29 @@ from opstate.signatures import (
     Verifier,
 )
 from opstate.store.port import RetryableError
+
+if TYPE_CHECKING:
+    from opstate.quarantine import Delivery
+
+
+class Keeper(Protocol):
+    """Where signed deliveries that cannot be read are kept (``opstate.quarantine``'s
+    ``put``: the kept id; ``QuarantineFullError`` or another ``RetryableError`` when it
+    cannot keep one)."""
+
+    def put(self, delivery: Delivery) -> str: ...
+
+
+class QuarantineOnFirstUse:
+    """The quarantine ``build`` returns, built (its module imported) by the first ``put``."""
+
+    __slots__ = ("_quarantine",)
+
+    def __init__(self, build: Callable[[], Keeper]) -> None:
+        self._quarantine = OnFirstUse(build)
+
+    def put(self, delivery: Delivery) -> str:
+        return self._quarantine.get().put(delivery)
 
 
 class WebhookReceiver:
@@ -51,7 +76,7 @@ class WebhookReceiver:
         *,
         verifier: Verifier,
         ingest: Ingester,
-        quarantine: Quarantine,
+        quarantine: Keeper,
         max_bytes: int,
         clock_ns: Callable[[], int],
         max_future_skew_s: float = DEFAULT_MAX_FUTURE_SKEW_S,
@@ -63,7 +88,7 @@ class WebhookReceiver:
         self.max_bytes = max_bytes
         self.clock_ns = clock_ns
 
-    def answer(self, event: Mapping[str, Any]) -> Response[str]:
+    def answer(self, event: Mapping[str, Any]) -> Response:
         """The response to one webhook request, its ``WebhookDeliveries`` outcome counted."""
         try:
             response, outcome = self.receive(event)
@@ -76,7 +101,7 @@ class WebhookReceiver:
         record_webhook_outcome(outcome)
         return response
 
-    def receive(self, event: Mapping[str, Any]) -> tuple[Response[str], str]:
+    def receive(self, event: Mapping[str, Any]) -> tuple[Response, str]:
         """The answer to one webhook request and its ``WebhookDeliveries`` outcome."""
         raw = raw_body(event, self.max_bytes)
         headers = request_headers(event)
@@ -114,11 +139,13 @@ class WebhookReceiver:
         body: object,
         webhook_id: str | None,
         proof: Mapping[str, str],
-    ) -> Response[str]:
+    ) -> Response:
         """A signed delivery we cannot read: kept with the headers that proved it (``proof``,
         verified again on replay), answered 200 (never a 4xx: Gemini would retry it for a day,
         then disable the endpoint), counted; 503 if it cannot be kept (the quarantine is full
         or down: Gemini retries)."""
+        from opstate.quarantine import Delivery, QuarantineFullError
+
         # Kept (and deduplicated) under the whole webhook-id the signature covered, not the
         # clipped one the logs carry: two long ids sharing a prefix are two deliveries.
         full_id = proof.get(HEADER_ID)
@@ -177,7 +204,7 @@ def proof_headers(verifier: Verifier, headers: Mapping[str, str]) -> dict[str, s
     return {name: headers[name] for name in names if name in headers}
 
 
-def _unsupported(exc: UnsupportedEventError, body: object, webhook_id: str | None) -> Response[str]:
+def _unsupported(exc: UnsupportedEventError, body: object, webhook_id: str | None) -> Response:
     """A readable webhook of a type or state we deliberately ignore: logged, answered 200."""
     name = best_effort_name(body)
     event_type = body.get("type") if isinstance(body, Mapping) else None
