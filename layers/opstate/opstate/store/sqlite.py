@@ -34,6 +34,10 @@
 
 "database is locked", busy, disk and I/O errors raise ``StoreUnavailableError``; SQL errors are
 bugs and propagate.
+
+This module holds the connections and the records; ``sqlite_schema`` the table, the columns
+added on open and the row codecs; ``sqlite_polls`` the open index and the poll state (the
+reconciler's side); ``sqlite_archives`` the archive state (the archiver's side).
 """
 
 from __future__ import annotations
@@ -44,106 +48,41 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
 from opstate.config import DEFAULT_RETENTION_DAYS
 from opstate.domain.model import OpRecord
-from opstate.domain.states import parse_state
 from opstate.private_files import create_database_file
 from opstate.store.port import (
     WRITTEN,
-    ArchiveEntry,
-    ArchiveState,
-    Due,
-    PollState,
     StoreUnavailableError,
     WriteOutcome,
     expires_at,
     initial_due,
     validate_record,
 )
+from opstate.store.sqlite_archives import SQLiteArchives
+from opstate.store.sqlite_polls import SQLitePolls
+from opstate.store.sqlite_schema import (
+    COLUMNS,
+    PAGE,
+    SELECT,
+    add_poll_columns,
+    is_full,
+    is_unavailable,
+    ns_text,
+    record_of,
+)
+from opstate.store.sqlite_schema import SCHEMA as _SCHEMA
 
 DEFAULT_BUSY_TIMEOUT_S = 5.0
 WAL_AUTOCHECKPOINT_PAGES = 100
 JOURNAL_SIZE_LIMIT_BYTES = 1024 * 1024
 SYNCHRONOUS = "FULL"
-_NS_DIGITS = 21  # enough for any instant up to year 9999 in ns
-_PAGE = 500
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS operations (
-    name        TEXT PRIMARY KEY,
-    state       TEXT NOT NULL,
-    rank        INTEGER NOT NULL,
-    update_ns   TEXT NOT NULL,
-    version     INTEGER NOT NULL,
-    kind        TEXT NOT NULL,
-    source      TEXT NOT NULL,
-    details     TEXT NOT NULL,
-    created_ns  INTEGER NOT NULL,
-    applied_ns  INTEGER NOT NULL,
-    open_ns     TEXT,
-    expires_at  INTEGER
-);
-CREATE INDEX IF NOT EXISTS operations_open ON operations (open_ns, name)
-    WHERE open_ns IS NOT NULL;
-"""
-
-# Poll-state columns added after the first release (a file written by it lacks them).
-_POLL_COLUMNS = ("poll_misses", "poll_missing_since_ns", "lost_ns", "overdue_ns")
-# The archive state beside a terminal record (opstate.outcomes), added after the poll state:
-# ``archive`` is its JSON (NULL: none yet), the other three are copies the queries filter on.
-_ARCHIVE_COLUMNS = (
-    ("archive", "TEXT"),
-    ("archive_status", "TEXT"),
-    ("archive_rev", "INTEGER NOT NULL DEFAULT 0"),
-    ("archive_due_ns", "INTEGER NOT NULL DEFAULT 0"),
-    ("progress", "TEXT"),  # PollState.progress (JSON), a running batch's batchStats
-)
-
-_COLUMNS = (
-    "name, state, rank, update_ns, version, kind, source, details, created_ns, applied_ns, "
-    "open_ns, expires_at"
-)
-_SELECT = f"SELECT {_COLUMNS} FROM operations"
-_SELECT_ARCHIVE = f"SELECT {_COLUMNS}"
-_SELECT_DUE = f"SELECT {_COLUMNS}, {', '.join(_POLL_COLUMNS)} FROM operations"
-
-# Fragments of sqlite3.OperationalError messages that mean "not now", not "wrong SQL".
-_UNAVAILABLE_MESSAGES = (
-    "locked",
-    "busy",
-    "disk",
-    "i/o error",
-    "unable to open",
-    "readonly",
-    "read-only",
-    "out of memory",
-)
 
 
-def _ns_text(ns: int) -> str:
-    return f"{ns:0{_NS_DIGITS}d}"
-
-
-def _is_full(exc: BaseException | None) -> bool:
-    """Whether ``exc`` is SQLite's "database or disk is full" (SQLITE_FULL)."""
-    if not isinstance(exc, sqlite3.OperationalError):
-        return False
-    code = getattr(exc, "sqlite_errorcode", None)
-    return code == sqlite3.SQLITE_FULL or "is full" in str(exc).lower()
-
-
-def _is_unavailable(exc: sqlite3.Error) -> bool:
-    if isinstance(exc, sqlite3.OperationalError):
-        text = str(exc).lower()
-        return any(fragment in text for fragment in _UNAVAILABLE_MESSAGES)
-    return False
-
-
-class SQLiteStore:
+class SQLiteStore(SQLitePolls, SQLiteArchives):
     """The store port on one SQLite file (see the module docstring)."""
 
     def __init__(
@@ -168,21 +107,9 @@ class SQLiteStore:
         conn = self._conn()
         try:
             self._with_lock_retry(lambda: conn.executescript(_SCHEMA))
-            self._with_lock_retry(lambda: self._add_poll_columns(conn))
+            self._with_lock_retry(lambda: add_poll_columns(conn))
         except sqlite3.Error as exc:
             self._raise(exc)
-
-    @staticmethod
-    def _add_poll_columns(conn: sqlite3.Connection) -> None:
-        have = {row[1] for row in conn.execute("PRAGMA table_info(operations)")}
-        wanted = [(c, "INTEGER NOT NULL DEFAULT 0") for c in _POLL_COLUMNS]
-        for column, kind in [*wanted, *_ARCHIVE_COLUMNS]:
-            if column not in have:
-                try:
-                    conn.execute(f"ALTER TABLE operations ADD COLUMN {column} {kind}")
-                except sqlite3.OperationalError as exc:
-                    if "duplicate column" not in str(exc).lower():  # another process won
-                        raise
 
     # -- connections -------------------------------------------------------------------------
 
@@ -248,7 +175,7 @@ class SQLiteStore:
                 conn.close()
 
     def _raise(self, exc: sqlite3.Error) -> NoReturn:
-        if _is_unavailable(exc):
+        if is_unavailable(exc):
             raise StoreUnavailableError(f"SQLite store {self.path}: {exc}") from exc
         raise exc
 
@@ -256,23 +183,15 @@ class SQLiteStore:
 
     def get(self, name: str) -> OpRecord | None:
         try:
-            row = self._conn().execute(f"{_SELECT} WHERE name = ?", (name,)).fetchone()
+            row = self._conn().execute(f"{SELECT} WHERE name = ?", (name,)).fetchone()
         except sqlite3.Error as exc:
             self._raise(exc)
-        return _record(row) if row else None
-
-    def poll_state(self, name: str) -> PollState | None:
-        """The poll state stored beside the record of ``name``, or None."""
-        try:
-            row = self._conn().execute(f"{_SELECT_DUE} WHERE name = ?", (name,)).fetchone()
-        except sqlite3.Error as exc:
-            self._raise(exc)
-        return _due(row).poll if row else None
+        return record_of(row) if row else None
 
     def put_if_absent(self, record: OpRecord) -> WriteOutcome:
         values = self._row(record)
         return self._write(
-            f"INSERT INTO operations ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            f"INSERT INTO operations ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT(name) DO NOTHING",
             values,
             record.name,
@@ -295,87 +214,6 @@ class SQLiteStore:
             record.name,
         )
 
-    def list_open(self, limit: int = 100) -> Sequence[OpRecord]:
-        if limit <= 0:
-            return []
-        try:
-            rows = (
-                self._conn()
-                .execute(
-                    f"{_SELECT} WHERE open_ns IS NOT NULL ORDER BY open_ns, name LIMIT ?",
-                    (limit,),
-                )
-                .fetchall()
-            )
-        except sqlite3.Error as exc:
-            self._raise(exc)
-        return [_record(row) for row in rows]
-
-    def iter_due(self, now_ns: int | None, page_size: int = 100) -> Iterator[Due]:
-        """Open, not-lost entries due by ``now_ns`` (None: all), oldest due first, by pages
-        of ``page_size`` on the partial index (keyset paging: no transaction held)."""
-        after: tuple[str, str] = ("", "")
-        upper = _ns_text(now_ns) if now_ns is not None else "9" * _NS_DIGITS
-        size = max(1, page_size)
-        while True:
-            try:
-                rows = (
-                    self._conn()
-                    .execute(
-                        f"{_SELECT_DUE} WHERE open_ns IS NOT NULL AND open_ns <= ? "
-                        "AND (open_ns, name) > (?, ?) ORDER BY open_ns, name LIMIT ?",
-                        (upper, after[0], after[1], size),
-                    )
-                    .fetchall()
-                )
-            except sqlite3.Error as exc:
-                self._raise(exc)
-            for row in rows:
-                yield _due(row)
-            if len(rows) < size:
-                return
-            after = (rows[-1][10], rows[-1][0])
-
-    def set_poll(self, name: str, version: int, poll: PollState) -> bool:
-        open_ns = None if poll.lost else _ns_text(max(0, poll.due_ns))
-        progress = None if poll.progress is None else json.dumps(dict(poll.progress))
-        try:
-            cursor = self._conn().execute(
-                "UPDATE operations SET open_ns = ?, poll_misses = ?, poll_missing_since_ns = ?, "
-                "lost_ns = ?, overdue_ns = ?, progress = COALESCE(?, progress) "
-                "WHERE name = ? AND version = ? AND expires_at IS NULL",
-                (
-                    open_ns,
-                    poll.misses,
-                    poll.missing_since_ns,
-                    poll.lost_ns,
-                    poll.overdue_ns,
-                    progress,
-                    name,
-                    version,
-                ),
-            )
-        except sqlite3.Error as exc:
-            self._raise(exc)
-        return bool(cursor.rowcount)
-
-    def iter_marked(self) -> Iterator[Due]:
-        try:
-            rows = (
-                self._conn()
-                .execute(
-                    f"{_SELECT_DUE} WHERE expires_at IS NULL AND (lost_ns > 0 OR overdue_ns > 0) "
-                    "ORDER BY name"
-                )
-                .fetchall()
-            )
-        except sqlite3.Error as exc:
-            self._raise(exc)
-        for row in rows:
-            entry = _due(row)
-            if not entry.record.terminal:
-                yield entry
-
     def iter_all(self) -> Iterator[OpRecord]:
         """Every record by name, fetched in pages (no read transaction held across yields)."""
         after = ""  # every name is non-empty, so every name sorts after ""
@@ -384,96 +222,25 @@ class SQLiteStore:
                 rows = (
                     self._conn()
                     .execute(
-                        f"{_SELECT} WHERE name > ? ORDER BY name LIMIT ?",
-                        (after, _PAGE),
+                        f"{SELECT} WHERE name > ? ORDER BY name LIMIT ?",
+                        (after, PAGE),
                     )
                     .fetchall()
                 )
             except sqlite3.Error as exc:
                 self._raise(exc)
             for row in rows:
-                yield _record(row)
-            if len(rows) < _PAGE:
+                yield record_of(row)
+            if len(rows) < PAGE:
                 return
             after = rows[-1][0]
-
-    def get_archive(self, name: str) -> ArchiveState | None:
-        try:
-            row = (
-                self._conn()
-                .execute("SELECT archive FROM operations WHERE name = ?", (name,))
-                .fetchone()
-            )
-        except sqlite3.Error as exc:
-            self._raise(exc)
-        return _archive(row[0]) if row else None
-
-    def set_archive(self, name: str, expected_rev: int, state: ArchiveState) -> bool:
-        stored = replace(state, rev=expected_rev + 1)
-        try:
-            cursor = self._conn().execute(
-                "UPDATE operations SET archive = ?, archive_status = ?, archive_rev = ?, "
-                "archive_due_ns = ? WHERE name = ? AND expires_at IS NOT NULL "
-                "AND created_ns = ? AND archive_rev = ?",
-                (
-                    json.dumps(stored.as_dict(), sort_keys=True),
-                    stored.status,
-                    stored.rev,
-                    stored.due_ns,
-                    name,
-                    state.created_ns,
-                    expected_rev,
-                ),
-            )
-        except sqlite3.Error as exc:
-            self._raise(exc)
-        return bool(cursor.rowcount)
-
-    def get_progress(self, name: str) -> dict[str, int] | None:
-        try:
-            row = (
-                self._conn()
-                .execute("SELECT progress FROM operations WHERE name = ?", (name,))
-                .fetchone()
-            )
-        except sqlite3.Error as exc:
-            self._raise(exc)
-        if not row or not row[0]:
-            return None
-        value = json.loads(row[0])
-        return value if isinstance(value, dict) else None
-
-    def iter_archive_due(self, now_ns: int) -> Iterator[ArchiveEntry]:
-        """Unsettled terminal records by (due, name), fetched in pages (keyset paging)."""
-        after: tuple[int, str] = (-1, "")
-        while True:
-            try:
-                rows = (
-                    self._conn()
-                    .execute(
-                        f"{_SELECT_ARCHIVE}, archive, archive_due_ns FROM operations "
-                        "WHERE expires_at IS NOT NULL AND (archive_status IS NULL OR "
-                        "(archive_status IN ('pending', 'failed') AND archive_due_ns <= ?)) "
-                        "AND (archive_due_ns, name) > (?, ?) "
-                        "ORDER BY archive_due_ns, name LIMIT ?",
-                        (now_ns, after[0], after[1], _PAGE),
-                    )
-                    .fetchall()
-                )
-            except sqlite3.Error as exc:
-                self._raise(exc)
-            for row in rows:
-                yield ArchiveEntry(_record(row), _archive(row[12]))
-            if len(rows) < _PAGE:
-                return
-            after = (int(rows[-1][13]), rows[-1][0])
 
     # -- extras ------------------------------------------------------------------------------
 
     def raw_row(self, name: str) -> dict[str, Any] | None:
         """The stored row of ``name`` as a dict of columns (tests, debugging)."""
         conn = self._conn()
-        cursor = conn.execute(f"{_SELECT} WHERE name = ?", (name,))
+        cursor = conn.execute(f"{SELECT} WHERE name = ?", (name,))
         row = cursor.fetchone()
         if row is None:
             return None
@@ -500,12 +267,12 @@ class SQLiteStore:
         if record.terminal:
             expires = expires_at(record, self.retention_days, self._clock())
         else:
-            open_ns = _ns_text(max(0, initial_due(record)))
+            open_ns = ns_text(max(0, initial_due(record)))
         return (
             record.name,
             str(record.state),
             record.rank,
-            _ns_text(record.update_time_ns),
+            ns_text(record.update_time_ns),
             record.version,
             str(record.kind),
             str(record.source),
@@ -522,7 +289,7 @@ class SQLiteStore:
         except StoreUnavailableError as exc:
             # Out of space: the WAL may hold what could move into the database (or be cut
             # back), so checkpoint and try once more; else the caller answers 503.
-            if not _is_full(exc.__cause__) or not self.checkpoint():
+            if not is_full(exc.__cause__) or not self.checkpoint():
                 raise
             return self._write_once(sql, params, name)
 
@@ -531,44 +298,7 @@ class SQLiteStore:
         try:
             if conn.execute(sql, params).rowcount:
                 return WRITTEN
-            row = conn.execute(f"{_SELECT} WHERE name = ?", (name,)).fetchone()
+            row = conn.execute(f"{SELECT} WHERE name = ?", (name,)).fetchone()
         except sqlite3.Error as exc:
             self._raise(exc)
-        return WriteOutcome(ok=False, current=_record(row) if row else None)
-
-
-def _due(row: Sequence[Any]) -> Due:
-    record = _record(row)
-    open_ns = row[10]
-    misses, missing_since, lost, overdue = (int(v or 0) for v in row[12:16])
-    return Due(
-        record,
-        PollState(
-            due_ns=int(open_ns) if open_ns is not None else 0,
-            misses=misses,
-            missing_since_ns=missing_since,
-            lost_ns=lost,
-            overdue_ns=overdue,
-        ),
-    )
-
-
-def _archive(text: str | None) -> ArchiveState | None:
-    if not text:
-        return None
-    raw = json.loads(text)
-    return ArchiveState.from_dict(raw) if isinstance(raw, dict) else None
-
-
-def _record(row: Sequence[Any]) -> OpRecord:
-    details = json.loads(row[7])
-    return OpRecord(
-        name=row[0],
-        state=parse_state(row[1]),
-        update_time_ns=int(row[3]),
-        version=int(row[4]),
-        source=row[6],
-        details=details if isinstance(details, dict) else {},
-        created_ns=int(row[8]),
-        applied_ns=int(row[9]),
-    )
+        return WriteOutcome(ok=False, current=record_of(row) if row else None)
