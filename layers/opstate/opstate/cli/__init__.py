@@ -5,7 +5,7 @@ lines), 2 usage (bad arguments, invalid name, state or time, bad store URL or co
 Errors go to stderr as one sentence; ``--json`` output is documented in ``docs/cli.md``.
 
 google-genai and boto3's Secrets Manager client are imported only by the commands that need
-them; google-genai only through ``opstate.reconcile``.
+them; google-genai only through ``opstate.gemini``.
 
 Owns: ``app`` (parser and dispatch: ``main``), ``common`` (errors, exit codes, output, store
 opening), one module per command group (``records``: get/list/track/report, ``replay``,

@@ -5,7 +5,8 @@ HTTP server), ``secret_file`` (the local webhook secret), ``reconcile_loop`` (th
 timer), ``console`` (the operations page at ``/`` with its ``static`` files), ``hosts`` (the
 Host check), ``waiters`` (the local waiters), ``options`` (what serve is started with),
 ``front`` (the API app and the page behind the HTTP server), ``start_lines`` (what serve
-prints) and ``serve`` (the wiring: the start, the loops, the shutdown). May import the domain,
-config, stores, signatures, observability, api and reconcile, never the CLI; nothing but
-``opstate.cli`` imports it.
+prints) and ``serve`` (the wiring: the start, the loops, the shutdown). May import every room
+below it (the domain, config, stores, signatures, secrets, observability, quarantine, api,
+reconcile, outcomes, waiters) and the composition (``opstate.wiring``), never the CLI; nothing
+but ``opstate.cli`` imports it.
 """

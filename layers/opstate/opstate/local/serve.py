@@ -188,7 +188,7 @@ def _purge_expired(store: Store, say: Callable[[str], None]) -> None:
 def _refresher(
     store: Store, settings: Settings, decisions: DecisionLog, say: Callable[[str], None]
 ) -> Callable[[str], tuple[int, dict[str, Any]]] | None:
-    """The page's "poll now" button: ``opstate.reconcile.refresh_with`` on this server's
+    """The page's "poll now" button: ``opstate.wiring.reconcile.refresh_with`` on this server's
     store, its decision kept for the page and printed like the reconciler's (None without a
     Gemini API key)."""
     if not (settings.gemini_api_key or settings.gemini_api_key_secret_arn):

@@ -29,7 +29,8 @@ This package imports no AWS code: Secrets Manager functions take a boto3 client.
 The package owns the stored secrets: ``rule`` (keys, parsing, rendering), ``rotation`` (merging
 on register / rotate), ``files`` (the local file) and ``secrets_manager`` (Secrets Manager through
 a client it is given); every name callers use is re-exported here. It may import the standard
-library only: nothing of opstate beyond itself, and no AWS code.
+library, ``opstate.private_files`` (the local file's rule) and ``opstate.observability`` (the
+warnings), and no AWS code.
 """
 
 from __future__ import annotations
