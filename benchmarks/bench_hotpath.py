@@ -56,12 +56,12 @@ class Floor:
 
     def __init__(self, path: Path, synchronous: str | None = None) -> None:
         from opstate.store.sqlite import (
-            _SCHEMA,
             DEFAULT_BUSY_TIMEOUT_S,
             JOURNAL_SIZE_LIMIT_BYTES,
             SYNCHRONOUS,
             WAL_AUTOCHECKPOINT_PAGES,
         )
+        from opstate.store.sqlite_schema import SCHEMA as _SCHEMA
 
         self.key = base64.b64decode(SECRET.removeprefix("whsec_"))
         self.conn = sqlite3.connect(path, timeout=DEFAULT_BUSY_TIMEOUT_S, isolation_level=None)
