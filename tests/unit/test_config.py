@@ -271,3 +271,25 @@ def test_the_readme_lists_every_variable_read() -> None:
         if v not in names and not any(n.startswith("_") and v.endswith(n) for n in names)
     }
     assert not missing, f"README's configuration table lacks {sorted(missing)}"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "my_project/us-central1",  # '_' is no project id character
+        "my.project/us-central1",
+        "p1/us.central1",
+        "p1/evil.example#",
+        "p1",
+        "/us-central1",
+        "P1/us-central1",  # a project id is lowercase; Google does not fold it
+    ],
+)
+def test_a_cloud_scope_outside_googles_alphabet_is_refused(raw: str) -> None:
+    with pytest.raises(ConfigError, match="OPSTATE_GOOGLE_CLOUD_SCOPES"):
+        Settings.from_env({"OPSTATE_GOOGLE_CLOUD_SCOPES": raw})
+
+
+def test_a_cloud_scope_location_in_any_case_is_one_scope() -> None:
+    s = Settings.from_env({"OPSTATE_GOOGLE_CLOUD_SCOPES": "p1/US-CENTRAL1 p1/us-central1 123/eu"})
+    assert s.google_cloud_scopes == (("p1", "us-central1"), ("123", "eu"))
