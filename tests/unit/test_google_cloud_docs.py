@@ -40,3 +40,14 @@ def test_the_parameters_and_outputs_the_page_names_exist() -> None:
     assert "PubSubServiceAccountEmail" in template["Parameters"]
     for output in ("GoogleCredentialsSecretArn", "ReconcileRoleArn", "PubSubPushUrl"):
         assert output in template["Outputs"] and output in PAGE
+
+
+def test_the_template_takes_the_scopes_config_takes() -> None:
+    # The stack refuses at deploy time what the reconciler would refuse at its start, and
+    # takes what it takes (a location in capitals aside: the parameter asks for lowercase).
+    pattern = re.compile(load_template()["Parameters"]["GoogleCloudScopes"]["AllowedPattern"])
+    for good in ("", "my-project/us-central1", "p1/us-central1 123/europe-west4"):
+        assert pattern.fullmatch(good), good
+        Settings.from_env({"OPSTATE_GOOGLE_CLOUD_SCOPES": good})
+    for bad in ("my_project/us-central1", "p1/us.central1", "P1/us-central1", "p1"):
+        assert not pattern.fullmatch(bad), bad
