@@ -165,6 +165,8 @@ NOT_AT_INIT = (
     "opstate.private_files",
     "opstate.waiters",  # the first report that names a waiter
     "opstate.outcomes",  # the first GET of a record (its results view)
+    "opstate.domain.events_polls",  # polled sources: the first Pub/Sub push (from_operation)
+    "opstate.store.memory",  # memory:// only (tests)
     "opstate.signatures.jwt_tokens",
     "opstate.webhook_secrets.files",
     "opstate.webhook_secrets.rotation",

@@ -31,6 +31,9 @@ Two kinds of refusal:
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from opstate.domain.events_parsing import (
     UNKNOWN_STATE,
     UNSUPPORTED_EVENT_TYPE,
@@ -40,21 +43,6 @@ from opstate.domain.events_parsing import (
     UnsupportedEventError,
     check_future_skew,
 )
-from opstate.domain.events_polls import (
-    COMPLETION_STATS,
-    COMPLETION_STATS_FIELDS,
-    INTERACTION_REASONS,
-    INTERACTION_STATUSES,
-    JOB_STATES,
-    OUTPUT_LOCATION,
-    RAI_FILTERED_COUNT,
-    RAI_FILTERED_REASONS,
-    RPC_CANCELLED,
-    RPC_OK,
-    from_batch_job,
-    from_interaction,
-    from_operation,
-)
 from opstate.domain.events_report import from_report
 from opstate.domain.events_webhook import (
     WEBHOOK_DETAIL_FIELDS,
@@ -63,6 +51,44 @@ from opstate.domain.events_webhook import (
     from_pubsub,
     from_webhook,
     webhook_kind_hint,
+)
+
+if TYPE_CHECKING:
+    from opstate.domain.events_polls import (
+        COMPLETION_STATS,
+        COMPLETION_STATS_FIELDS,
+        INTERACTION_REASONS,
+        INTERACTION_STATUSES,
+        JOB_STATES,
+        OUTPUT_LOCATION,
+        RAI_FILTERED_COUNT,
+        RAI_FILTERED_REASONS,
+        RPC_CANCELLED,
+        RPC_OK,
+        from_batch_job,
+        from_interaction,
+        from_operation,
+    )
+
+# Loaded on first use: only the reconciler, the CLI and a Pub/Sub push read polled sources, so
+# the webhook's init (which imports this module for ``from_webhook`` and ``from_report``) does
+# not load ``events_polls`` (docs/api.md, "Cold start").
+_POLLS = frozenset(
+    {
+        "COMPLETION_STATS",
+        "COMPLETION_STATS_FIELDS",
+        "INTERACTION_REASONS",
+        "INTERACTION_STATUSES",
+        "JOB_STATES",
+        "OUTPUT_LOCATION",
+        "RAI_FILTERED_COUNT",
+        "RAI_FILTERED_REASONS",
+        "RPC_CANCELLED",
+        "RPC_OK",
+        "from_batch_job",
+        "from_interaction",
+        "from_operation",
+    }
 )
 
 __all__ = [
@@ -94,3 +120,11 @@ __all__ = [
     "from_webhook",
     "webhook_kind_hint",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _POLLS:
+        raise AttributeError(f"module 'opstate.domain.events' has no attribute {name!r}")
+    value = getattr(importlib.import_module("opstate.domain.events_polls"), name)
+    globals()[name] = value
+    return value

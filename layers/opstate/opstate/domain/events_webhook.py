@@ -19,7 +19,6 @@ from opstate.domain.events_parsing import (
     parsed_name,
     with_model,
 )
-from opstate.domain.events_polls import from_operation
 from opstate.domain.model import OpEvent
 from opstate.domain.names import GOOGLE_CLOUD, Kind, backend_of, kind_of
 from opstate.domain.states import State
@@ -126,6 +125,10 @@ def from_pubsub(envelope: object) -> OpEvent:
     parsed = parsed_name(field(operation, "name"), Kind.VIDEO)
     if backend_of(parsed.key) != GOOGLE_CLOUD or kind_of(parsed.key) is not Kind.VIDEO:
         raise InvalidEventError("invalid-name", f"{parsed.key} is not a Google Cloud Veo operation")
+    # Imported here: a Pub/Sub push is rare, and the webhook's init never loads the polled
+    # sources' module for it (docs/api.md, "Cold start").
+    from opstate.domain.events_polls import from_operation
+
     event = from_operation(operation)
     update_ns = event.update_time_ns or event_time(message.get("publishTime"))
     return OpEvent(event.name, event.state, update_ns, Source.WEBHOOK, event.details)

@@ -1,7 +1,8 @@
 """Stores behind one small port: DynamoDB (production), SQLite (embedded), memory (tests).
 
-``store_from_url`` builds one from a URL; the DynamoDB and SQLite modules are imported only when
-such a store is asked for (boto3 is not needed to run on SQLite).
+``store_from_url`` builds one from a URL; the DynamoDB, SQLite and memory modules are imported
+only when such a store is asked for (boto3 is not needed to run on SQLite; ``MemoryStore`` is
+loaded by its first use).
 
 Owns: ``port`` (the ``Store`` protocol, write outcomes, ``RetryableError`` and
 ``StoreUnavailableError``, ``expires_at``), ``dynamodb`` (with ``dynamodb_items``, the item
@@ -15,11 +16,11 @@ the local server or the CLI.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from opstate.store.memory import MemoryStore
 from opstate.store.port import (
     WRITTEN,
     Due,
@@ -33,6 +34,7 @@ from opstate.store.port import (
 
 if TYPE_CHECKING:
     from opstate.config import StoreSettings
+    from opstate.store.memory import MemoryStore
 
 __all__ = [
     "WRITTEN",
@@ -75,6 +77,8 @@ def store_from_url(url: str, settings: StoreSettings | None = None) -> Store:
 def _memory_store(url: str, rest: str, settings: StoreSettings | None) -> Store:
     if rest.strip("/"):
         raise ValueError(f"invalid store URL {url!r}: memory:// takes no path")
+    from opstate.store.memory import MemoryStore
+
     return MemoryStore()
 
 
@@ -108,6 +112,16 @@ def _sqlite_store(url: str, rest: str, settings: StoreSettings | None) -> Store:
     if settings is None:
         return SQLiteStore(path)
     return SQLiteStore(path, retention_days=settings.retention_days)
+
+
+def __getattr__(name: str) -> Any:
+    """``MemoryStore`` on first use: the memory store is for tests and ``memory://``, so a
+    DynamoDB or SQLite process never loads it (docs/api.md, "Cold start")."""
+    if name != "MemoryStore":
+        raise AttributeError(f"module 'opstate.store' has no attribute {name!r}")
+    value = importlib.import_module("opstate.store.memory").MemoryStore
+    globals()[name] = value
+    return value
 
 
 # scheme (lower case) -> builder(url, the part after "://", settings)
