@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -37,7 +36,7 @@ from opstate.config.local import (
     serve_store_url,
 )
 from opstate.config.notify import NotifySettings
-from opstate.config.parse import MAX_SECONDS, ConfigError, Part
+from opstate.config.parse import MAX_SECONDS, ConfigError, Part, settings_part
 from opstate.config.reconcile import (
     DEFAULT_OVERDUE_HOURS,
     DEFAULT_RECONCILE_BUDGET_S,
@@ -120,7 +119,7 @@ PARTS: tuple[type[Part], ...] = (
 )
 
 
-@dataclass(frozen=True, kw_only=True)
+@settings_part
 class Settings(
     WaiterSettings,
     LocalSettings,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
-from opstate.config.parse import ConfigError, Part, given, read_int, read_str
+from opstate.config.parse import ConfigError, Part, given, read_int, read_str, settings_part
 from opstate.config.store import DEFAULT_LOCAL_STORE
 
 DEFAULT_RECONCILE_EVERY_S = 300.0
@@ -30,7 +30,7 @@ def _api_token(env: Mapping[str, str]) -> str | None:
     return token
 
 
-@dataclass(frozen=True, kw_only=True)
+@settings_part
 class LocalSettings(Part):
     """The local server (``opstate serve``)."""
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from opstate.config.parse import Part, given, read_str
+from opstate.config.parse import Part, given, read_str, settings_part
 
 
-@dataclass(frozen=True, kw_only=True)
+@settings_part
 class NotifySettings(Part):
     """The notifier."""
 

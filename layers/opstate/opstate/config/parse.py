@@ -1,5 +1,5 @@
 """How a setting is read from the environment: the error, the readers of one variable each, and
-``Part``, the base of every part of the settings.
+``Part``, the base of every part of the settings, with ``part``, their dataclass decorator.
 
 A reader returns None when its variable is unset or blank ("keep the field's default", see
 ``given``) and raises ``ConfigError`` naming the variable for a value it cannot use.
@@ -8,8 +8,9 @@ A reader returns None when its variable is unset or blank ("keep the field's def
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any, Self
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any, Self, cast, dataclass_transform
 
 
 class ConfigError(ValueError):
@@ -81,7 +82,8 @@ def bounded_int(env: Mapping[str, str], key: str, maximum: int, minimum: int = 0
 
 
 class Part:
-    """What every part of the settings provides: ``from_env`` on top of ``env_values``."""
+    """What every part of the settings provides: ``from_env`` on top of ``env_values``, and the
+    methods ``@dataclass`` would write for each part (``part``)."""
 
     @classmethod
     def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
@@ -92,3 +94,58 @@ class Part:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Self:
         return cls(**cls.env_values(env))
+
+    # What the generated methods of a frozen, keyword-only dataclass do, over ``fields``: the
+    # same values, errors, repr (fields with repr=False left out), equality and hash.
+
+    def __init__(self, *args: Any, **values: Any) -> None:
+        name = f"{type(self).__qualname__}.__init__()"
+        if args:
+            raise TypeError(f"{name} takes 1 positional argument but {len(args) + 1} were given")
+        known = _fields(self)
+        for key in values:
+            if not any(f.name == key and f.init for f in known):
+                raise TypeError(f"{name} got an unexpected keyword argument {key!r}")
+        for f in known:
+            if f.init and f.name in values:
+                value = values[f.name]
+            elif f.default is not MISSING:
+                value = f.default
+            elif f.default_factory is not MISSING:
+                value = f.default_factory()
+            else:
+                raise TypeError(f"{name} missing 1 required keyword-only argument: {f.name!r}")
+            object.__setattr__(self, f.name, value)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in _fields(self) if f.repr)
+        return f"{type(self).__qualname__}({shown})"
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        compared = [f.name for f in _fields(self) if f.compare]
+        return [getattr(self, n) for n in compared] == [getattr(other, n) for n in compared]
+
+    def __hash__(self) -> int:
+        hashed = (f for f in _fields(self) if (f.compare if f.hash is None else f.hash))
+        return hash(tuple(getattr(self, f.name) for f in hashed))
+
+
+def _fields(part: Part) -> tuple[Field[Any], ...]:
+    return fields(cast(Any, part))
+
+
+@dataclass_transform(frozen_default=True, kw_only_default=True, field_specifiers=(field,))
+def settings_part[P: Part](cls: type[P]) -> type[P]:
+    """``@dataclass(frozen=True, kw_only=True)`` for a part of the settings (and ``Settings``,
+    all of them), with ``Part``'s ``__init__``, ``__repr__``, ``__eq__`` and ``__hash__``
+    instead of generated ones: the same behaviour, without compiling them for every class at
+    every start (about half of importing ``opstate.config``, which every Lambda's init does;
+    ``Settings`` alone has some sixty fields; benchmarks/bench_cold.py)."""
+    build: Callable[[type[P]], type[P]] = dataclass(
+        frozen=True, kw_only=True, init=False, repr=False, eq=False
+    )
+    return build(cls)

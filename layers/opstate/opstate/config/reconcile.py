@@ -4,11 +4,20 @@ Cloud's discovery and credentials."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from opstate.config.google_cloud import cloud_scopes
-from opstate.config.parse import ConfigError, Part, given, read_float, read_int, read_str, scaled
+from opstate.config.parse import (
+    ConfigError,
+    Part,
+    given,
+    read_float,
+    read_int,
+    read_str,
+    scaled,
+    settings_part,
+)
 from opstate.domain.names import Kind
 
 # `opstate reconcile --once --budget`: the whole pass, Retry-After pauses included, ends by then.
@@ -58,7 +67,7 @@ def _overdue(env: Mapping[str, str]) -> str | None:
     return raw
 
 
-@dataclass(frozen=True, kw_only=True)
+@settings_part
 class ReconcileSettings(Part):
     """The reconciler: the Gemini API key, its pacing, schedule and marks."""
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from opstate.config.parse import (
@@ -15,13 +14,14 @@ from opstate.config.parse import (
     read_float,
     read_str,
     scaled,
+    settings_part,
 )
 
 DEFAULT_RESULTS_RETENTION_HOURS = 48.0
 DEFAULT_RESULTS_WARN_HOURS = 12.0
 
 
-@dataclass(frozen=True, kw_only=True)
+@settings_part
 class ResultsSettings(Part):
     """Outcomes: where results are archived and when they are due (``opstate.outcomes``)."""
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from opstate.config.parse import Part, given, read_float, read_int, read_str
+from opstate.config.parse import Part, given, read_float, read_int, read_str, settings_part
 
 DEFAULT_LOCAL_STORE = "sqlite:///.opstate/ops.db"
 # Defaults other modules need too (the stores' own keyword defaults).
@@ -19,7 +18,7 @@ DEFAULT_MAX_FUTURE_SKEW_S = 3600.0
 MAX_FUTURE_SKEW_LIMIT_S = 7 * 86400.0
 
 
-@dataclass(frozen=True, kw_only=True)
+@settings_part
 class StoreSettings(Part):
     """The store (``store_from_url``) and ingest's conditional writes."""
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from opstate.config.parse import ConfigError, Part, given, read_int, read_str
+from opstate.config.parse import ConfigError, Part, given, read_int, read_str, settings_part
 
 DEFAULT_MAX_WAITERS = 10
 
@@ -23,7 +22,7 @@ def _arns(env: Mapping[str, str], key: str) -> tuple[str, ...] | None:
     return arns or None
 
 
-@dataclass(frozen=True, kw_only=True)
+@settings_part
 class WaiterSettings(Part):
     """Waiters (docs/waiters.md): their DynamoDB table, the bound per operation, and the ARNs
     that enable each kind of waiter."""

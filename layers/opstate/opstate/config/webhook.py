@@ -4,7 +4,7 @@ Pub/Sub push."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from opstate.config.google_cloud import DEFAULT_PUBSUB_JWKS_URL
@@ -16,6 +16,7 @@ from opstate.config.parse import (
     read_float,
     read_int,
     read_str,
+    settings_part,
 )
 
 DEFAULT_JWKS_URL = "https://generativelanguage.googleapis.com/.well-known/jwks.json"
@@ -39,7 +40,7 @@ def _jwt_issuers(env: Mapping[str, str], *, public_url: str | None) -> tuple[str
     return issuers
 
 
-@dataclass(frozen=True, kw_only=True)
+@settings_part
 class WebhookSettings(Part):
     """The webhook receiver: secrets, limits, the quarantine, dynamic (JWT) webhooks."""
 
