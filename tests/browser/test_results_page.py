@@ -64,10 +64,12 @@ def test_progress_bar_and_ledger(page: Any, served: tuple[ServeProcess, Path]) -
     }
     report(server, "batches/running-1", {"state": "RUNNING", "details": {"batch_stats": stats}})
     report(server, "batches/done-1", {"state": "SUCCEEDED"})
+    report(server, "batches/done-2", {"state": "SUCCEEDED"})
     store = SQLiteStore(db)
     try:
         record = store.get("batches/done-1")
         assert record is not None
+        # done-1 as the release before blocked rows were counted archived it (no "blocked")
         summary = {
             "objects": [
                 {
@@ -97,6 +99,18 @@ def test_progress_bar_and_ledger(page: Any, served: tuple[ServeProcess, Path]) -
             summary=summary,
         )
         assert store.set_archive("batches/done-1", 0, archived)
+        rows = {"total": 10, "succeeded": 7, "blocked": 3, "failed": 2, "unreadable": 1}
+        later = store.get("batches/done-2")
+        assert later is not None
+        archived = ArchiveState(
+            "archived",
+            created_ns=later.created_ns,
+            deadline_ns=later.applied_ns + 48 * 3600 * 10**9,
+            archived_ns=later.applied_ns,
+            location="file:///r/batches/done-2/1/summary.json",
+            summary={**summary, "rows": rows},
+        )
+        assert store.set_archive("batches/done-2", 0, archived)
     finally:
         store.close()
     page.goto(f"{server.url}/#token={TEST_API_TOKEN}")
@@ -117,3 +131,9 @@ def test_progress_bar_and_ledger(page: Any, served: tuple[ServeProcess, Path]) -
     assert "155 total (100 prompt, 50 output, 5 thinking, 0 cached)" in text
     assert "file:///r/batches/done-1/1/output.jsonl (4096 bytes)" in text
     assert page.locator("#detail-progress").count() == 0
+    page.get_by_role("button", name="Show batches/done-2").click()
+    page.wait_for_selector("#detail-title:has-text('batches/done-2')")
+    fields.locator("text=Rows").wait_for()
+    assert "7 succeeded (3 blocked), 2 failed, 1 unreadable of 10 (10 requests)" in (
+        fields.inner_text()
+    )

@@ -573,7 +573,14 @@ def test_built_archiver_copies_a_batch_output_to_s3_and_it_is_announced(
     data = (
         b"".join(
             json.dumps(
-                {"key": f"k{i}", "response": {"usageMetadata": {"totalTokenCount": 3}}}
+                {
+                    "key": f"k{i}",
+                    "response": {
+                        # the first 5 stopped for safety: no answer (blocked)
+                        "candidates": [{"finishReason": "SAFETY" if i < 5 else "STOP"}],
+                        "usageMetadata": {"totalTokenCount": 3},
+                    },
+                }
             ).encode()
             + b"\n"
             for i in range(500)
@@ -610,7 +617,13 @@ def test_built_archiver_copies_a_batch_output_to_s3_and_it_is_announced(
     (event,) = [e for e in receive_all(stack) if e["detail-type"] != DETAIL_TYPE]
     detail = event["detail"]
     assert detail["name"] == name and detail["status"] == "archived"
-    assert detail["rows"] == {"total": 501, "succeeded": 500, "failed": 1, "unreadable": 0}
+    assert detail["rows"] == {
+        "total": 501,
+        "succeeded": 500,
+        "blocked": 5,
+        "failed": 1,
+        "unreadable": 0,
+    }
     assert detail["errors"] == {"8": 1} and detail["usage"]["totalTokenCount"] == 1500
 
 

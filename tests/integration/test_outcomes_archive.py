@@ -61,7 +61,7 @@ def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fake_gemini: FakeGemini
 
 
 def test_done_when_on_the_folder(cli: Any, fake_gemini: FakeGemini, tmp_path: Path) -> None:
-    data, expected = batch_output(120, {429: 4, 13: 2}, unreadable=1)
+    data, expected = batch_output(117, {429: 4, 13: 2}, unreadable=1, blocked=3)
     put_succeeded_batch(fake_gemini, "batches/b1", data, requests=130)
     assert cli("track", "batches/b1")[0] == 0
     code, out, err = cli("reconcile", "--once")

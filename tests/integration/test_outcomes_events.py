@@ -81,7 +81,7 @@ def test_archived_and_lost_results_are_announced_once(
     s3.create_bucket(Bucket="results")
     sink = S3Sink("results", "r", client=s3)
     now = time.time_ns()
-    data, expected = batch_output(9, {8: 2})
+    data, expected = batch_output(9, {8: 2}, blocked=2)
     file = fake_gemini.put_file("ok", body=data, expiration_time=format_time(now + 24 * HOUR))
     fake_gemini.put_batch("batches/ok", "SUCCEEDED", responses_file=file)
     fake_gemini.put_batch("batches/gone", "SUCCEEDED", responses_file="files/deleted")

@@ -99,7 +99,13 @@ def test_a_ledger_of_long_codes_fits_the_item_and_the_pass_goes_on(
         assert (result.archived, result.failed, result.errors) == (2, 0, 0), result
         view = results_json(store, "batches/a-long-codes")
         assert view is not None and view["status"] == "archived"
-        assert view["rows"] == {"total": 100, "succeeded": 0, "failed": 100, "unreadable": 0}
+        assert view["rows"] == {
+            "total": 100,
+            "succeeded": 0,
+            "blocked": 0,
+            "failed": 100,
+            "unreadable": 0,
+        }
         assert sum(view["errors"].values()) == 100
         assert all(len(code) <= 64 for code in view["errors"])
         after = results_json(store, "batches/b-after")
@@ -348,7 +354,13 @@ def test_an_endless_gzip_line_is_one_unreadable_row_in_bounded_memory(
     assert peak < 32 * MiB, f"peak {peak / MiB:.0f} MiB"
     view = results_json(store, "batches/gz")
     assert view is not None
-    assert view["rows"] == {"total": 4, "succeeded": 2, "failed": 1, "unreadable": 1}
+    assert view["rows"] == {
+        "total": 4,
+        "succeeded": 2,
+        "blocked": 0,
+        "failed": 1,
+        "unreadable": 1,
+    }
     assert view["usage"]["totalTokenCount"] == 10
     (obj,) = view["objects"]  # the stored object is the decoded bytes
     assert (obj["bytes"], obj["sha256"]) == (64 * MiB + 1 + len(tail), digest)

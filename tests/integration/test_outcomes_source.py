@@ -100,7 +100,14 @@ def test_inlined_responses_become_jsonl_in_request_order(
     ledger = BatchLedger()
     ledger.feed(item.data)
     ledger.finish()
-    assert ledger.rows.as_dict() == {"total": 2, "succeeded": 1, "failed": 1, "unreadable": 0}
+    # the response has no candidates: it carries no answer (blocked, among the succeeded)
+    assert ledger.rows.as_dict() == {
+        "total": 2,
+        "succeeded": 1,
+        "blocked": 1,
+        "failed": 1,
+        "unreadable": 0,
+    }
     assert ledger.errors == {"3": 1} and ledger.usage["totalTokenCount"] == 3
 
 

@@ -196,7 +196,8 @@ def test_reconcile_schedule_against_the_fake_gemini(local_stack: LocalStack) -> 
 def batch_output() -> bytes:
     """A batch's JSONL output: 400 answered rows (tokens), 3 failed (two codes), 1 unreadable."""
     usage = {"promptTokenCount": 2, "candidatesTokenCount": 3, "totalTokenCount": 5}
-    rows = [json.dumps({"key": f"k{i}", "response": {"usageMetadata": usage}}) for i in range(400)]
+    answer = {"candidates": [{"finishReason": "STOP"}], "usageMetadata": usage}
+    rows = [json.dumps({"key": f"k{i}", "response": answer}) for i in range(400)]
     rows += [
         json.dumps({"key": "q1", "status": {"code": 8, "message": "quota"}}),
         json.dumps({"key": "q2", "status": {"code": 8, "message": "quota"}}),
@@ -262,7 +263,7 @@ def test_the_built_archiver_copies_a_batch_output_to_s3(
     assert body["Metadata"]["sha256"] == sha256
     assert body["Metadata"]["opstate-name"] == name
 
-    rows = {"total": 404, "succeeded": 400, "failed": 3, "unreadable": 1}
+    rows = {"total": 404, "succeeded": 400, "blocked": 0, "failed": 3, "unreadable": 1}
     errors = {"8": 2, "3": 1}
     usage = {
         "promptTokenCount": 800,

@@ -21,7 +21,13 @@ from opstate.store.port import ARCHIVE_ARCHIVED, ArchiveState
 @dataclass
 class Expected:
     rows: dict[str, int] = field(
-        default_factory=lambda: {"total": 0, "succeeded": 0, "failed": 0, "unreadable": 0}
+        default_factory=lambda: {
+            "total": 0,
+            "succeeded": 0,
+            "blocked": 0,
+            "failed": 0,
+            "unreadable": 0,
+        }
     )
     errors: dict[str, int] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_FIELDS, 0))
@@ -45,8 +51,22 @@ def failed_line(key: str, code: int, message: str = "quota") -> dict[str, Any]:
     return {"key": key, "status": {"code": code, "message": message}}
 
 
-def batch_output(ok: int, failed: dict[int, int], unreadable: int = 0) -> tuple[bytes, Expected]:
-    """``ok`` succeeded rows, ``failed[code]`` failed rows per code, then broken lines."""
+def blocked_line(key: str, i: int) -> dict[str, Any]:
+    """A response without an answer: the prompt blocked (no candidates), or the one candidate
+    stopped for safety or recitation."""
+    if i % 3 == 0:
+        response: dict[str, Any] = {"promptFeedback": {"blockReason": "PROHIBITED_CONTENT"}}
+    else:
+        response = {"candidates": [{"finishReason": "SAFETY" if i % 3 == 1 else "RECITATION"}]}
+    response["usageMetadata"] = {"promptTokenCount": 4, "totalTokenCount": 4}
+    return {"key": key, "response": response}
+
+
+def batch_output(
+    ok: int, failed: dict[int, int], unreadable: int = 0, blocked: int = 0
+) -> tuple[bytes, Expected]:
+    """``ok`` succeeded rows with an answer, ``blocked`` succeeded rows without one,
+    ``failed[code]`` failed rows per code, then broken lines."""
     expected = Expected()
     lines = []
     for i in range(ok):
@@ -54,15 +74,20 @@ def batch_output(ok: int, failed: dict[int, int], unreadable: int = 0) -> tuple[
         expected.usage["promptTokenCount"] += 10 + i
         expected.usage["candidatesTokenCount"] += 5
         expected.usage["totalTokenCount"] += 15 + i
+    for i in range(blocked):
+        lines.append(json.dumps(blocked_line(f"b-{i}", i)))
+        expected.usage["promptTokenCount"] += 4
+        expected.usage["totalTokenCount"] += 4
     for code, n in failed.items():
         for i in range(n):
             lines.append(json.dumps(failed_line(f"f-{code}-{i}", code)))
         expected.errors[str(code)] = n
     lines.extend(["{not json"] * unreadable)
-    total = ok + sum(failed.values()) + unreadable
+    total = ok + blocked + sum(failed.values()) + unreadable
     expected.rows = {
         "total": total,
-        "succeeded": ok,
+        "succeeded": ok + blocked,
+        "blocked": blocked,
         "failed": sum(failed.values()),
         "unreadable": unreadable,
     }
@@ -113,7 +138,8 @@ def worst_case() -> tuple[OpRecord, ArchiveState]:
     location = "s3://" + "b" * 63 + "/" + "p" * 200 + "/" + name + f"/{2**62}/video-99.mp4"
     objects = [StoredObject(location, MAX_COUNT, "f" * 64) for _ in range(MAX_OBJECTS)]
     ledger = BatchLedger()
-    ledger.rows.total = ledger.rows.failed = MAX_COUNT
+    ledger.rows.total = ledger.rows.succeeded = ledger.rows.blocked = MAX_COUNT
+    ledger.rows.failed = ledger.rows.unreadable = MAX_COUNT
     codes = ((f"{i:04d}" + "c" * MAX_CODE_CHARS)[:MAX_CODE_CHARS] for i in range(1000))
     ledger.errors = dict.fromkeys(codes, MAX_COUNT)  # as many as the ledger tells apart
     ledger.usage = dict.fromkeys(ledger.usage, 10**30)  # a sum past any int64

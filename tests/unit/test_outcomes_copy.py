@@ -30,7 +30,9 @@ CHUNK = 1 << 20
 
 def line(i: int) -> bytes:
     usage = {"promptTokenCount": i, "totalTokenCount": i + 1}
-    return json.dumps({"key": str(i), "response": {"usageMetadata": usage}}).encode() + b"\n"
+    candidates = [{"finishReason": "SAFETY" if i % 7 == 0 else "STOP"}]  # 1 in 7 blocked
+    response = {"candidates": candidates, "usageMetadata": usage}
+    return json.dumps({"key": str(i), "response": response}).encode() + b"\n"
 
 
 class ChunkSource:
@@ -99,7 +101,13 @@ def test_the_copy_is_the_source_in_order_with_its_digest_and_counts(tmp_path: Pa
     assert state is not None
     summary = state.summary
     assert summary["objects"][0]["sha256"] == hashlib.sha256(data).hexdigest()
-    assert summary["rows"] == {"total": 40_000, "succeeded": 40_000, "failed": 0, "unreadable": 0}
+    assert summary["rows"] == {
+        "total": 40_000,
+        "succeeded": 40_000,
+        "blocked": len(range(0, 40_000, 7)),
+        "failed": 0,
+        "unreadable": 0,
+    }
     assert summary["usage"]["promptTokenCount"] == sum(range(40_000))
     assert summary["usage"]["totalTokenCount"] == sum(range(1, 40_001))
 

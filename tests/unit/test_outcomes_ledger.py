@@ -7,6 +7,7 @@ import hashlib
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,10 +17,22 @@ from tests.support.outcomes import chunked
 counts = st.integers(min_value=0, max_value=10**9)
 usage = st.dictionaries(st.sampled_from(USAGE_FIELDS), counts, max_size=6)
 codes = st.one_of(st.integers(min_value=0, max_value=16), st.none())
+# A response's candidates, each by its finishReason (None: the candidate has none), and whether
+# the row is blocked: no candidate, or every one blocked (SAFETY, RECITATION, ...).
+finishes = st.lists(
+    st.sampled_from(["STOP", "MAX_TOKENS", "SAFETY", "RECITATION", None]), max_size=2
+)
 ok_row = st.builds(
-    lambda key, u: {"key": key, "response": {"candidates": [], "usageMetadata": u}},
+    lambda key, u, f: {
+        "key": key,
+        "response": {
+            "candidates": [{} if r is None else {"finishReason": r} for r in f],
+            "usageMetadata": u,
+        },
+    },
     st.text(max_size=8),
     usage,
+    finishes,
 )
 failed_row = st.builds(
     lambda key, which, code: {
@@ -45,7 +58,7 @@ rows = st.lists(
 def reference(lines: list[tuple[str, Any, bytes]]) -> dict[str, Any]:
     """The counts by a straightforward second reading: one line at a time, whole."""
     out: dict[str, Any] = {
-        "rows": {"total": 0, "succeeded": 0, "failed": 0, "unreadable": 0},
+        "rows": {"total": 0, "succeeded": 0, "blocked": 0, "failed": 0, "unreadable": 0},
         "errors": {},
         "usage": dict.fromkeys(USAGE_FIELDS, 0),
     }
@@ -55,6 +68,9 @@ def reference(lines: list[tuple[str, Any, bytes]]) -> dict[str, Any]:
         out["rows"]["total"] += 1
         if what == "ok":
             out["rows"]["succeeded"] += 1
+            reasons = [c.get("finishReason") for c in row["response"]["candidates"]]
+            if all(r in ("SAFETY", "RECITATION") for r in reasons):  # all([]) too
+                out["rows"]["blocked"] += 1
             for key, value in row["response"]["usageMetadata"].items():
                 out["usage"][key] += value
         elif what == "failed":
@@ -86,6 +102,7 @@ def test_streaming_counts_equal_a_line_by_line_reading(lines, cuts, crlf, traili
     assert ledger.sha256 == hashlib.sha256(data).hexdigest()
     total = ledger.rows
     assert total.total == total.succeeded + total.failed + total.unreadable
+    assert 0 <= total.blocked <= total.succeeded
     assert sum(ledger.errors.values()) == total.failed
 
 
@@ -145,3 +162,62 @@ def test_inlined_responses_become_the_lines_a_file_would_hold(items):
     ledger.finish()
     assert ledger.rows.total == len(items)
     assert ledger.rows.succeeded == sum(1 for r in items if "response" in r)
+
+
+BLOCKED_EXAMPLES = [
+    # (response, blocked): the rule, one case each
+    ({"candidates": [{"finishReason": "STOP", "content": {"parts": [{"text": "hi"}]}}]}, False),
+    ({"candidates": [{"finishReason": "MAX_TOKENS"}]}, False),
+    ({"candidates": [{}]}, False),
+    ({"candidates": [{"finishReason": "SAFETY"}]}, True),
+    ({"candidates": [{"finishReason": "PROHIBITED_CONTENT"}]}, True),
+    ({"candidates": [{"finishReason": "BLOCKLIST"}]}, True),
+    ({"candidates": [{"finishReason": "SPII"}]}, True),
+    ({"candidates": [{"finishReason": "RECITATION"}]}, True),
+    ({"candidates": [{"finishReason": "SAFETY"}, {"finishReason": "STOP"}]}, False),
+    ({"candidates": [{"finishReason": "SAFETY"}, {"finishReason": "SPII"}]}, True),
+    ({"candidates": []}, True),
+    ({"candidates": None}, True),
+    ({}, True),
+    ({"promptFeedback": {"blockReason": "SAFETY"}}, True),
+    ({"promptFeedback": {"blockReason": "OTHER"}, "candidates": [{"finishReason": "STOP"}]}, True),
+    ({"promptFeedback": {}, "candidates": [{"finishReason": "STOP"}]}, False),
+    # Wrong types say nothing: not blocked, never a crash, the row still succeeded.
+    ({"promptFeedback": {"blockReason": 2}, "candidates": [{"finishReason": "STOP"}]}, False),
+    ({"promptFeedback": {"blockReason": ""}, "candidates": [{"finishReason": "STOP"}]}, False),
+    ({"promptFeedback": "SAFETY", "candidates": [{"finishReason": "STOP"}]}, False),
+    ({"candidates": "SAFETY"}, False),
+    ({"candidates": {"finishReason": "SAFETY"}}, False),
+    ({"candidates": 0}, False),
+    ({"candidates": [None]}, False),
+    ({"candidates": ["SAFETY"]}, False),
+    ({"candidates": [{"finishReason": 3}]}, False),
+    ({"candidates": [{"finishReason": ["SAFETY"]}]}, False),
+    ({"candidates": [{"finishReason": {"SAFETY": True}}]}, False),
+    ({"candidates": [{"finishReason": "safety"}]}, False),
+]
+
+
+@pytest.mark.parametrize("use_msgspec", [True, False], ids=["msgspec", "stdlib"])
+def test_a_response_without_an_answer_is_blocked_and_still_succeeded(use_msgspec):
+    data = b"".join(
+        json.dumps({"key": f"k{i}", "response": r}).encode() + b"\n"
+        for i, (r, _) in enumerate(BLOCKED_EXAMPLES)
+    )
+    data += b'{"key": "f", "status": {"code": 13, "message": "internal"}}\n'
+    for i, (response, blocked) in enumerate(BLOCKED_EXAMPLES):
+        one = BatchLedger(use_msgspec=use_msgspec)
+        one.feed(json.dumps({"key": "k", "response": response}).encode())
+        one.finish()
+        assert (one.rows.succeeded, one.rows.blocked) == (1, int(blocked)), (i, response)
+    ledger = BatchLedger(use_msgspec=use_msgspec)
+    ledger.feed(data)
+    ledger.finish()
+    n = len(BLOCKED_EXAMPLES)
+    assert ledger.rows.as_dict() == {
+        "total": n + 1,
+        "succeeded": n,
+        "blocked": sum(b for _, b in BLOCKED_EXAMPLES),
+        "failed": 1,
+        "unreadable": 0,
+    }

@@ -36,9 +36,30 @@ def _code(status: dict[str, Any]) -> str:
     return "unknown"
 
 
+BLOCKING = ("SAFETY", "PROHIBITED_CONTENT", "BLOCKLIST", "SPII", "RECITATION")
+
+
+def _blocked(response: dict[str, Any]) -> bool:
+    """The rule written out again: a block reason (a non-empty string), no candidates (missing,
+    null or empty), or candidates that all are objects finishing for a blocking reason."""
+    feedback = response.get("promptFeedback")
+    reason = feedback.get("blockReason") if isinstance(feedback, dict) else None
+    if isinstance(reason, str) and reason != "":
+        return True
+    candidates = response.get("candidates")
+    if candidates is None or candidates == []:
+        return True
+    return isinstance(candidates, list) and all(
+        isinstance(c, dict)
+        and isinstance(c.get("finishReason"), str)
+        and c["finishReason"] in BLOCKING
+        for c in candidates
+    )
+
+
 def reference(data: bytes) -> dict[str, Any]:
     """Counts by the definition: each line alone through ``json.loads``."""
-    rows = {"total": 0, "succeeded": 0, "failed": 0, "unreadable": 0}
+    rows = {"total": 0, "succeeded": 0, "blocked": 0, "failed": 0, "unreadable": 0}
     errors: dict[str, int] = {}
     usage = dict.fromkeys(USAGE_FIELDS, 0)
     for raw in data.split(b"\n"):
@@ -53,6 +74,7 @@ def reference(data: bytes) -> dict[str, Any]:
             rows["unreadable"] += 1
         elif isinstance(row.get("response"), dict):
             rows["succeeded"] += 1
+            rows["blocked"] += _blocked(row["response"])
             meta = row["response"].get("usageMetadata")
             if isinstance(meta, dict):
                 for key in USAGE_FIELDS:
@@ -121,20 +143,89 @@ TRICKY = [
     b'{"response": {"usageMetadata": []}}',
     b'\xef\xbb\xbf{"response": {}}',
     b'{"response": {}}\x00',
+    # Blocked or not: what promptFeedback, candidates and finishReason hold, of any type.
+    b'{"response": {"candidates": [{"finishReason": "STOP"}]}}',
+    b'{"response": {"candidates": [{"finishReason": "SAFETY", "content": {"parts": []}}]}}',
+    b'{"response": {"candidates": [{"finishReason": "SAFETY"}, {"finishReason": "STOP"}]}}',
+    b'{"response": {"candidates": [{"finishReason": "RECITATION"}, {"finishReason": "SPII"}]}}',
+    b'{"response": {"candidates": [{"finishReason": "BLOCKLIST"}, {}]}}',
+    b'{"response": {"candidates": [{"finishReason": "PROHIBITED_CONTENT"}]}}',
+    b'{"response": {"candidates": [{"finishReason": "IMAGE_SAFETY"}]}}',
+    b'{"response": {"candidates": [{"finishReason": "safety"}]}}',
+    b'{"response": {"candidates": [{"finishReason": "S\\u0041FETY"}]}}',
+    b'{"response": {"candidates": [{"finishReason": null}]}}',
+    b'{"response": {"candidates": [{"finishReason": 3}]}}',
+    b'{"response": {"candidates": [{"finishReason": ["SAFETY"]}]}}',
+    b'{"response": {"candidates": [{"finishReason": {"SAFETY": 1}}]}}',
+    b'{"response": {"candidates": [null]}}',
+    b'{"response": {"candidates": ["SAFETY"]}}',
+    b'{"response": {"candidates": []}}',
+    b'{"response": {"candidates": null}}',
+    b'{"response": {"candidates": {}}}',
+    b'{"response": {"candidates": "none"}}',
+    b'{"response": {"candidates": 0}}',
+    b'{"response": {"candidates": [{"finishReason": "STOP"}], "candidates": []}}',
+    b'{"response": {"promptFeedback": {"blockReason": "SAFETY"}}}',
+    b'{"response": {"promptFeedback": {"blockReason": "OTHER"},'
+    b' "candidates": [{"finishReason": "STOP"}]}}',
+    b'{"response": {"promptFeedback": {"blockReason": ""}, "candidates": [{}]}}',
+    b'{"response": {"promptFeedback": {"blockReason": null}, "candidates": [{}]}}',
+    b'{"response": {"promptFeedback": {"blockReason": 1}, "candidates": [{}]}}',
+    b'{"response": {"promptFeedback": {"blockReason": true}, "candidates": []}}',
+    b'{"response": {"promptFeedback": "SAFETY", "candidates": [{}]}}',
+    b'{"response": {"promptFeedback": [], "candidates": [{}]}}',
+    b'{"response": {"promptFeedback": null, "candidates": [{"finishReason": "STOP"}]}}',
+    b'{"response": {"promptFeedback": {"blockReason": "\\ud800"}, "candidates": [{}]}}',
 ]
+# Responses shaped as Gemini's, blocked or not, with a wrong type here and there.
+reasons = st.one_of(
+    st.sampled_from([*BLOCKING, "STOP", "MAX_TOKENS", ""]), st.none(), st.integers()
+)
+candidate = st.one_of(
+    st.fixed_dictionaries({}, optional={"finishReason": reasons, "index": st.integers(0, 3)}),
+    st.none(),
+    st.sampled_from(BLOCKING),
+)
+response = st.fixed_dictionaries(
+    {},
+    optional={
+        "candidates": st.one_of(st.lists(candidate, max_size=3), st.none(), st.just({})),
+        "promptFeedback": st.one_of(
+            st.fixed_dictionaries({}, optional={"blockReason": reasons}), st.just("SAFETY")
+        ),
+        "usageMetadata": st.fixed_dictionaries({}, optional={"totalTokenCount": st.integers()}),
+    },
+)
 lines = st.lists(
     st.one_of(
         st.sampled_from(TRICKY),
+        st.builds(lambda r: json.dumps({"key": "k", "response": r}).encode(), response),
         st.text(alphabet='{}[]":,\\ \t\r01-eEnrstuaNI.é\x01', max_size=40).map(str.encode),
         st.builds(
             lambda which, value: json.dumps({which: value}).encode(),
             st.sampled_from(["response", "status", "error", "key"]),
             st.recursive(
-                st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                st.none()
+                | st.booleans()
+                | st.integers()
+                | st.floats()
+                | st.text(max_size=5)
+                | st.sampled_from([*BLOCKING, "STOP", "OTHER", ""]),
                 lambda inner: (
                     st.lists(inner, max_size=3)
                     | st.dictionaries(
-                        st.sampled_from(["code", "usageMetadata", *USAGE_FIELDS, "x"]),
+                        st.sampled_from(
+                            [
+                                "code",
+                                "usageMetadata",
+                                *USAGE_FIELDS,
+                                "promptFeedback",
+                                "blockReason",
+                                "candidates",
+                                "finishReason",
+                                "x",
+                            ]
+                        ),
                         inner,
                         max_size=4,
                     )
@@ -151,6 +242,7 @@ lines = st.lists(
 @given(lines, st.lists(st.integers(min_value=0), max_size=12), st.booleans())
 @example(TRICKY, [], True)
 @example(TRICKY, [7, 100, 333], False)
+@example([t for t in TRICKY if t.decode("utf-8", "replace").encode() == t], [], True)
 @pytest.mark.parametrize("use_msgspec", [True, False], ids=["msgspec", "stdlib"])
 def test_the_fast_ways_count_what_json_loads_of_each_line_counts(
     use_msgspec: bool, rows: list[bytes], cuts: list[int], trailing: bool
@@ -165,6 +257,59 @@ def test_the_fast_ways_count_what_json_loads_of_each_line_counts(
     assert ledger.errors == expected["errors"]
     assert ledger.usage == expected["usage"]
     assert (ledger.size, ledger.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+
+
+# Responses as Gemini writes them, every field of the type the structs take: msgspec reads each
+# line itself (none goes to ``line``), so its own rule for ``blocked`` is what is compared.
+well_typed_candidate = st.fixed_dictionaries(
+    {},
+    optional={
+        "finishReason": st.one_of(st.sampled_from([*BLOCKING, "STOP", "MAX_TOKENS"]), st.none()),
+        "content": st.just({"parts": [{"text": "an answer"}], "role": "model"}),
+    },
+)
+well_typed_response = st.fixed_dictionaries(
+    {},
+    optional={
+        "candidates": st.one_of(st.lists(well_typed_candidate, max_size=3), st.none()),
+        "promptFeedback": st.fixed_dictionaries(
+            {},
+            optional={
+                "blockReason": st.one_of(st.sampled_from(["SAFETY", "OTHER", ""]), st.none())
+            },
+        ),
+        "usageMetadata": st.fixed_dictionaries(
+            {}, optional={"totalTokenCount": st.integers(min_value=0, max_value=10**6)}
+        ),
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(well_typed_response, max_size=20))
+@pytest.mark.parametrize("use_msgspec", [True, False], ids=["msgspec", "stdlib"])
+def test_blocked_rows_are_counted_the_same_by_every_way(
+    use_msgspec: bool, responses: list[dict[str, Any]]
+) -> None:
+    data = b"".join(
+        json.dumps({"key": f"k{i}", "response": r}).encode() + b"\n"
+        for i, r in enumerate(responses)
+    )
+    ledger = BatchLedger(use_msgspec=use_msgspec)
+    by_definition: list[bytes] = []
+    definition = ledger.line
+
+    def spy(raw: bytes) -> None:
+        by_definition.append(raw)
+        definition(raw)
+
+    ledger.line = spy  # type: ignore[method-assign]
+    ledger.feed(data)
+    ledger.finish()
+    assert ledger.rows.as_dict() == reference(data)["rows"]
+    assert ledger.rows.blocked == sum(_blocked(r) for r in responses)
+    if use_msgspec:
+        assert by_definition == []  # every line read by the structs
 
 
 def test_msgspec_is_what_the_archiver_runs() -> None:
@@ -184,7 +329,14 @@ def test_a_line_too_deep_for_json_is_unreadable_not_a_crash(use_msgspec: bool) -
     ledger = BatchLedger(use_msgspec=use_msgspec)
     ledger.feed(deep + b"\n" + b'{"response": {}}\n')
     ledger.finish()
-    assert ledger.rows.as_dict() == {"total": 2, "succeeded": 1, "failed": 0, "unreadable": 1}
+    # {"response": {}} has no candidates: blocked, and succeeded
+    assert ledger.rows.as_dict() == {
+        "total": 2,
+        "succeeded": 1,
+        "blocked": 1,
+        "failed": 0,
+        "unreadable": 1,
+    }
 
 
 def capped_reference(data: bytes, max_line_bytes: int) -> dict[str, Any]:
@@ -245,7 +397,13 @@ def test_a_line_without_a_newline_is_read_past_in_bounded_memory(use_msgspec: bo
         tracemalloc.stop()
     ledger.finish()
     assert peak < 4 * mib, f"peak {peak / mib:.1f} MiB"
-    assert ledger.rows.as_dict() == {"total": 3, "succeeded": 1, "failed": 1, "unreadable": 1}
+    assert ledger.rows.as_dict() == {
+        "total": 3,
+        "succeeded": 1,
+        "blocked": 1,
+        "failed": 1,
+        "unreadable": 1,
+    }
     assert ledger.errors == {"8": 1}
 
 

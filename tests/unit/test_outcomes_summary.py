@@ -14,7 +14,7 @@ from opstate.domain.model import OpRecord
 from opstate.domain.states import State
 from opstate.outcomes.genai_source import checked_file_name, sha256_hex
 from opstate.outcomes.ledger import BatchLedger
-from opstate.outcomes.plan import MAX_CODE_CHARS, MAX_ERROR_CODES, OTHER_CODES
+from opstate.outcomes.plan import MAX_CODE_CHARS, MAX_ERROR_CODES, OTHER_CODES, results_view
 from opstate.outcomes.sink import StoredObject
 from opstate.outcomes.source import BATCH_OUTPUT, VIDEO, Output, Outputs, SourceError
 from opstate.outcomes.summary import (
@@ -31,6 +31,7 @@ from opstate.outcomes.summary import (
     too_many,
 )
 from opstate.store.port import ArchiveState
+from tests.support.event_schemas import problems
 from tests.support.outcomes import worst_case
 
 
@@ -117,6 +118,91 @@ def test_a_batch_summary_from_data_in_hand() -> None:
     ledger.finish()
     outputs = Outputs((Output("output.jsonl", BATCH_OUTPUT, data=b"..."),), requests=1)
     summary = summary_of(record, outputs, [StoredObject("file:///r/o", 3, "s")], ledger)
-    assert summary["rows"] == {"total": 1, "succeeded": 1, "failed": 0, "unreadable": 0}
+    # a response with no candidates carries no answer: blocked, among the succeeded
+    assert summary["rows"] == {
+        "total": 1,
+        "succeeded": 1,
+        "blocked": 1,
+        "failed": 0,
+        "unreadable": 0,
+    }
     assert summary["usage"]["totalTokenCount"] == 3 and summary["requests"] == 1
     assert "videos" not in summary
+
+
+# An archive state as the release before ``blocked`` stored it (its summary's rows have none).
+PREVIOUS_RELEASE_STATE = {
+    "status": "archived",
+    "created_ns": 1780000000000000000,
+    "rev": 2,
+    "attempts": 0,
+    "last_error": "",
+    "deadline_ns": 1780172800000000000,
+    "due_ns": 0,
+    "archived_ns": 1780000300000000000,
+    "location": "file:///r/batches/abc/1780000000000000000/summary.json",
+    "summary": {
+        "kind": "batch",
+        "state": "SUCCEEDED",
+        "objects": [
+            {
+                "location": "file:///r/batches/abc/1780000000000000000/output.jsonl",
+                "bytes": 123456,
+                "sha256": "ab" * 32,
+            }
+        ],
+        "rows": {"total": 130, "succeeded": 120, "failed": 9, "unreadable": 1},
+        "errors": {"429": 7, "13": 2},
+        "usage": dict.fromkeys(
+            (
+                "promptTokenCount",
+                "candidatesTokenCount",
+                "thoughtsTokenCount",
+                "cachedContentTokenCount",
+                "toolUsePromptTokenCount",
+                "totalTokenCount",
+            ),
+            0,
+        ),
+        "requests": 130,
+    },
+}
+
+
+def test_an_archive_of_the_previous_release_shows_blocked_as_unknown() -> None:
+    """Its lines were never looked at for blocked responses: null, not 0; the rest as
+    stored, and the state still reads, fits and makes an event its schema takes."""
+    from opstate.notify.entries import RESULTS_ARCHIVED_DETAIL_TYPE, results_detail
+
+    state = ArchiveState.from_dict(PREVIOUS_RELEASE_STATE)
+    check_fits(state)
+    view = results_view("batches/abc", state.as_dict())
+    assert view["rows"] == {
+        "total": 130,
+        "succeeded": 120,
+        "blocked": None,
+        "failed": 9,
+        "unreadable": 1,
+    }
+    assert list(view["rows"]) == ["total", "succeeded", "blocked", "failed", "unreadable"]
+    assert view["errors"] == {"429": 7, "13": 2} and view["requests"] == 130
+    record = OpRecord("batches/abc", State.SUCCEEDED, 1, 2, "poll", {}, created_ns=5)
+    detail = results_detail(
+        record, {"archive": PREVIOUS_RELEASE_STATE}, RESULTS_ARCHIVED_DETAIL_TYPE
+    )
+    assert detail["rows"]["blocked"] is None
+    assert problems(RESULTS_ARCHIVED_DETAIL_TYPE, detail) == []
+
+
+def test_a_counted_blocked_is_shown_as_counted_and_the_schema_refuses_nonsense() -> None:
+    from opstate.notify.entries import RESULTS_ARCHIVED_DETAIL_TYPE, results_detail
+
+    rows = {"total": 3, "succeeded": 3, "blocked": 0, "failed": 0, "unreadable": 0}
+    raw = {**PREVIOUS_RELEASE_STATE, "summary": {**PREVIOUS_RELEASE_STATE["summary"], "rows": rows}}
+    assert results_view("batches/abc", raw)["rows"] == rows  # 0 stays 0
+    record = OpRecord("batches/abc", State.SUCCEEDED, 1, 2, "poll", {}, created_ns=5)
+    detail = results_detail(record, {"archive": raw}, RESULTS_ARCHIVED_DETAIL_TYPE)
+    assert problems(RESULTS_ARCHIVED_DETAIL_TYPE, detail) == []
+    for wrong in (-1, "3", 1.5):
+        bad = {**detail, "rows": {**rows, "blocked": wrong}}
+        assert problems(RESULTS_ARCHIVED_DETAIL_TYPE, bad) != [], wrong

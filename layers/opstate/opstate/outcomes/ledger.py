@@ -11,7 +11,9 @@ that cap, never by the file or its longest line:
 - rows: ``total`` (non-blank lines), ``succeeded`` (a line with a ``response`` object),
   ``failed`` (a line with a ``status`` or ``error`` object and no ``response``), ``unreadable``
   (anything else: not JSON, not an object, neither shape; and any line longer than
-  ``max_line_bytes``, whatever it holds: it is read past, never held);
+  ``max_line_bytes``, whatever it holds: it is read past, never held); and ``blocked``, the
+  succeeded rows whose response carries no answer (``is_blocked``), counted in ``succeeded``
+  too, not instead of it;
 - ``errors``: failed rows by their error ``code`` (``"unknown"`` when it has none; a code is
   cut to ``plan.MAX_CODE_CHARS`` characters, and after ``plan.MAX_COUNTED_CODES`` different
   codes a new one counts under ``"other"``);
@@ -38,10 +40,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from opstate.outcomes.plan import MAX_CODE_CHARS, MAX_COUNTED_CODES, OTHER_CODES
+from opstate.outcomes.plan import (
+    BLOCKING_FINISH_REASONS,
+    MAX_CODE_CHARS,
+    MAX_COUNTED_CODES,
+    OTHER_CODES,
+)
 
 try:
     from opstate.outcomes.ledger_rows import ROW_ERRORS, USAGE_GETTERS, Row, decode_row
+    from opstate.outcomes.ledger_rows import is_blocked as struct_is_blocked
 
     HAVE_MSGSPEC = True
 except ImportError:  # the stdlib way (below) counts the same, slower
@@ -90,12 +98,42 @@ def _code(code: object) -> str:
     return UNKNOWN_CODE
 
 
+def is_blocked(response: Mapping[str, Any]) -> bool:
+    """Whether a succeeded row's ``response`` (a JSON object) carries no answer: its
+    ``promptFeedback.blockReason`` is a non-empty string (the prompt was blocked), or its
+    ``candidates`` are missing, null or ``[]``, or every candidate is an object whose
+    ``finishReason`` is one of ``BLOCKING_FINISH_REASONS``.
+
+    A field of another type says nothing: a ``promptFeedback`` or ``blockReason`` that is not
+    an object / a string is no block reason, and ``candidates`` that are not a list, or a
+    candidate that is not an object or whose ``finishReason`` is not a string, are not blocked
+    (the row stays succeeded and only succeeded)."""
+    feedback = response.get("promptFeedback")
+    if isinstance(feedback, dict):
+        reason = feedback.get("blockReason")
+        if isinstance(reason, str) and reason:
+            return True
+    candidates = response.get("candidates")
+    if candidates is None:
+        return True
+    if not isinstance(candidates, list):
+        return False
+    for candidate in candidates:
+        if not isinstance(candidate, dict):
+            return False
+        reason = candidate.get("finishReason")
+        if not isinstance(reason, str) or reason not in BLOCKING_FINISH_REASONS:
+            return False
+    return True  # every candidate was blocked, or there is none
+
+
 @dataclass
 class Rows:
-    """The row counts of a batch output."""
+    """The row counts of a batch output (``blocked`` rows are among the ``succeeded``)."""
 
     total: int = 0
     succeeded: int = 0
+    blocked: int = 0
     failed: int = 0
     unreadable: int = 0
 
@@ -103,6 +141,7 @@ class Rows:
         return {
             "total": self.total,
             "succeeded": self.succeeded,
+            "blocked": self.blocked,
             "failed": self.failed,
             "unreadable": self.unreadable,
         }
@@ -294,6 +333,7 @@ class BatchLedger(Digest):
         responses = [row.response for row in rows if row.response is not None]
         self.rows.total += len(rows)
         self.rows.succeeded += len(responses)
+        self.rows.blocked += sum(map(struct_is_blocked, responses))
         usages = [u for r in responses if (u := r.usage_metadata) is not None]
         if usages:
             sums = self.usage
@@ -356,6 +396,8 @@ class BatchLedger(Digest):
         response = row.get("response")
         if isinstance(response, dict):
             self.rows.succeeded += 1
+            if is_blocked(response):
+                self.rows.blocked += 1
             usage = response.get("usageMetadata")
             if isinstance(usage, dict):
                 self._add_usage([usage.get(key) for key in USAGE_FIELDS])

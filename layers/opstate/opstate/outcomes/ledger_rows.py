@@ -2,14 +2,15 @@
 msgspec reads into them holds exactly what ``json.loads`` of that line would show the ledger.
 
 msgspec reads a line straight from its bytes into these structs and skips every other field
-without building it (the answer text, the candidates), which is where the time of a plain
-``json.loads`` goes. Anything the structs do not describe exactly (a field of another type, a
-bool or a float where a code is, NaN, a number out of range, a lone surrogate, a value too
-deep) is an error here, and the ledger then reads the line by its definition (``json.loads``).
-What msgspec accepts that ``json.loads`` would refuse is ruled out by the ledger itself: it
-hands msgspec only text that is valid UTF-8 (msgspec does not check skipped strings), one line
-at a time (msgspec's ``decode_lines`` takes any whitespace between values, not only newlines).
-Duplicate keys: the last one wins, as in ``json.loads``.
+without building it (the answer text, a candidate's content), which is where the time of a
+plain ``json.loads`` goes; of a candidate only its ``finishReason`` is built. Anything the
+structs do not describe exactly (a field of another type, a bool or a float where a code is,
+NaN, a number out of range, a lone surrogate, a value too deep) is an error here, and the
+ledger then reads the line by its definition (``json.loads``). What msgspec accepts that
+``json.loads`` would refuse is ruled out by the ledger itself: it hands msgspec only text that
+is valid UTF-8 (msgspec does not check skipped strings), one line at a time (msgspec's
+``decode_lines`` takes any whitespace between values, not only newlines). Duplicate keys: the
+last one wins, as in ``json.loads``.
 
 Imported only by ``opstate.outcomes.ledger``, which works without msgspec (slower).
 """
@@ -20,6 +21,8 @@ from operator import attrgetter
 from typing import Annotated
 
 import msgspec
+
+from opstate.outcomes.plan import BLOCKING_FINISH_REASONS
 
 # A token count as the structs take it: an int >= 0. Any other value the ledger counts by its
 # definition (``ledger._count``: a float that is whole, decimal text, else 0) through ``line``.
@@ -38,8 +41,36 @@ class Usage(msgspec.Struct, rename="camel"):
     total_token_count: Count = 0
 
 
+class PromptFeedback(msgspec.Struct, rename="camel"):
+    """``response.promptFeedback``: only whether the prompt was blocked (a ``blockReason`` that
+    is not a string or null is refused, so ``line`` counts it: not blocked)."""
+
+    block_reason: str | None = None
+
+
+class Candidate(msgspec.Struct, rename="camel"):
+    """One of ``response.candidates``: only why it finished (its content is skipped)."""
+
+    finish_reason: str | None = None
+
+
 class Response(msgspec.Struct, rename="camel"):
     usage_metadata: Usage | None = None
+    prompt_feedback: PromptFeedback | None = None
+    # None: missing or null (the same to the ledger: no candidates)
+    candidates: list[Candidate] | None = None
+
+
+def is_blocked(response: Response) -> bool:
+    """``ledger.is_blocked`` of a response msgspec read (a field of any other type than these
+    structs take never gets here: ``line`` reads that line)."""
+    feedback = response.prompt_feedback
+    if feedback is not None and feedback.block_reason:
+        return True
+    candidates = response.candidates
+    if not candidates:
+        return True
+    return all(candidate.finish_reason in BLOCKING_FINISH_REASONS for candidate in candidates)
 
 
 class Status(msgspec.Struct):

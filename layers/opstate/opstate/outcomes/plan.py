@@ -23,6 +23,12 @@ OTHER_CODES = "other"
 # the archive state stay bounded whatever the output holds.
 MAX_CODE_CHARS = 64
 MAX_COUNTED_CODES = 1000
+# A candidate that finished for one of these reasons (google-genai's ``FinishReason`` names, as
+# the REST JSON spells them) carries no answer: a succeeded row whose every candidate did is
+# counted ``blocked`` (``ledger.is_blocked``).
+BLOCKING_FINISH_REASONS = frozenset(
+    {"SAFETY", "PROHIBITED_CONTENT", "BLOCKLIST", "SPII", "RECITATION"}
+)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._/-]")
 
 
@@ -71,9 +77,25 @@ def _time(ns: object) -> str | None:
     return format_time(ns) if isinstance(ns, int) and ns > 0 else None
 
 
+def rows_view(rows: object) -> object:
+    """A summary's ``rows`` as shown: with ``blocked`` (after ``succeeded``) always. A summary
+    written before the ledger counted blocked rows has none: shown as null, unknown (its lines
+    were never looked at for it; an archived state is not recounted), never 0."""
+    if not isinstance(rows, Mapping) or "blocked" in rows:
+        return rows
+    shown: dict[str, Any] = {}
+    for key, value in rows.items():
+        shown[key] = value
+        if key == "succeeded":
+            shown["blocked"] = None
+    shown.setdefault("blocked", None)
+    return shown
+
+
 def results_view(name: str, archive: Mapping[str, Any]) -> dict[str, Any]:
     """The ``opstate results --json`` document of an archive state (``ArchiveState.as_dict``):
-    exactly ``name, status, expiresAt, archivedAt, objects, rows, errors, usage, requests``."""
+    exactly ``name, status, expiresAt, archivedAt, objects, rows, errors, usage, requests``
+    (``rows`` as ``rows_view`` shows them)."""
     summary = archive.get("summary")
     summary = summary if isinstance(summary, Mapping) else {}
     objects = summary.get("objects")
@@ -87,7 +109,7 @@ def results_view(name: str, archive: Mapping[str, Any]) -> dict[str, Any]:
             for o in (objects if isinstance(objects, list) else [])
             if isinstance(o, Mapping)
         ],
-        "rows": summary.get("rows"),
+        "rows": rows_view(summary.get("rows")),
         "errors": summary.get("errors"),
         "usage": summary.get("usage"),
         "requests": summary.get("requests"),

@@ -269,7 +269,9 @@
       if (results) {
         if (results.rows) {
           const r = results.rows;
-          add("Rows", r.succeeded + " succeeded, " + r.failed + " failed, " + r.unreadable +
+          // blocked (among the succeeded) is null for an archive written before it was counted
+          const blocked = r.blocked != null ? " (" + r.blocked + " blocked)" : "";
+          add("Rows", r.succeeded + " succeeded" + blocked + ", " + r.failed + " failed, " + r.unreadable +
             " unreadable of " + r.total + (results.requests != null ? " (" + results.requests + " requests)" : ""));
         }
         if (results.errors && Object.keys(results.errors).length) {
