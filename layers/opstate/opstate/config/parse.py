@@ -103,8 +103,9 @@ class Part:
         if args:
             raise TypeError(f"{name} takes 1 positional argument but {len(args) + 1} were given")
         known = _fields(self)
+        accepted = {f.name for f in known if f.init}
         for key in values:
-            if not any(f.name == key and f.init for f in known):
+            if key not in accepted:
                 raise TypeError(f"{name} got an unexpected keyword argument {key!r}")
         for f in known:
             if f.init and f.name in values:
