@@ -1,6 +1,6 @@
 """An archive's summary is bounded field by field, and the state written from it is checked
 whole (``opstate.outcomes.summary``); what Gemini declares about a file is read strictly
-(``genai_source.sha256_hex``, ``checked_file_name``)."""
+(``gemini.files.sha256_hex``, ``genai_source.checked_file_name``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 
 from opstate.domain.model import OpRecord
 from opstate.domain.states import State
-from opstate.outcomes.genai_source import checked_file_name, sha256_hex
+from opstate.gemini.files import sha256_hex
+from opstate.outcomes.genai_source import checked_file_name
 from opstate.outcomes.ledger import BatchLedger
 from opstate.outcomes.plan import MAX_CODE_CHARS, MAX_ERROR_CODES, OTHER_CODES, results_view
 from opstate.outcomes.sink import StoredObject

@@ -32,7 +32,7 @@ from opstate.domain.names import Kind, api_name
 from opstate.gemini import client as gemini_client
 from opstate.gemini.batches import batch_stats
 from opstate.gemini.errors import classify
-from opstate.gemini.files import download, file_info, file_name_of, is_file_name, sha256_hex
+from opstate.gemini.files import download, file_info, file_name_of, is_file_name
 from opstate.outcomes.ledger import inlined_lines
 from opstate.outcomes.source import (
     BATCH_OUTPUT,
@@ -169,13 +169,3 @@ def make_client(settings: Settings) -> genai.Client:
     retries (the run retries a failed copy on its next pass). ``GOOGLE_GEMINI_BASE_URL`` points
     it at any server."""
     return gemini_client.make_client(settings, timeout_s=settings.results_http_timeout_s)
-
-
-# sha256_hex and file_name_of are opstate.gemini.files'; still importable from here.
-__all__ = [
-    "GenaiSource",
-    "checked_file_name",
-    "file_name_of",
-    "make_client",
-    "sha256_hex",
-]
