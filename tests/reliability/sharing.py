@@ -10,7 +10,6 @@ of a state that was answered) or missing is a lost write.
 
 from __future__ import annotations
 
-import http.client
 import itertools
 import json
 import subprocess
@@ -18,10 +17,9 @@ import sys
 import textwrap
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from http.client import HTTPException
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -29,7 +27,7 @@ from urllib.parse import quote
 from opstate.domain.states import RANK, parse_state
 from opstate.domain.times import parse_time
 from tests.reliability.support import Delivery, delivery_request, live_headers
-from tests.support.serve_process import TEST_API_TOKEN, cli_env, run_cli
+from tests.support.serve_process import cli_env, http, run_cli
 
 # What no process may ever see from another's normal work (issue 30): SQLite's own sentences.
 FORBIDDEN = ("disk image is malformed", "disk i/o error", "not a database", "database corrupt")
@@ -88,25 +86,13 @@ def answer_ack(answer: Any, key: tuple[int, int] | None, via: str) -> Ack | None
 def http_send(
     url: str, method: str, path: str, body: bytes | None, headers: dict[str, str]
 ) -> tuple[int, Any]:
-    """One request; status 0 when the server could not be reached (killed, restarting)."""
-    sent = {"authorization": f"Bearer {TEST_API_TOKEN}", **headers}
-    request = urllib.request.Request(url + path, data=body, method=method, headers=sent)
+    """One request (``serve_process.http``); status 0 when the server could not be reached
+    (killed, restarting)."""
     try:
-        status, raw = _exchange(request)
-    except (OSError, http.client.HTTPException):  # refused, reset, cut mid-answer
+        status, _, answer = http(method, url + path, body, headers, timeout=30)
+    except (OSError, HTTPException):  # refused, reset, cut mid-answer
         return 0, None
-    try:
-        return status, json.loads(raw) if raw else None
-    except ValueError:
-        return status, raw.decode("utf-8", "replace")
-
-
-def _exchange(request: urllib.request.Request) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
+    return status, answer
 
 
 def _request_of(d: Delivery) -> tuple[str, str, bytes, dict[str, str]]:
