@@ -17,7 +17,7 @@ import pytest
 from opstate.config import Settings, settings
 from opstate.domain.model import OpEvent
 from opstate.domain.states import State
-from opstate.domain.times import NS_PER_SECOND, format_time
+from opstate.domain.times import NS_PER_SECOND
 from opstate.ingest import ingest
 from opstate.outcomes.file_sink import FileSink
 from opstate.outcomes.genai_source import GenaiSource, make_client
@@ -28,14 +28,10 @@ from opstate.store.port import ArchiveState
 from opstate.store.sqlite import SQLiteStore
 from tests.support.cli import in_process
 from tests.support.fake_gemini import FakeGemini, repeated
-from tests.support.outcomes import batch_output
+from tests.support.outcomes import Clock, batch_output, now_text
 
 KEY = "test-key"
 HOUR = 3600 * NS_PER_SECOND
-
-
-def now_text(offset_s: float = 0) -> str:
-    return format_time(time.time_ns() + int(offset_s * NS_PER_SECOND))
 
 
 def put_succeeded_batch(fake: FakeGemini, name: str, data: bytes, requests: int) -> str:
@@ -200,14 +196,6 @@ def source(fake_gemini: FakeGemini, monkeypatch: pytest.MonkeyPatch):
     made = GenaiSource(make_client(Settings(gemini_api_key=KEY, results_http_timeout_s=5)))
     yield made
     made.close()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = time.time_ns()
-
-    def __call__(self) -> int:
-        return self.now
 
 
 def terminal(store: MemoryStore, name: str, t_ns: int, **details: Any) -> None:

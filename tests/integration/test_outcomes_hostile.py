@@ -22,7 +22,7 @@ from botocore.exceptions import ClientError
 from opstate.config import Settings, settings
 from opstate.domain.model import OpEvent
 from opstate.domain.states import State
-from opstate.domain.times import NS_PER_SECOND, format_time
+from opstate.domain.times import NS_PER_SECOND
 from opstate.ingest import ingest
 from opstate.outcomes.file_sink import FileSink
 from opstate.outcomes.genai_source import GenaiSource, make_client
@@ -33,15 +33,11 @@ from opstate.store import MemoryStore
 from opstate.store.port import ArchiveState, ArchivingStore
 from tests.support.cli import in_process
 from tests.support.fake_gemini import FakeGemini
-from tests.support.outcomes import batch_output, failed_line, ok_line, worst_case
+from tests.support.outcomes import Clock, batch_output, failed_line, now_text, ok_line, worst_case
 
 KEY = "test-key"
 MiB = 1024 * 1024
 SETTINGS = Settings(results_retry_s=10)
-
-
-def now_text(offset_s: float = 0) -> str:
-    return format_time(time.time_ns() + int(offset_s * NS_PER_SECOND))
 
 
 @pytest.fixture
@@ -51,14 +47,6 @@ def source(fake_gemini: FakeGemini, monkeypatch: pytest.MonkeyPatch) -> Iterator
     made = GenaiSource(make_client(Settings(gemini_api_key=KEY, results_http_timeout_s=10)))
     yield made
     made.close()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = time.time_ns()
-
-    def __call__(self) -> int:
-        return self.now
 
 
 def batch(fake: FakeGemini, store: ArchivingStore, name: str, data: bytes, **file: Any) -> str:

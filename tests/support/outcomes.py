@@ -4,18 +4,35 @@ the counts a correct ledger must find."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from opstate.domain.model import OpRecord
 from opstate.domain.states import State
+from opstate.domain.times import NS_PER_SECOND, format_time
 from opstate.outcomes.ledger import USAGE_FIELDS, BatchLedger
 from opstate.outcomes.plan import MAX_CODE_CHARS
 from opstate.outcomes.sink import StoredObject
 from opstate.outcomes.source import VIDEO, Output, Outputs
 from opstate.outcomes.summary import MAX_COUNT, MAX_OBJECTS, summary_of
 from opstate.store.port import ARCHIVE_ARCHIVED, ArchiveState
+
+
+def now_text(offset_s: float = 0) -> str:
+    """The time ``offset_s`` seconds from now, as Gemini writes it (``expirationTime``)."""
+    return format_time(time.time_ns() + int(offset_s * NS_PER_SECOND))
+
+
+class Clock:
+    """An archiver's ``clock_ns``: the time it was made, moved on only by setting ``now``."""
+
+    def __init__(self) -> None:
+        self.now = time.time_ns()
+
+    def __call__(self) -> int:
+        return self.now
 
 
 @dataclass
