@@ -1,7 +1,7 @@
 """The production store: one DynamoDB table, conditional writes on ``version``.
 
 The store is split along its seams; this module holds the records and is the one import for
-callers (it re-exports the public names of the others):
+callers (it re-exports the names they read from the others):
 
 - ``dynamodb_items``: the item shape (``name`` is the partition key, a sparse GSI
   ``open-index`` keys the open operations by shard and due time, a sparse GSI
@@ -36,8 +36,6 @@ from opstate.config import DEFAULT_RETENTION_DAYS
 from opstate.domain.model import OpRecord
 from opstate.store.dynamodb_client import (
     CLIENT_CONFIG,
-    UNAVAILABLE_CODES,
-    is_unavailable,
     make_client,
 )
 from opstate.store.dynamodb_items import (
@@ -45,8 +43,6 @@ from opstate.store.dynamodb_items import (
     DEFAULT_SHARDS,
     OPEN_INDEX,
     OPTIONAL_RECORD_ATTRS,
-    POLL_ATTRS,
-    archive_from_item,
     deserialize_item,
     from_attr,
     item_from_record,
@@ -77,13 +73,9 @@ __all__ = [
     "CLIENT_CONFIG",
     "DEFAULT_SHARDS",
     "OPEN_INDEX",
-    "POLL_ATTRS",
-    "UNAVAILABLE_CODES",
     "DynamoDBStore",
-    "archive_from_item",
     "deserialize_item",
     "from_attr",
-    "is_unavailable",
     "item_from_record",
     "make_client",
     "plain",

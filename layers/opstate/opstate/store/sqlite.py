@@ -67,6 +67,7 @@ from opstate.store.sqlite_polls import SQLitePolls
 from opstate.store.sqlite_schema import (
     COLUMNS,
     PAGE,
+    SCHEMA,
     SELECT,
     add_poll_columns,
     is_full,
@@ -74,7 +75,6 @@ from opstate.store.sqlite_schema import (
     ns_text,
     record_of,
 )
-from opstate.store.sqlite_schema import SCHEMA as _SCHEMA
 
 DEFAULT_BUSY_TIMEOUT_S = 5.0
 WAL_AUTOCHECKPOINT_PAGES = 100
@@ -106,7 +106,7 @@ class SQLiteStore(SQLitePolls, SQLiteArchives):
         create_database_file(self.path)  # 0600 from the first byte, never opened here
         conn = self._conn()
         try:
-            self._with_lock_retry(lambda: conn.executescript(_SCHEMA))
+            self._with_lock_retry(lambda: conn.executescript(SCHEMA))
             self._with_lock_retry(lambda: add_poll_columns(conn))
         except sqlite3.Error as exc:
             self._raise(exc)
