@@ -37,20 +37,17 @@ retries) when the delivery could not be kept; it is never acknowledged otherwise
 
 Owns: ``port`` (``Delivery``, ``Kept``, the ``Quarantine`` protocol, its errors, ``Bounds``),
 ``memory``, ``sqs`` and ``sqlite`` (one quarantine each), and ``quarantine_from_settings`` (the
-Lambda's choice); this package re-exports every public name, so ``from opstate.quarantine
-import ...`` names any of them. May import the domain (``strict_json``, ``times``), ``config``,
-``private_files``, the store's port (``RetryableError``), ``observability`` (the log
-quarantine, lazily), boto3 (``sqs``, on first use) and sqlite3 (``sqlite``, on first use);
-never ingest, the API, the reconciler, the local server or the CLI.
+Lambda's choice); this package re-exports the classes, errors and builders its callers import
+(the modules' constants stay in their modules). May import the domain (``strict_json``,
+``times``), ``config``, ``private_files``, the store's port (``RetryableError``),
+``observability`` (the log quarantine, lazily), boto3 (``sqs``, on first use) and sqlite3
+(``sqlite``, on first use); never ingest, the API, the reconciler, the local server or the CLI.
 """
 
 from __future__ import annotations
 
 from opstate.quarantine.memory import LogQuarantine, MemoryQuarantine
 from opstate.quarantine.port import (
-    FORMAT_VERSION,
-    MAX_PROOF_HEADER_LENGTH,
-    UNBOUNDED,
     Bounds,
     Delivery,
     Kept,
@@ -58,20 +55,10 @@ from opstate.quarantine.port import (
     QuarantineFullError,
     QuarantineUnavailableError,
 )
-from opstate.quarantine.sqlite import (
-    DEFAULT_LOCAL_QUARANTINE,
-    SQLiteQuarantine,
-    local_quarantine,
-    local_quarantine_path,
-)
-from opstate.quarantine.sqs import SKIP_VISIBILITY_S, SqsQuarantine
+from opstate.quarantine.sqlite import SQLiteQuarantine, local_quarantine
+from opstate.quarantine.sqs import SqsQuarantine
 
 __all__ = [
-    "DEFAULT_LOCAL_QUARANTINE",
-    "FORMAT_VERSION",
-    "MAX_PROOF_HEADER_LENGTH",
-    "SKIP_VISIBILITY_S",
-    "UNBOUNDED",
     "Bounds",
     "Delivery",
     "Kept",
@@ -83,7 +70,6 @@ __all__ = [
     "SQLiteQuarantine",
     "SqsQuarantine",
     "local_quarantine",
-    "local_quarantine_path",
     "quarantine_from_settings",
 ]
 
