@@ -12,8 +12,8 @@ from opstate.cli.common import CliError, UsageError, settings_for, store_error, 
 
 def add_parser(sub: Any, *, store: argparse.ArgumentParser) -> None:
     from opstate.config import DEFAULT_RECONCILE_EVERY_S
+    from opstate.local.options import DEFAULT_HOST, DEFAULT_PORT
     from opstate.local.secret_file import DEFAULT_SECRET_FILE
-    from opstate.local.serve import DEFAULT_HOST, DEFAULT_PORT
 
     p = sub.add_parser(
         "serve",

@@ -33,7 +33,7 @@ from opstate.api_token import ApiToken
 from opstate.config import Settings
 from opstate.local.console import DecisionLog
 from opstate.local.front import LocalApp, http_server, local_app
-from opstate.local.options import DEFAULT_HOST, DEFAULT_PORT, ServeError, ServeOptions
+from opstate.local.options import ServeError, ServeOptions
 from opstate.local.reconcile_loop import ReconcileLoop, start_reconciler
 from opstate.local.reconcile_loop import decision_line as reconcile_decision_line
 from opstate.local.secret_file import (
@@ -52,8 +52,6 @@ if TYPE_CHECKING:
 
 # What the CLI and the benchmarks import from here (defined beside it).
 __all__ = [
-    "DEFAULT_HOST",
-    "DEFAULT_PORT",
     "LocalApp",
     "ServeError",
     "ServeOptions",
