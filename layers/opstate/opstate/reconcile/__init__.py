@@ -38,8 +38,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from opstate.gemini.client import api_key, make_client
-    from opstate.gemini.errors import classify
+    from opstate.gemini.client import make_client
     from opstate.reconcile.cloud_gateway import GoogleCloudGateway
     from opstate.reconcile.gateway import (
         AuthError,
@@ -62,8 +61,6 @@ _WHERE = {
     "GatewayError": "gateway",
     "WebhookInfo": "gateway",
     "GenaiGateway": "genai_gateway",
-    "api_key": "opstate.gemini.client",
-    "classify": "opstate.gemini.errors",
     "make_client": "opstate.gemini.client",
     "Backoff": "pacing",
     "Clock": "pacing",
@@ -97,8 +94,6 @@ __all__ = [
     "SystemClock",
     "TokenBucket",
     "WebhookInfo",
-    "api_key",
-    "classify",
     "make_client",
     "reconcile_once",
     "refresh_one",
