@@ -26,7 +26,7 @@ from typing import Any
 
 from opstate.config import DEFAULT_INGEST_MAX_ATTEMPTS
 from opstate.domain.model import Decision, OpEvent, OpRecord, Reason
-from opstate.domain.names import legacy_names
+from opstate.domain.names import VIDEO_DETAIL, ParsedName, legacy_names
 from opstate.domain.reducer import apply_event
 from opstate.observability import count, logger
 from opstate.store.port import RecordRejectedError, RetryableError, Store, WriteOutcome
@@ -149,6 +149,14 @@ def find_record(
         if record is not None:
             return record
     return None
+
+
+def find_named(store: Store, parsed: ParsedName) -> OpRecord | None:
+    """``find_record`` for a name a caller gave (an API path, a command's argument, the
+    page's query): the video model it carried names the key an earlier release used, and
+    ``parsed.legacy`` the Cloud spelling it kept."""
+    details = {VIDEO_DETAIL: parsed.model} if parsed.model else None
+    return find_record(store, parsed.key, details, parsed.legacy)
 
 
 def find_current(store: Store, event: OpEvent) -> tuple[OpRecord | None, OpEvent]:

@@ -19,10 +19,10 @@ from opstate.api.request import parse_json, raw_body
 from opstate.api.router import Response
 from opstate.config import DEFAULT_MAX_FUTURE_SKEW_S
 from opstate.domain.events import InvalidEventError, UnsupportedEventError, from_report
-from opstate.domain.names import VIDEO_DETAIL, InvalidNameError, ParsedName, parse_name
+from opstate.domain.names import InvalidNameError, ParsedName, parse_name
 from opstate.domain.routes import OPERATIONS_PREFIX
 from opstate.domain.views import decision_to_json, record_to_json
-from opstate.ingest import find_record
+from opstate.ingest import find_named
 from opstate.store.port import RetryableError, Store
 
 if TYPE_CHECKING:
@@ -82,12 +82,7 @@ class OperationsRoutes:
         try:
             # A video operation tracked before its key dropped the model, and a Cloud job keyed
             # with its location as written, are still found.
-            record = find_record(
-                self.store,
-                name,
-                {VIDEO_DETAIL: parsed.model} if parsed.model else None,
-                parsed.legacy,
-            )
+            record = find_named(self.store, parsed)
         except RetryableError as exc:
             raise unavailable(exc, name=name) from None
         if record is None:

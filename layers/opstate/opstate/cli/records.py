@@ -21,7 +21,7 @@ from opstate.cli.common import (
     time_arg,
 )
 from opstate.domain.events import EventError, from_report
-from opstate.domain.names import VIDEO_DETAIL, Kind, parse_name
+from opstate.domain.names import Kind, parse_name
 from opstate.domain.strict_json import InvalidJSONError, dumps, loads
 from opstate.domain.times import format_time
 from opstate.domain.views import decision_to_json, record_to_json
@@ -69,15 +69,14 @@ def add_parsers(
 
 def cmd_get(args: argparse.Namespace) -> int:
     config = settings_for(args)
-    from opstate.ingest import find_record
+    from opstate.ingest import find_named
 
     name = name_arg(args.name)
     parsed = parse_name(args.name)
     with open_store(config) as store:
         # A video record stored under its full name by an earlier release, and a Cloud job
         # keyed with its location as written, are still found.
-        details = {VIDEO_DETAIL: parsed.model} if parsed.model else None
-        record = find_record(store, name, details, parsed.legacy)
+        record = find_named(store, parsed)
         results, progress = (
             record_outcome(store, record.name) if record is not None else (None, None)
         )

@@ -34,8 +34,8 @@ def cmd_refresh(args: argparse.Namespace) -> int:
     config = settings_for(args)
     name = name_arg(args.name)
     require_gemini_key(config)
-    from opstate.domain.names import VIDEO_DETAIL, parse_name
-    from opstate.ingest import find_record
+    from opstate.domain.names import parse_name
+    from opstate.ingest import find_named
     from opstate.store.port import PollingStore
     from opstate.wiring.reconcile import refresh_with
 
@@ -43,8 +43,7 @@ def cmd_refresh(args: argparse.Namespace) -> int:
         parsed = parse_name(args.name)
         # A video record stored under its full name by an earlier release, and a Cloud job
         # keyed with its location as written, are still found.
-        details = {VIDEO_DETAIL: parsed.model} if parsed.model else None
-        record = find_record(store, name, details, parsed.legacy)
+        record = find_named(store, parsed)
         if record is None:
             raise CliError(
                 f"no record for {name} in {config.store_url}: track it first (opstate track {name})"

@@ -13,7 +13,7 @@ page polls, and hands every other request to the API unchanged.
   decisions this server has taken) only ``{"changed": false}``, without reading the store.
 - ``GET /ui/api/operation?name=<name>``: one record with its details and the decisions this
   server has taken for it (``DecisionLog``: applied and dropped, with reasons). Found as the API
-  finds it (``ingest.find_record``): a record an earlier release keyed otherwise (a video by its
+  finds it (``ingest.find_named``): a record an earlier release keyed otherwise (a video by its
   full name, a Google Cloud job with its location as written) is found too; so is the one
   ``refresh`` polls.
 - ``POST /ui/api/refresh?name=<name>``: poll that operation at Gemini now (``refresh``: the
@@ -40,10 +40,10 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from opstate.domain.model import OpRecord
-from opstate.domain.names import VIDEO_DETAIL, InvalidNameError, parse_name
+from opstate.domain.names import InvalidNameError, parse_name
 from opstate.domain.times import format_time
 from opstate.domain.views import record_to_json
-from opstate.ingest import find_record
+from opstate.ingest import find_named
 from opstate.outcomes.results import record_outcome, results_json
 from opstate.reconcile.tally import MarkDecision, RunDecision
 from opstate.store.port import RetryableError, Store
@@ -272,8 +272,7 @@ class Console:
         with its location as written (``ParsedName.legacy``), are found too; the record keeps
         its own key. An invalid name raises ``InvalidNameError``."""
         parsed = parse_name(raw_name)
-        details = {VIDEO_DETAIL: parsed.model} if parsed.model else None
-        return parsed.key, find_record(self._store, parsed.key, details, parsed.legacy)
+        return parsed.key, find_named(self._store, parsed)
 
     def _operation(self, raw_name: str) -> tuple[int, list[tuple[str, str]], bytes]:
         try:
