@@ -376,12 +376,14 @@ def summary(acks: Acks) -> str:
     )
 
 
-def wait_for_commands(acks: Acks, kinds: set[str], timeout: float) -> None:
-    """Wait until every kind of command in ``kinds`` ran at least once (or ``timeout``)."""
+def wait_for_load(acks: Acks, kinds: set[str], records: int, timeout: float) -> None:
+    """Wait until every kind of command in ``kinds`` ran at least once and more than
+    ``records`` writes were acknowledged (or ``timeout``): the load is measured in work done,
+    not in seconds, so a slow or busy machine runs it longer instead of failing."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with acks.lock:
-            if kinds <= set(acks.commands):
+            if kinds <= set(acks.commands) and len(acks.records) > records:
                 return
         time.sleep(0.1)
 

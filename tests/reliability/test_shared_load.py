@@ -28,13 +28,14 @@ from tests.reliability.sharing import (
     start_senders,
     stop_all,
     summary,
-    wait_for_commands,
+    wait_for_load,
     writer_commands,
 )
 from tests.reliability.support import SECRET, shuffled_deliveries, timelines
 from tests.support.serve_process import ServeProcess, start_serve
 
 LOAD_S = 6.0
+MIN_ACKS = 500  # acknowledged record writes each load reaches before it stops
 SERVE_ENV: dict[str, str | None] = {"OPSTATE_WEBHOOK_SECRETS": SECRET}
 ALL_COMMANDS = {
     "track",
@@ -61,8 +62,9 @@ def commands(folder: Path, prefix: str, names: list[str]) -> Callable[[int], Ite
 def run_load(
     tmp_path: Path, servers: list[ServeProcess], prefix: str
 ) -> tuple[Acks, Watch, str, list[str]]:
-    """Load every server, the command loops and the plain sqlite3 process for ``LOAD_S``;
-    then stop the load (not the servers)."""
+    """Load every server, the command loops and the plain sqlite3 process for ``LOAD_S`` and
+    until every command ran and ``MIN_ACKS`` writes were acknowledged; then stop the load (not
+    the servers)."""
     db = tmp_path / "ops.db"
     rng = random.Random(30)
     lines = timelines(600, rng, prefix=prefix)
@@ -82,7 +84,8 @@ def run_load(
         )
         plain = start_plain_sqlite(db, tmp_path)
         time.sleep(LOAD_S)
-        wait_for_commands(acks, ALL_COMMANDS, timeout=30)  # each loop did its round at least
+        # each loop did its round at least, and the servers acknowledged more than MIN_ACKS
+        wait_for_load(acks, ALL_COMMANDS, MIN_ACKS, timeout=60)
         stop_all(stop, threads, timeout=60)
         rounds, plain_errors = plain.finish()
     said = f"{summary(acks)}, plain sqlite3: {rounds} rounds, {len(plain_errors)} errors"
@@ -108,7 +111,7 @@ def test_serve_under_load_beside_opstate_commands_and_sqlite3(tmp_path: Path) ->
         acks, db, watch=watch, extra=extra + ([] if code == 0 else [f"serve exited {code}"])
     )
     assert found == [], said
-    assert len(acks.records) > 500 and acks.quarantined, said
+    assert len(acks.records) > MIN_ACKS and acks.quarantined, said
     assert set(acks.commands) == ALL_COMMANDS, said
 
 
@@ -129,4 +132,4 @@ def test_two_serves_on_one_file_beside_opstate_commands(tmp_path: Path) -> None:
         acks, db, watch=watch, extra=extra + ([] if codes == [0, 0] else [f"exits {codes}"])
     )
     assert found == [], said
-    assert len(acks.records) > 500 and acks.quarantined, said
+    assert len(acks.records) > MIN_ACKS and acks.quarantined, said
