@@ -3,11 +3,12 @@
 The package owns the settings: one frozen dataclass per part, each in a module of its own and
 reading its own variables (``store.StoreSettings``, ``webhook.WebhookSettings``,
 ``reconcile.ReconcileSettings``, ``results.ResultsSettings``, ``notify.NotifySettings``,
-``local.LocalSettings``, ``waiters.WaiterSettings``; ``google_cloud`` reads what two of them hold
-for Google Cloud, ``parse`` holds the readers and ``ConfigError``), and ``Settings``, all of them
-at once, here. Every default is written once, as the field's default: ``env_values`` returns only
-the variables that are set, so an unset one falls back to that same default. Secret values
-(webhook secrets, the Gemini API key, the API token) never appear in a ``repr``.
+``local.LocalSettings``, ``waiters.WaiterSettings``, ``retry.RetrySettings``; ``google_cloud``
+reads what two of them hold for Google Cloud, ``parse`` holds the readers and ``ConfigError``),
+and ``Settings``, all of them at once, here. Every default is written once, as the field's
+default: ``env_values`` returns only the variables that are set, so an unset one falls back to
+that same default. Secret values (webhook secrets, the Gemini API key, the API token) never
+appear in a ``repr``.
 
 ``settings()`` reads ``os.environ`` on first use and caches the result; ``Settings.from_env``
 (or a part's ``from_env``) builds one from any mapping (tests). A bad value raises
@@ -47,6 +48,11 @@ from opstate.config.results import (
     DEFAULT_RESULTS_RETENTION_HOURS,
     DEFAULT_RESULTS_WARN_HOURS,
     ResultsSettings,
+)
+from opstate.config.retry import (
+    DEFAULT_RETRY_MAX_BATCHES,
+    DEFAULT_RETRY_MAX_ROWS,
+    RetrySettings,
 )
 from opstate.config.store import (
     DEFAULT_INGEST_MAX_ATTEMPTS,
@@ -88,6 +94,8 @@ __all__ = [
     "DEFAULT_RESULTS_RETENTION_HOURS",
     "DEFAULT_RESULTS_WARN_HOURS",
     "DEFAULT_RETENTION_DAYS",
+    "DEFAULT_RETRY_MAX_BATCHES",
+    "DEFAULT_RETRY_MAX_ROWS",
     "DEFAULT_WEBHOOK_TOLERANCE_S",
     "MAX_FUTURE_SKEW_LIMIT_S",
     "MAX_SECONDS",
@@ -99,6 +107,7 @@ __all__ = [
     "NotifySettings",
     "ReconcileSettings",
     "ResultsSettings",
+    "RetrySettings",
     "Settings",
     "StoreSettings",
     "WaiterSettings",
@@ -116,11 +125,13 @@ PARTS: tuple[type[Part], ...] = (
     NotifySettings,
     LocalSettings,
     WaiterSettings,
+    RetrySettings,
 )
 
 
 @settings_part
 class Settings(
+    RetrySettings,
     WaiterSettings,
     LocalSettings,
     NotifySettings,

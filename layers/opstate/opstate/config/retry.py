@@ -1,0 +1,86 @@
+"""The retries' settings (issue 33; docs/retry.md): the global default policy and the bounds of
+the retry runner (``opstate.retry``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from opstate.config.parse import (
+    MAX_SECONDS,
+    ConfigError,
+    Part,
+    bounded_int,
+    given,
+    read_float,
+    read_str,
+    settings_part,
+)
+from opstate.domain.retry import (
+    DEFAULT_TRANSIENT,
+    MAX_ATTEMPTS_LIMIT,
+    InvalidRetryError,
+    parse_transient,
+)
+
+DEFAULT_RETRY_MAX_ROWS = 50_000
+DEFAULT_RETRY_MAX_BATCHES = 10
+# Gemini's batch API takes input files of up to 2 GB: far fewer rows than this fit in one.
+MAX_RETRY_ROWS = 2_000_000
+MAX_RETRY_BATCHES = 100
+
+
+def _bool(env: Mapping[str, str], key: str) -> bool | None:
+    raw = read_str(env, key)
+    if raw is None:
+        return None
+    value = raw.lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"{key} must be true or false, got {raw!r}")
+
+
+def _transient(env: Mapping[str, str], key: str) -> str | None:
+    raw = read_str(env, key)
+    if raw is None:
+        return None
+    try:
+        parse_transient(raw)
+    except InvalidRetryError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+    return raw
+
+
+@settings_part
+class RetrySettings(Part):
+    """Retries of failed rows and resubmits (docs/retry.md): the default policy of an operation
+    tracked with retries asked for (an explicit ``"retry"``, the CLI's flags, ``opstate
+    submit``), and the bounds of the retry runner."""
+
+    # The default policy: retries per request key (0: off) and whether an EXPIRED batch is
+    # resubmitted whole. Never attached to a record on its own (webhooks, reports, polls).
+    retry_max_attempts: int = 0
+    retry_resubmit_expired: bool = False
+    # Rows per retry batch and retry batches per original batch.
+    retry_max_rows: int = DEFAULT_RETRY_MAX_ROWS
+    retry_max_batches: int = DEFAULT_RETRY_MAX_BATCHES
+    # Which failures are retried: names from domain.retry.TRANSIENT_REASONS, each ":N" at most.
+    retry_transient: str = DEFAULT_TRANSIENT
+    # How soon an active root is looked at again, and how long a claim on a planned child holds
+    # off other runners (seconds).
+    retry_check_s: float = 60.0
+    retry_lease_s: float = 900.0
+
+    @classmethod
+    def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
+        return given(
+            retry_max_attempts=bounded_int(env, "OPSTATE_RETRY_MAX_ATTEMPTS", MAX_ATTEMPTS_LIMIT),
+            retry_resubmit_expired=_bool(env, "OPSTATE_RETRY_RESUBMIT_EXPIRED"),
+            retry_max_rows=bounded_int(env, "OPSTATE_RETRY_MAX_ROWS", MAX_RETRY_ROWS, 1),
+            retry_max_batches=bounded_int(env, "OPSTATE_RETRY_MAX_BATCHES", MAX_RETRY_BATCHES, 1),
+            retry_transient=_transient(env, "OPSTATE_RETRY_TRANSIENT"),
+            retry_check_s=read_float(env, "OPSTATE_RETRY_CHECK_SECONDS", 1.0, 86_400.0),
+            retry_lease_s=read_float(env, "OPSTATE_RETRY_LEASE_SECONDS", 1.0, MAX_SECONDS),
+        )
