@@ -14,9 +14,11 @@ from opstate.store.port import (
     Due,
     PollState,
     WriteOutcome,
+    check_retry,
     initial_due,
     validate_record,
 )
+from opstate.store.retry_state import RetryState
 
 
 class MemoryStore:
@@ -26,6 +28,7 @@ class MemoryStore:
         self._records: dict[str, OpRecord] = {}
         self._polls: dict[str, PollState] = {}
         self._archives: dict[str, ArchiveState] = {}
+        self._retries: dict[str, RetryState] = {}
         self._lock = threading.Lock()
 
     def get(self, name: str) -> OpRecord | None:
@@ -130,6 +133,32 @@ class MemoryStore:
             if e.archive is None or (e.archive.open and e.archive.due_ns <= now_ns)
         ]
         due.sort(key=lambda e: (e.archive.due_ns if e.archive else 0, e.record.name))
+        yield from due
+
+    def get_retry(self, name: str) -> RetryState | None:
+        with self._lock:
+            return self._retries.get(name) if name in self._records else None
+
+    def set_retry(self, name: str, expected_rev: int, state: RetryState) -> bool:
+        check_retry(state)  # refuses a state no store could hold, before anything is written
+        with self._lock:
+            existing = self._records.get(name)
+            if existing is None or existing.created_ns != state.created_ns:
+                return False
+            current = self._retries.get(name)
+            if (current.rev if current is not None else 0) != expected_rev:
+                return False
+            self._retries[name] = replace(state, rev=expected_rev + 1)
+            return True
+
+    def iter_retry_due(self, now_ns: int) -> Iterator[tuple[OpRecord, RetryState]]:
+        with self._lock:
+            due = [
+                (self._records[name], state)
+                for name, state in self._retries.items()
+                if name in self._records and state.active and state.due_ns <= now_ns
+            ]
+        due.sort(key=lambda pair: (pair[1].due_ns, pair[0].name))
         yield from due
 
     def poll_state(self, name: str) -> PollState | None:

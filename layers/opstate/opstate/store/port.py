@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 from opstate.domain.details import InvalidDetailsError, check
 from opstate.domain.model import OpRecord
 from opstate.domain.times import NS_PER_SECOND
+from opstate.store.retry_state import RetryState, retry_json
 
 SECONDS_PER_DAY = 86_400
 
@@ -39,6 +40,16 @@ def validate_record(record: OpRecord) -> None:
         check(record.details)
     except InvalidDetailsError as exc:
         raise RecordRejectedError(f"record {record.name}: {exc}") from None
+
+
+def check_retry(state: RetryState) -> str:
+    """The write hook of ``set_retry`` on every store: the stored JSON of ``state``, refused
+    (``RecordRejectedError``) when it is larger than ``MAX_RETRY_STATE_BYTES`` or no JSON
+    document, before the store is called."""
+    try:
+        return retry_json(state)
+    except ValueError as exc:
+        raise RecordRejectedError(str(exc)) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,4 +303,30 @@ class ArchivingStore(Store, Protocol):
         """Terminal records whose results are not settled: without an archive state, or
         ``pending`` / ``failed`` with ``due_ns <= now_ns``; the soonest due first (without a
         state: due at once), ties by name. (DynamoDB: a filtered Scan.)"""
+        ...
+
+
+@runtime_checkable
+class RetryingStore(Store, Protocol):
+    """A store that keeps a ``RetryState`` (``store.retry_state``) beside each record, open or
+    terminal (every store of this package: memory, SQLite, DynamoDB)."""
+
+    def get_retry(self, name: str) -> RetryState | None:
+        """The retry state stored beside the record of ``name`` (None: none, or no record)."""
+        ...
+
+    def set_retry(self, name: str, expected_rev: int, state: RetryState) -> bool:
+        """Store ``state`` with ``rev = expected_rev + 1`` if the record of ``name`` exists, is
+        the incarnation ``state.created_ns`` and its retry state's ``rev`` is still
+        ``expected_rev`` (0: none yet). False when a condition failed. Open and terminal
+        records alike; never changes the record (version, state, details, keys), its poll
+        state or its archive state. A state whose compact JSON is larger than
+        ``MAX_RETRY_STATE_BYTES`` is refused (``RecordRejectedError``) before the store is
+        called."""
+        ...
+
+    def iter_retry_due(self, now_ns: int) -> Iterator[tuple[OpRecord, RetryState]]:
+        """Records whose retry state is ``active`` with ``due_ns <= now_ns``, soonest due first,
+        ties by name (SQLite: the partial index ``operations_retry``; DynamoDB: a filtered,
+        paged Scan; memory: a sorted walk). Records without a retry state never."""
         ...

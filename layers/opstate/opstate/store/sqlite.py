@@ -27,6 +27,10 @@
   (its JSON, NULL: none yet) and the copies the queries filter on, ``archive_status``,
   ``archive_rev`` and ``archive_due_ns``; added on open like the poll columns. ``set_archive``
   is its own ``UPDATE ... WHERE archive_rev = ?``: it never touches the record's columns.
+- The retry state beside any record (``RetryState``, issue 33): ``retry`` (its JSON) and the
+  copies ``retry_status``, ``retry_rev`` and ``retry_due_ns``, added on open like the others,
+  then the partial index ``operations_retry`` on ``(retry_due_ns, name)`` of the active ones.
+  ``set_retry`` is its own ``UPDATE ... WHERE retry_rev = ?``; a replace never touches them.
 - Times in ns are stored as zero-padded decimal text: SQLite integers stop at 2**63 (year 2262)
   and the model accepts instants up to year 9999; fixed-width digits sort as numbers.
 - ``details`` is JSON text. ``expires_at`` (epoch seconds) is kept for terminal records, as on
@@ -37,7 +41,8 @@ bugs and propagate.
 
 This module holds the connections and the records; ``sqlite_schema`` the table, the columns
 added on open and the row codecs; ``sqlite_polls`` the open index and the poll state (the
-reconciler's side); ``sqlite_archives`` the archive state (the archiver's side).
+reconciler's side); ``sqlite_archives`` the archive state (the archiver's side);
+``sqlite_retries`` the retry state (the retry runner's side).
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ from opstate.store.port import (
 )
 from opstate.store.sqlite_archives import SQLiteArchives
 from opstate.store.sqlite_polls import SQLitePolls
+from opstate.store.sqlite_retries import SQLiteRetries
 from opstate.store.sqlite_schema import (
     COLUMNS,
     PAGE,
@@ -82,7 +88,7 @@ JOURNAL_SIZE_LIMIT_BYTES = 1024 * 1024
 SYNCHRONOUS = "FULL"
 
 
-class SQLiteStore(SQLitePolls, SQLiteArchives):
+class SQLiteStore(SQLitePolls, SQLiteArchives, SQLiteRetries):
     """The store port on one SQLite file (see the module docstring)."""
 
     def __init__(

@@ -1,7 +1,7 @@
 """The table of the SQLite store (``opstate.store.sqlite``) and its rows: the schema, the columns
 added on open to a file an earlier release wrote, the row codecs, what an ``sqlite3`` error
-means, and ``SQLiteParts``, the base the store's parts (``sqlite_polls``, ``sqlite_archives``)
-share with ``SQLiteStore``.
+means, and ``SQLiteParts``, the base the store's parts (``sqlite_polls``, ``sqlite_archives``,
+``sqlite_retries``) share with ``SQLiteStore``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 from opstate.domain.model import OpRecord
 from opstate.domain.states import parse_state
 from opstate.store.port import ArchiveState, Due, PollState
+from opstate.store.retry_state import RetryState
 
 NS_DIGITS = 21  # enough for any instant up to year 9999 in ns
 PAGE = 500
@@ -48,6 +49,22 @@ ARCHIVE_COLUMNS = (
     ("archive_due_ns", "INTEGER NOT NULL DEFAULT 0"),
     ("progress", "TEXT"),  # PollState.progress (JSON), a running batch's batchStats
 )
+# The retry state beside any record (issue 33, ``store.retry_state``), added after the archive:
+# ``retry`` is its JSON (NULL: none), the other three are copies the queries filter on.
+RETRY_COLUMNS = (
+    ("retry", "TEXT"),
+    ("retry_status", "TEXT"),
+    ("retry_rev", "INTEGER NOT NULL DEFAULT 0"),
+    ("retry_due_ns", "INTEGER NOT NULL DEFAULT 0"),
+)
+# The active retry roots by due time; created once its columns exist (``add_poll_columns``).
+RETRY_INDEX = (
+    "CREATE INDEX IF NOT EXISTS operations_retry ON operations (retry_due_ns, name) "
+    "WHERE retry_status = 'active'"
+)
+# SQLite integers stop at 2**63 - 1: the indexed copy of a later due time is cut there (the
+# JSON keeps the exact value; only instants after the year 2262 sort together).
+MAX_SQLITE_INT = 2**63 - 1
 
 COLUMNS = (
     "name, state, rank, update_ns, version, kind, source, details, created_ns, applied_ns, "
@@ -90,16 +107,18 @@ def is_unavailable(exc: sqlite3.Error) -> bool:
 
 
 def add_poll_columns(conn: sqlite3.Connection) -> None:
-    """Add the poll-state and archive columns a file of an earlier release lacks."""
+    """Add the poll-state, archive and retry columns a file of an earlier release lacks, then
+    the retry index (on those columns)."""
     have = {row[1] for row in conn.execute("PRAGMA table_info(operations)")}
     wanted = [(c, "INTEGER NOT NULL DEFAULT 0") for c in POLL_COLUMNS]
-    for column, kind in [*wanted, *ARCHIVE_COLUMNS]:
+    for column, kind in [*wanted, *ARCHIVE_COLUMNS, *RETRY_COLUMNS]:
         if column not in have:
             try:
                 conn.execute(f"ALTER TABLE operations ADD COLUMN {column} {kind}")
             except sqlite3.OperationalError as exc:
                 if "duplicate column" not in str(exc).lower():  # another process won
                     raise
+    conn.execute(RETRY_INDEX)
 
 
 class SQLiteParts:
@@ -134,6 +153,13 @@ def archive_of(text: str | None) -> ArchiveState | None:
         return None
     raw = json.loads(text)
     return ArchiveState.from_dict(raw) if isinstance(raw, dict) else None
+
+
+def retry_of(text: str | None) -> RetryState | None:
+    if not text:
+        return None
+    raw = json.loads(text)
+    return RetryState.from_dict(raw) if isinstance(raw, dict) else None
 
 
 def record_of(row: Sequence[Any]) -> OpRecord:
