@@ -1,0 +1,125 @@
+"""A retry policy kept beside a record (issue 33; docs/retry.md): ``attach_policy`` writes a
+root's retry state from a policy (``PUT /operations`` with ``"retry"``, ``opstate track``'s
+flags, ``opstate submit``), ``settings_policy`` is the deployment's default policy.
+
+Only an explicit request attaches a policy: a record created by a webhook, a poll or a report
+without ``"retry"`` gets none, whatever the default says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from opstate.config import RetrySettings
+from opstate.domain.model import OpRecord
+from opstate.domain.retry import RetryPolicy, enabled
+from opstate.store.port import RetryingStore, StoreUnavailableError
+from opstate.store.retry_state import RETRY_ACTIVE, RETRY_DONE, RETRY_MEMBER, RetryState
+
+# Conditional writes tried before a lost race is reported as the store being busy.
+ATTACH_ATTEMPTS = 5
+# The keys of a root's ``input`` map (design: source, kept copy, its digest and size).
+INPUT_KEYS = ("source", "location", "sha256", "rows", "bytes")
+# A root's final result before the runner has written one.
+PENDING_FINAL: Mapping[str, Any] = {
+    "status": "pending",
+    "location": None,
+    "rows": None,
+    "errors": None,
+    "retried": 0,
+    "attempts": 0,
+}
+
+
+def settings_policy(settings: RetrySettings) -> RetryPolicy:
+    """The deployment's default policy (``OPSTATE_RETRY_MAX_ATTEMPTS``,
+    ``OPSTATE_RETRY_RESUBMIT_EXPIRED``): what a ``"retry"`` object's missing keys take."""
+    return RetryPolicy(
+        max_attempts=settings.retry_max_attempts,
+        resubmit_expired=settings.retry_resubmit_expired,
+    )
+
+
+def attach_policy(
+    store: RetryingStore,
+    record: OpRecord,
+    policy: RetryPolicy,
+    *,
+    model: str | None,
+    now_ns: int,
+    kept_input: Mapping[str, Any] | None = None,
+) -> RetryState | None:
+    """Keep ``policy`` as the retry state of the root ``record`` and return the state written.
+
+    Enabled: the state is ``active``, due at ``now_ns``; an existing state of the same record
+    incarnation keeps its children, final result and input (``input.source`` becomes
+    ``policy.input`` when one is given; ``kept_input`` adds the kept copy's ``location``,
+    ``sha256``, ``rows``, ``bytes``). Not enabled: an existing state is kept with the policy
+    off (``done``); without one nothing is written (None). A record that is a retry child is
+    refused (``ValueError``): it takes its root's policy. The write is conditional on the
+    state's ``rev``; a lost race is re-read and retried, ``ATTACH_ATTEMPTS`` times at most
+    (then ``StoreUnavailableError``, a retryable store fault)."""
+    created_ns = record.created_ns
+    for _ in range(ATTACH_ATTEMPTS):
+        current = store.get_retry(record.name)
+        same = current is not None and current.created_ns == created_ns
+        if current is not None and same and current.status == RETRY_MEMBER:
+            raise ValueError("a retry child takes its root's policy")
+        if not enabled(policy) and not same:
+            return None
+        state = _root_state(
+            current.doc if current is not None and same else {},
+            policy,
+            model=model,
+            created_ns=created_ns,
+            now_ns=now_ns,
+            kept_input=kept_input,
+        )
+        expected = current.rev if current is not None else 0
+        if store.set_retry(record.name, expected, state):
+            return replace(state, rev=expected + 1)
+        fresh = store.get(record.name)
+        if fresh is None:
+            raise StoreUnavailableError(f"{record.name} is no longer tracked")
+        created_ns = fresh.created_ns
+    raise StoreUnavailableError(
+        f"the retry state of {record.name} changed under {ATTACH_ATTEMPTS} writes in a row"
+    )
+
+
+def _root_state(
+    old: Mapping[str, Any],
+    policy: RetryPolicy,
+    *,
+    model: str | None,
+    created_ns: int,
+    now_ns: int,
+    kept_input: Mapping[str, Any] | None,
+) -> RetryState:
+    doc: dict[str, Any] = dict(old)
+    doc.pop("lineage", None)
+    doc["policy"] = policy.as_doc()
+    if model is not None or "model" not in doc:
+        doc["model"] = model
+    old_input = old.get("input")
+    held = dict(old_input) if isinstance(old_input, Mapping) else {}
+    source = policy.input if policy.input is not None else held.get("source")
+    doc["input"] = {key: held.get(key) for key in INPUT_KEYS} | {"source": source}
+    if kept_input is not None:
+        doc["input"] |= {key: kept_input[key] for key in INPUT_KEYS[1:] if key in kept_input}
+    # Whether retry can run is the runner's to judge again with the new policy and input.
+    doc["unavailable"] = None
+    doc.setdefault("stopped", None)
+    doc.setdefault("children", [])
+    doc.setdefault("cancelled", [])
+    doc.setdefault("final", dict(PENDING_FINAL))
+    on = enabled(policy)
+    return RetryState(
+        status=RETRY_ACTIVE if on else RETRY_DONE,
+        created_ns=created_ns,
+        rev=0,
+        due_ns=now_ns if on else 0,
+        doc=doc,
+    )
