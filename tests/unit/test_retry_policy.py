@@ -8,10 +8,16 @@ from typing import Any
 
 import pytest
 
-from opstate.config import ConfigError, RetrySettings, Settings
+from opstate.config import (
+    DEFAULT_RETRY_TRANSIENT,
+    MAX_RETRY_ATTEMPTS,
+    ConfigError,
+    RetrySettings,
+    Settings,
+)
 from opstate.domain.model import OpRecord
 from opstate.domain.retry import (
-    DEFAULT_TRANSIENT,
+    MAX_ATTEMPTS_LIMIT,
     InvalidRetryError,
     RetryPolicy,
     enabled,
@@ -118,13 +124,19 @@ def test_enabled_and_the_policy_map() -> None:
 
 
 def test_the_default_transient_table() -> None:
-    assert parse_transient(DEFAULT_TRANSIENT) == {
+    # the settings own the default and the bound; the pure parser reads them alike
+    assert MAX_RETRY_ATTEMPTS == MAX_ATTEMPTS_LIMIT
+    assert parse_transient(DEFAULT_RETRY_TRANSIENT) == {
         "RESOURCE_EXHAUSTED": None,
         "UNAVAILABLE": None,
         "INTERNAL": 1,
         "DEADLINE_EXCEEDED": 1,
     }
-    assert parse_transient(" ABORTED:3 , UNAVAILABLE ") == {"ABORTED": 3, "UNAVAILABLE": None}
+    assert parse_transient(" ABORTED:3 , unavailable ") == {"ABORTED": 3, "UNAVAILABLE": None}
+    assert parse_transient("internal:0,Deadline_Exceeded:10") == {
+        "INTERNAL": 0,
+        "DEADLINE_EXCEEDED": 10,
+    }
 
 
 @pytest.mark.parametrize(
@@ -132,14 +144,14 @@ def test_the_default_transient_table() -> None:
     [
         ("", "unknown transient reason ''"),
         ("UNAVAILABLE,", "unknown transient reason ''"),
-        ("unavailable", "unknown transient reason 'unavailable'"),
-        ("PERMISSION_DENIED", "unknown transient reason"),
-        ("INTERNAL:0", "between 1 and 10"),
-        ("INTERNAL:11", "between 1 and 10"),
-        ("INTERNAL:x", "between 1 and 10"),
-        ("INTERNAL:", "between 1 and 10"),
-        ("INTERNAL:-1", "between 1 and 10"),
-        ("INTERNAL,INTERNAL:1", "named twice"),
+        ("UNAVAILABLE,,INTERNAL", "unknown transient reason ''"),
+        ("PERMISSION_DENIED", "unknown transient reason 'PERMISSION_DENIED'"),
+        ("INTERNAL:11", "between 0 and 10"),
+        ("INTERNAL:x", "between 0 and 10"),
+        ("INTERNAL:", "between 0 and 10"),
+        ("INTERNAL:-1", "between 0 and 10"),
+        ("INTERNAL:1.5", "between 0 and 10"),
+        ("INTERNAL,internal:1", "named twice"),
     ],
 )
 def test_a_bad_transient_table_is_refused(text: str, reason: str) -> None:
@@ -151,7 +163,7 @@ def test_the_retry_settings_and_their_default_policy() -> None:
     defaults = Settings.from_env({})
     assert (defaults.retry_max_attempts, defaults.retry_resubmit_expired) == (0, False)
     assert (defaults.retry_max_rows, defaults.retry_max_batches) == (50_000, 10)
-    assert defaults.retry_transient == DEFAULT_TRANSIENT
+    assert defaults.retry_transient == DEFAULT_RETRY_TRANSIENT
     assert (defaults.retry_check_s, defaults.retry_lease_s) == (60.0, 900.0)
     assert settings_policy(defaults) == OFF
     env = {
@@ -190,7 +202,7 @@ def test_the_retry_settings_and_their_default_policy() -> None:
         ("OPSTATE_RETRY_MAX_ROWS", "2000001"),
         ("OPSTATE_RETRY_MAX_BATCHES", "0"),
         ("OPSTATE_RETRY_MAX_BATCHES", "101"),
-        ("OPSTATE_RETRY_TRANSIENT", "INTERNAL:0"),
+        ("OPSTATE_RETRY_TRANSIENT", "INTERNAL:11"),
         ("OPSTATE_RETRY_TRANSIENT", "NOT_FOUND"),
         ("OPSTATE_RETRY_CHECK_SECONDS", "0"),
         ("OPSTATE_RETRY_LEASE_SECONDS", "901"),

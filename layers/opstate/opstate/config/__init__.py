@@ -52,6 +52,8 @@ from opstate.config.results import (
 from opstate.config.retry import (
     DEFAULT_RETRY_MAX_BATCHES,
     DEFAULT_RETRY_MAX_ROWS,
+    DEFAULT_RETRY_TRANSIENT,
+    MAX_RETRY_ATTEMPTS,
     RetrySettings,
 )
 from opstate.config.store import (
@@ -96,8 +98,10 @@ __all__ = [
     "DEFAULT_RETENTION_DAYS",
     "DEFAULT_RETRY_MAX_BATCHES",
     "DEFAULT_RETRY_MAX_ROWS",
+    "DEFAULT_RETRY_TRANSIENT",
     "DEFAULT_WEBHOOK_TOLERANCE_S",
     "MAX_FUTURE_SKEW_LIMIT_S",
+    "MAX_RETRY_ATTEMPTS",
     "MAX_SECONDS",
     "MIN_API_TOKEN_LENGTH",
     "PARTS",

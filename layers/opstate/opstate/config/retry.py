@@ -16,13 +16,12 @@ from opstate.config.parse import (
     read_str,
     settings_part,
 )
-from opstate.domain.retry import (
-    DEFAULT_TRANSIENT,
-    MAX_ATTEMPTS_LIMIT,
-    InvalidRetryError,
-    parse_transient,
-)
 
+# The transient table's default (docs/retry.md) and the most retries of one request key: the
+# bound ``opstate.domain.retry`` checks a policy against (tests/unit/test_retry_policy.py
+# checks that both say the same).
+DEFAULT_RETRY_TRANSIENT = "RESOURCE_EXHAUSTED,UNAVAILABLE,INTERNAL:1,DEADLINE_EXCEEDED:1"
+MAX_RETRY_ATTEMPTS = 10
 DEFAULT_RETRY_MAX_ROWS = 50_000
 DEFAULT_RETRY_MAX_BATCHES = 10
 # Gemini's batch API takes input files of up to 2 GB: far fewer rows than this fit in one.
@@ -46,6 +45,9 @@ def _transient(env: Mapping[str, str], key: str) -> str | None:
     raw = read_str(env, key)
     if raw is None:
         return None
+    # Imported only when the variable is set: the webhook's init never reads it.
+    from opstate.domain.retry import InvalidRetryError, parse_transient
+
     try:
         parse_transient(raw)
     except InvalidRetryError as exc:
@@ -67,7 +69,7 @@ class RetrySettings(Part):
     retry_max_rows: int = DEFAULT_RETRY_MAX_ROWS
     retry_max_batches: int = DEFAULT_RETRY_MAX_BATCHES
     # Which failures are retried: names from domain.retry.TRANSIENT_REASONS, each ":N" at most.
-    retry_transient: str = DEFAULT_TRANSIENT
+    retry_transient: str = DEFAULT_RETRY_TRANSIENT
     # How soon an active root is looked at again, and how long a claim on a planned child holds
     # off other runners (seconds).
     retry_check_s: float = 60.0
@@ -76,7 +78,7 @@ class RetrySettings(Part):
     @classmethod
     def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
         return given(
-            retry_max_attempts=bounded_int(env, "OPSTATE_RETRY_MAX_ATTEMPTS", MAX_ATTEMPTS_LIMIT),
+            retry_max_attempts=bounded_int(env, "OPSTATE_RETRY_MAX_ATTEMPTS", MAX_RETRY_ATTEMPTS),
             retry_resubmit_expired=_bool(env, "OPSTATE_RETRY_RESUBMIT_EXPIRED"),
             retry_max_rows=bounded_int(env, "OPSTATE_RETRY_MAX_ROWS", MAX_RETRY_ROWS, 1),
             retry_max_batches=bounded_int(env, "OPSTATE_RETRY_MAX_BATCHES", MAX_RETRY_BATCHES, 1),

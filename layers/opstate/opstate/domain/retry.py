@@ -28,7 +28,6 @@ TRANSIENT_REASONS = (
     "DEADLINE_EXCEEDED",
     "ABORTED",
 )
-DEFAULT_TRANSIENT = "RESOURCE_EXHAUSTED,UNAVAILABLE,INTERNAL:1,DEADLINE_EXCEEDED:1"
 
 POLICY_KEYS = ("maxAttempts", "resubmitExpired", "pendingTimeoutHours", "input")
 
@@ -159,25 +158,27 @@ def check_input_uri(value: object) -> str:
 
 
 def parse_transient(text: str) -> dict[str, int | None]:
-    """``OPSTATE_RETRY_TRANSIENT``: reason names from ``TRANSIENT_REASONS``, separated by
-    commas, each with an optional ``:N`` (1-10: at most N retries of a key for that reason;
-    None: as many as ``maxAttempts``). Each name at most once; ``InvalidRetryError`` otherwise."""
+    """``OPSTATE_RETRY_TRANSIENT``: reason names from ``TRANSIENT_REASONS`` (any case),
+    separated by commas, each with an optional ``:N`` (0-10: at most N retries of a key for that
+    reason; None: as many as ``maxAttempts``), each name once; ``InvalidRetryError`` otherwise.
+    (The retry runner reads the table with ``opstate.retry.rules.parse_table``; this is the
+    check the settings run at init, so a bad value fails there.)"""
     table: dict[str, int | None] = {}
     for entry in text.split(","):
         name, colon, limit = entry.strip().partition(":")
-        name = name.strip()
+        name = name.strip().upper()
         if name not in TRANSIENT_REASONS:
             raise InvalidRetryError(
-                f"unknown transient reason {name!r}; known: {', '.join(TRANSIENT_REASONS)}"
+                f"unknown transient reason {entry.strip()!r}; known: {', '.join(TRANSIENT_REASONS)}"
             )
         if name in table:
             raise InvalidRetryError(f"transient reason {name} is named twice")
         count: int | None = None
         if colon:
             limit = limit.strip()
-            if _LIMIT.fullmatch(limit) is None or not 1 <= int(limit) <= MAX_ATTEMPTS_LIMIT:
+            if _LIMIT.fullmatch(limit) is None or int(limit) > MAX_ATTEMPTS_LIMIT:
                 raise InvalidRetryError(
-                    f"{name}:N needs N between 1 and {MAX_ATTEMPTS_LIMIT}, got {limit!r}"
+                    f"{name}:N needs N between 0 and {MAX_ATTEMPTS_LIMIT}, got {limit!r}"
                 )
             count = int(limit)
         table[name] = count
