@@ -17,6 +17,23 @@ that becomes ``expired`` after ``pending`` / ``failed`` announces ``Operation Re
 (``results_detail``; JSON Schemas in ``schemas/``). The reconciler writes each mark on its
 own, and the archiver each status, so one stream record carries at most one announcement.
 
+So do the retry engine's writes of a root's retry slot (issue 33; the item's ``retry`` map,
+``{status, created_ns, rev, due_ns, doc}``): a ``MODIFY`` whose new ``retry.doc.children`` has
+exactly one more child in ``phase: "created"`` than the old announces **``Operation Retry
+Submitted``** (``retry_submitted_detail``: ``root``, ``parent``, ``child`` (its Gemini name),
+``attempt``, ``rows``; idempotencyKey ``<root>@<created_ns>#retry#<child id>``), one whose
+``retry.doc.final.status`` becomes ``final`` announces **``Operation Results Final``**
+(``results_final_detail``: ``root``, ``rows``, ``errors``, ``retried``, ``attempts``,
+``location``; ``<root>@<created_ns>#final``). An old image without ``retry`` (an item written
+before retries, or the slot's first write) announces nothing new.
+
+Precedence, should one record carry several changes: a state change (or an ``INSERT``) wins
+and is announced as ``Operation State Changed``; with the state unchanged, an archive outcome
+wins over a mark, a mark over a retry change, and ``final`` over a submitted child. In practice
+they never coincide: the engine writes the retry slot with an ``UpdateItem`` of its own
+(``set_retry``, conditioned on the slot's ``rev``), never together with a state change (ingest
+keeps the slot as it is), an archive status or a mark.
+
 How it sits on Powertools' ``BatchProcessor`` (``EventType.DynamoDBStreams``, driven by
 ``process_partial_response``): the *record handler* is pure, it turns one stream record into
 at most one ``PutEvents`` entry and never does I/O. ``OrderedPutEventsProcessor`` overrides
@@ -67,7 +84,9 @@ from opstate.notify.entries import (
     MAX_REQUEST_BYTES,
     OVERDUE_DETAIL_TYPE,
     RESULTS_ARCHIVED_DETAIL_TYPE,
+    RESULTS_FINAL_DETAIL_TYPE,
     RESULTS_LOST_DETAIL_TYPE,
+    RETRY_SUBMITTED_DETAIL_TYPE,
     SOURCE,
     InvalidStreamRecordError,
     build_entry,
@@ -76,6 +95,8 @@ from opstate.notify.entries import (
     idempotency_key,
     mark_detail,
     results_detail,
+    results_final_detail,
+    retry_submitted_detail,
 )
 from opstate.notify.processor import OrderedPutEventsProcessor, PublishError, PublishSummary
 from opstate.observability import count, logger
@@ -173,7 +194,9 @@ __all__ = [
     "MAX_REQUEST_BYTES",
     "OVERDUE_DETAIL_TYPE",
     "RESULTS_ARCHIVED_DETAIL_TYPE",
+    "RESULTS_FINAL_DETAIL_TYPE",
     "RESULTS_LOST_DETAIL_TYPE",
+    "RETRY_SUBMITTED_DETAIL_TYPE",
     "SOURCE",
     "InvalidStreamRecordError",
     "Notifier",
@@ -189,4 +212,6 @@ __all__ = [
     "mark_detail",
     "notifier_from_settings",
     "results_detail",
+    "results_final_detail",
+    "retry_submitted_detail",
 ]

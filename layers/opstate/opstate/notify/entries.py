@@ -28,6 +28,8 @@ LOST_DETAIL_TYPE = "Operation Lost"
 OVERDUE_DETAIL_TYPE = "Operation Overdue"
 RESULTS_ARCHIVED_DETAIL_TYPE = "Operation Results Archived"
 RESULTS_LOST_DETAIL_TYPE = "Operation Results Lost"
+RETRY_SUBMITTED_DETAIL_TYPE = "Operation Retry Submitted"
+RESULTS_FINAL_DETAIL_TYPE = "Operation Results Final"
 # PutEvents limits: 10 entries and 256 KiB per request (entry size as AWS counts it).
 MAX_ENTRIES_PER_CALL = 10
 MAX_REQUEST_BYTES = 256 * 1024
@@ -159,17 +161,101 @@ def results_detail(record: OpRecord, image: Mapping[str, Any], detail_type: str)
     return detail
 
 
+def _retry_doc(image: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The ``doc`` of the image's retry slot (issue 33), or None when the item has none (an
+    item written before retries, or a record without a policy) or its shape is not a map."""
+    raw = image.get("retry")
+    if not isinstance(raw, Mapping):
+        return None
+    doc = plain(raw).get("doc")
+    return doc if isinstance(doc, Mapping) else None
+
+
+def _final_status(doc: Mapping[str, Any] | None) -> object:
+    final = doc.get("final") if doc is not None else None
+    return final.get("status") if isinstance(final, Mapping) else None
+
+
+def _created(doc: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    """The children of ``doc`` whose Gemini batch was created, in the doc's order."""
+    children = doc.get("children") if doc is not None else None
+    if not isinstance(children, list):
+        return []
+    return [c for c in children if isinstance(c, Mapping) and c.get("phase") == "created"]
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def retry_submitted_detail(record: OpRecord, child: Mapping[str, Any]) -> dict[str, Any]:
+    """The detail of ``Operation Retry Submitted``: the ``root`` (the record's name), the
+    child's ``parent``, ``child`` (its Gemini name), ``attempt`` and ``rows``; idempotencyKey
+    ``<root>@<created_ns>#retry#<child id>``."""
+    name, child_id, parent = child.get("name"), child.get("id"), child.get("parent")
+    if not isinstance(name, str) or not name or not isinstance(child_id, str) or not child_id:
+        raise InvalidStreamRecordError(f"a created retry child without a name or id: {child!r}")
+    return {
+        "root": record.name,
+        "parent": parent if isinstance(parent, str) and parent else record.name,
+        "child": name,
+        "attempt": _count(child.get("attempt")),
+        "rows": _count(child.get("rows")),
+        "idempotencyKey": f"{record.name}@{record.created_ns}#retry#{child_id}",
+    }
+
+
+def results_final_detail(record: OpRecord, doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The detail of ``Operation Results Final``: the ``root``, the final ledger's ``rows``
+    (``total``, ``answered``, ``blocked``, ``failed``), ``errors`` (failed rows by code text),
+    ``retried``, ``attempts`` and the ``location`` of ``final.jsonl``; idempotencyKey
+    ``<root>@<created_ns>#final``."""
+    final = doc.get("final")
+    assert isinstance(final, Mapping)  # _retry_type saw its status
+    raw_rows, raw_errors = final.get("rows"), final.get("errors")
+    rows: Mapping[str, Any] = raw_rows if isinstance(raw_rows, Mapping) else {}
+    errors: Mapping[str, Any] = raw_errors if isinstance(raw_errors, Mapping) else {}
+    location = final.get("location")
+    return {
+        "root": record.name,
+        "rows": {k: _count(rows.get(k)) for k in ("total", "answered", "blocked", "failed")},
+        "errors": {str(code): _count(n) for code, n in errors.items()},
+        "retried": _count(final.get("retried")),
+        "attempts": _count(final.get("attempts")),
+        "location": location if isinstance(location, str) and location else None,
+        "idempotencyKey": f"{record.name}@{record.created_ns}#final",
+    }
+
+
+def _retry_detail(
+    current: OpRecord, old_image: Mapping[str, Any], new_image: Mapping[str, Any]
+) -> tuple[str, dict[str, Any]] | None:
+    """What a retry-state write announces: the final result newly ``final``, else exactly one
+    more child newly ``created``; nothing when either image has no retry slot."""
+    old, new = _retry_doc(old_image), _retry_doc(new_image)
+    if old is None or new is None:
+        return None
+    if _final_status(new) == "final" and _final_status(old) != "final":
+        return RESULTS_FINAL_DETAIL_TYPE, results_final_detail(current, new)
+    before = {c.get("id") for c in _created(old)}
+    fresh = [c for c in _created(new) if c.get("id") not in before]
+    if len(fresh) != 1 or len(_created(new)) != len(before) + 1:
+        return None
+    return RETRY_SUBMITTED_DETAIL_TYPE, retry_submitted_detail(current, fresh[0])
+
+
 def _same_state_detail(
     current: OpRecord, old_image: Mapping[str, Any], new_image: Mapping[str, Any]
 ) -> tuple[str, dict[str, Any]] | None:
-    """What a same-state MODIFY announces: an archive outcome, a newly set mark, or nothing."""
+    """What a same-state MODIFY announces, the first that applies: an archive outcome, a newly
+    set mark, a retry-state change (final, then a submitted child), or nothing."""
     outcome = _archive_type(old_image, new_image)
     if outcome is not None:
         return outcome, results_detail(current, new_image, outcome)
     mark = _mark_type(old_image, new_image)
-    if mark is None:
-        return None
-    return mark, mark_detail(current, new_image, mark)
+    if mark is not None:
+        return mark, mark_detail(current, new_image, mark)
+    return _retry_detail(current, old_image, new_image)
 
 
 def _dumps(detail: Mapping[str, Any]) -> str:
@@ -191,7 +277,8 @@ def build_entry(record: DynamoDBRecord, bus_name: str) -> PutEventsRequestEntryT
     """The ``PutEvents`` entry announcing ``record``, or None when it announces nothing.
 
     INSERT → an entry with ``previousState`` null; MODIFY with a different ``state`` → an entry;
-    MODIFY with the same state (``refreshed``) and REMOVE (TTL expiry) → None. Raises
+    MODIFY with the same state: an archive outcome, a mark or a retry-state change
+    (``_same_state_detail``), else None (``refreshed``); REMOVE (TTL expiry) → None. Raises
     ``InvalidStreamRecordError`` for a record that lacks what it needs.
     """
     stream = record.dynamodb
