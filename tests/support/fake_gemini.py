@@ -45,6 +45,9 @@ API (all thread-safe)::
         fake.requests                               # every request, in arrival order
         fake.hits("batches/a")                      # how many requests named it
 
+Uploads, batch create and cancel, and their helpers (``uploaded``, ``batches_created``,
+``run_batch``, ``fail_create``, ``on_create``...) are in ``tests/support/fake_gemini_batches.py``.
+
 Names given to ``put_*``/``fail``/``delay`` are resource names (``batches/a``); the list
 endpoints are the collection names (``batches``, ``webhooks``). Errors are Google's JSON error
 shape ``{"error": {"code", "message", "status"}}``.
@@ -60,6 +63,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from tests.support.fake_gemini_batches import BodyStream, DropConnection, FakeBatches
 
 API_VERSION = re.compile(r"v\d+(?:(?:alpha|beta)\d*)?")
 STATUS_TEXT = {
@@ -265,7 +270,7 @@ def error_body(status: int, message: str) -> dict[str, Any]:
 # --- the server ----------------------------------------------------------------------------------
 
 
-class FakeGemini:
+class FakeGemini(FakeBatches):
     """The fake server; see the module docstring."""
 
     def __init__(self, *, request_delay: float = 0.0, host: str = "127.0.0.1") -> None:
@@ -279,6 +284,7 @@ class FakeGemini:
         self._stopping = threading.Event()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._init_submits()
 
     # lifecycle
 
@@ -314,6 +320,7 @@ class FakeGemini:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+        self._close_submits()
 
     def __enter__(self) -> FakeGemini:
         return self.start()
@@ -516,7 +523,12 @@ class FakeGemini:
 
     def _answer(self, request: Request) -> Response:
         self._arrive(request)
-        if self.api_key is not None and request.headers.get("x-goog-api-key") != self.api_key:
+        session = request.path.startswith("/upload/") and "upload_id" in request.query
+        if (
+            self.api_key is not None
+            and not session  # an upload session's URL is its credential
+            and request.headers.get("x-goog-api-key") != self.api_key
+        ):
             return 401, error_body(401, "API key not valid")
         with self._lock:
             faulted = self._take_fault(request)
@@ -563,7 +575,11 @@ class FakeGemini:
         )
 
     def _builtin(self, request: Request) -> Response:
-        """The built-in routes: GET a resource, list batches or webhooks, download a file."""
+        """The built-in routes: GET a resource, list batches or webhooks, download a file;
+        upload, create and cancel (``fake_gemini_batches``)."""
+        submitted = self._submit_answer(request)
+        if submitted is not None:
+            return submitted
         if request.method == "GET" and request.verb == "download":
             download = self._download(request)
             if download is None:
@@ -620,11 +636,15 @@ class _RequestHandler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         parts = urlsplit(self.path)
         length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        try:
-            body: Any = json.loads(raw) if raw else None
-        except ValueError:
-            body = raw.decode("utf-8", "replace")
+        body: Any = None
+        if parts.path.startswith("/upload/") and "upload_id=" in parts.query:
+            body = BodyStream(self.rfile, length)  # an upload chunk: read by its route
+        else:
+            raw = self.rfile.read(length) if length else b""
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError:
+                body = raw.decode("utf-8", "replace")
         name, verb, version = parse_path(parts.path)
         request = Request(
             method=self.command,
@@ -636,7 +656,14 @@ class _RequestHandler(BaseHTTPRequestHandler):
             headers={k.lower(): v for k, v in self.headers.items()},
             body=body,
         )
-        status, payload = self.owner._answer(request)
+        try:
+            status, payload = self.owner._answer(request)
+        except DropConnection:
+            self.close_connection = True  # the answer is lost
+            return
+        finally:
+            if isinstance(body, BodyStream):
+                body.drain()
         with self.owner._lock:
             extra = self.owner._reply_headers.pop(id(request), {})
         if isinstance(payload, tuple):

@@ -1,0 +1,272 @@
+"""Submitting to the Gemini API: upload a JSONL input, create a batch from it, cancel one, read
+one, and find the batches opstate created by the id carried in their display name.
+
+- ``upload_jsonl``: the Files API's resumable upload (``client.files.upload``) of a path or of
+  chunks with their size, handed to the SDK as a stream that yields at most
+  ``UPLOAD_CHUNK_BYTES`` per read (the SDK sends each read as one ``upload`` command), so no
+  more than one chunk is ever held; the file's name (``files/<id>``) comes back;
+- ``create_batch``: ``client.batches.create(model, src=files/<id>, display_name)`` as the
+  created name and its first event (``from_batch_job``);
+- ``cancel_batch``, ``read_batch`` (the REST resource, as ``rest_batch`` reads it);
+- ``find_by_display_id``: every batch of the REST listing whose ``displayName`` contains a
+  marker (the child id of a retry). The listing is only a hint: the caller reads each found job
+  with ``read_batch`` before acting on it.
+
+A failed request raises ``GatewayError`` (``classify``); ``is_quota_refusal`` says whether a
+refused create was refused for quota or billing (then the lineage stops instead of retrying).
+Bad arguments raise ``ValueError`` before anything is sent.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from opstate.domain.events import from_batch_job
+from opstate.domain.model import OpEvent
+from opstate.gemini.batches import rest_batch
+from opstate.gemini.errors import GatewayError, classify
+from opstate.gemini.files import is_file_name
+
+# Bytes per ``upload`` command: a multiple of 256 KiB (the resumable protocol's granularity for
+# every chunk but the last); the SDK would read 8 MiB at a time from a plain file.
+UPLOAD_CHUNK_BYTES = 2 * 1024 * 1024
+# The MIME type Gemini's batch mode documents for a JSONL input file.
+JSONL_MIME_TYPE = "jsonl"
+# A create refused for these reasons will be refused again: the lineage stops.
+_QUOTA_WORDS = re.compile(r"quota|billing|spending cap", re.IGNORECASE)
+_QUOTA_STATUSES = frozenset({429, 403})
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedBatch:
+    """A batch Gemini accepted: its name (``batches/<id>``) and the event its answer makes."""
+
+    name: str
+    event: OpEvent
+
+
+class _ChunkReader(io.RawIOBase):
+    """A JSONL input as the binary stream ``files.upload`` takes: reads return at most
+    ``UPLOAD_CHUNK_BYTES``; ``seek``/``tell`` only answer the SDK's size probe (to the end and
+    back); a source shorter or longer than ``size`` raises ``ValueError`` instead of letting a
+    wrong upload finalize."""
+
+    def __init__(self, pieces: Iterator[bytes], size: int) -> None:
+        super().__init__()
+        self._pieces = pieces
+        self._size = size
+        self._read = 0  # bytes handed out
+        self._at = 0  # where the SDK believes the stream is
+        self._rest = b""  # what the last piece held beyond the last read
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._at
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        target = {os.SEEK_SET: offset, os.SEEK_END: self._size + offset}.get(whence)
+        if target is None or target not in (self._read, self._size):
+            raise io.UnsupportedOperation("an upload stream only seeks to its end and back")
+        self._at = target
+        return target
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self._take(min(len(view), UPLOAD_CHUNK_BYTES))
+        view[: len(data)] = data
+        return len(data)
+
+    def read(self, size: int | None = -1) -> bytes:
+        limit = UPLOAD_CHUNK_BYTES if size is None or size < 0 else min(size, UPLOAD_CHUNK_BYTES)
+        return self._take(limit)
+
+    def _take(self, limit: int) -> bytes:
+        """Up to ``limit`` bytes: a piece as it came when it fits (no copy), else joined."""
+        if self._at != self._read:
+            raise io.UnsupportedOperation("read after a seek away from the read position")
+        parts: list[bytes] = []
+        got = 0
+        while got < limit:
+            piece = self._rest or next(self._pieces, None)
+            self._rest = b""
+            if piece is None:
+                break
+            if len(piece) > limit - got:
+                piece, self._rest = piece[: limit - got], piece[limit - got :]
+            parts.append(piece)
+            got += len(piece)
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        del parts
+        self._read += len(data)
+        self._at = self._read
+        if self._read > self._size:
+            raise ValueError(f"the upload source holds more than its declared {self._size} bytes")
+        if not data and self._read < self._size:
+            raise ValueError(
+                f"the upload source ended after {self._read} of its declared {self._size} bytes"
+            )
+        if self._read == self._size and (self._rest or next(self._pieces, b"")):
+            raise ValueError(f"the upload source holds more than its declared {self._size} bytes")
+        return data
+
+
+def _file_pieces(path: Path) -> Iterator[bytes]:
+    with path.open("rb") as handle:
+        while piece := handle.read(UPLOAD_CHUNK_BYTES):
+            yield piece
+
+
+def _nonempty(pieces: Iterable[bytes]) -> Iterator[bytes]:
+    for piece in pieces:
+        if not isinstance(piece, bytes | bytearray | memoryview):
+            raise ValueError(f"upload chunks must be bytes, not {type(piece).__name__}")
+        if piece:
+            yield bytes(piece)
+
+
+def upload_jsonl(
+    client: Any,
+    path: Path | None = None,
+    *,
+    chunks: Iterable[bytes] | None = None,
+    size: int | None = None,
+    display_name: str,
+) -> str:
+    """Upload a JSONL input (``path``, or ``chunks`` totalling ``size`` bytes) with the Files
+    API's resumable upload; returns the file's name (``files/<id>``). Never holds the whole
+    input: the SDK is handed a stream yielding at most ``UPLOAD_CHUNK_BYTES`` per read."""
+    if (path is None) == (chunks is None):
+        raise ValueError("upload_jsonl takes either a path or chunks, not both or neither")
+    if not display_name.strip():
+        raise ValueError("an upload needs a display name")
+    if path is not None:
+        if not path.is_file():
+            raise ValueError(f"{path} is not a file")
+        total = path.stat().st_size
+        pieces: Iterator[bytes] = _file_pieces(path)
+    else:
+        if size is None or isinstance(size, bool) or size < 0:
+            raise ValueError("chunks need their total size (a non-negative integer)")
+        total = size
+        pieces = _nonempty(chunks or ())
+    if total == 0:
+        raise ValueError("an empty input has nothing to submit")
+    stream = _ChunkReader(pieces, total)
+    try:
+        uploaded = client.files.upload(
+            file=stream, config={"mime_type": JSONL_MIME_TYPE, "display_name": display_name}
+        )
+    except ValueError:
+        raise
+    except Exception as exc:
+        raise classify(exc) from exc
+    finally:
+        stream.close()
+    name = getattr(uploaded, "name", None)
+    if not isinstance(name, str) or not is_file_name(name):
+        raise GatewayError(f"the upload answered no usable file name: {name!r}")
+    return name
+
+
+def create_batch(client: Any, model: str, file_name: str, display_name: str) -> CreatedBatch:
+    """Create a batch of ``model`` over the uploaded ``file_name`` (``batches.create``)."""
+    if not model.strip():
+        raise ValueError("a batch needs a model")
+    if not is_file_name(file_name):
+        raise ValueError(f"not a Gemini file name: {file_name!r}")
+    if not display_name.strip():
+        raise ValueError("a batch needs a display name")
+    try:
+        job = client.batches.create(
+            model=model, src=file_name, config={"display_name": display_name}
+        )
+    except Exception as exc:
+        raise classify(exc) from exc
+    event = from_batch_job(job)
+    return CreatedBatch(event.name, event)
+
+
+def cancel_batch(client: Any, name: str) -> None:
+    """Ask Gemini to cancel batch ``name`` (``batches.cancel``)."""
+    try:
+        client.batches.cancel(name=name)
+    except ValueError:
+        raise
+    except Exception as exc:
+        raise classify(exc) from exc
+
+
+def read_batch(client: Any, name: str) -> OpEvent:
+    """Batch ``name`` as its REST resource says now (``rest_batch``: with its batchStats)."""
+    try:
+        return rest_batch(client, name)
+    except Exception as exc:
+        if type(exc).__module__.startswith("opstate."):
+            raise
+        raise classify(exc) from exc
+
+
+def find_by_display_id(client: Any, marker: str, page_size: int = 100) -> list[str]:
+    """Names of the batches whose ``displayName`` contains ``marker``, over every page of the
+    REST listing (``GET batches?pageSize&pageToken``), in listing order. Any job counts, even
+    one whose state this release does not know; read each with ``read_batch`` before acting."""
+    if not marker:
+        raise ValueError("an empty marker would match every batch")
+    found: list[str] = []
+    token: str | None = None
+    while True:
+        query: dict[str, Any] = {"pageSize": page_size}
+        if token:
+            query["pageToken"] = token
+        try:
+            answer = client._api_client.request("get", f"batches?{urlencode(query)}", {})
+            body = json.loads(answer.body or "{}")
+        except Exception as exc:
+            raise classify(exc) from exc
+        body = body if isinstance(body, Mapping) else {}
+        operations = body.get("operations")
+        for item in operations if isinstance(operations, list) else []:
+            name, display = _named(item)
+            if name and marker in display:
+                found.append(name)
+        token = body.get("nextPageToken")
+        if not isinstance(token, str) or not token:
+            return found
+
+
+def _named(item: object) -> tuple[str, str]:
+    """(name, displayName) of one listed batch (an LRO whose ``metadata`` is the batch)."""
+    if not isinstance(item, Mapping):
+        return "", ""
+    metadata = item.get("metadata")
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    name = item.get("name") or metadata.get("name")
+    display = metadata.get("displayName")
+    return (
+        name if isinstance(name, str) else "",
+        display if isinstance(display, str) else "",
+    )
+
+
+def is_quota_refusal(exc: BaseException) -> bool:
+    """Whether a refused create was refused for quota or billing: a 429 (RESOURCE_EXHAUSTED)
+    or 403 whose message names a quota, billing or a spending cap. Such a refusal comes back
+    the same on the next try, so the lineage stops; a 429 that names none of them is a rate
+    limit (transient, as ``classify`` says)."""
+    error = classify(exc)
+    said = f"{error.said or ''} {error.message}"
+    exhausted = error.status in _QUOTA_STATUSES or "RESOURCE_EXHAUSTED" in said
+    return exhausted and _QUOTA_WORDS.search(said) is not None
