@@ -38,6 +38,8 @@ DOMAIN = (
     "opstate.outcomes.ledger_rows",  # the ledger's msgspec structs (msgspec: a JSON parser)
     "opstate.outcomes.plan",
     "opstate.waiters.model",  # the waiters' pure part (issue 26)
+    "opstate.retry.rules",  # which rows are retried (issue 33)
+    "opstate.retry.final",  # the final merge of a lineage's outputs (issue 33)
 )
 # (layer name, module prefixes): "opstate.store" places opstate.store and opstate.store.*.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
@@ -72,6 +74,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "opstate.reconcile",
             "opstate.replay",
             "opstate.outcomes",
+            "opstate.retry",
             "opstate.waiters",
         ),
     ),

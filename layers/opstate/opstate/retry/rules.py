@@ -1,0 +1,350 @@
+"""Which rows of a batch output are retried (pure: bytes in, keys out; no I/O).
+
+A batch output is JSON Lines: ``{"key", "response": {...}}`` for a request that was answered
+(``blocked`` when its response carries no answer, as ``opstate.outcomes.ledger.is_blocked``
+says), ``{"key", "status"|"error": {"code", "message", "status"}}`` (a ``google.rpc.Status``)
+for one that failed. A failed row has a *reason*, by its ``code``:
+
+============================  =========================  ===============
+reason                        code (HTTP or gRPC)        default limit
+============================  =========================  ===============
+``RESOURCE_EXHAUSTED``        429 or 8                   no limit
+``UNAVAILABLE``               503 or 14                  no limit
+``INTERNAL``                  500 or 13                  1 retry
+``DEADLINE_EXCEEDED``         504 or 4                   1 retry
+``ABORTED``                   409 or 10                  not retried
+============================  =========================  ===============
+
+A row without a code (or whose code is not a number) takes the reason its ``status`` text
+names, when that is one of the five names; a numeric code outside the table (400, 403, 404,
+9, ...) is permanent whatever its ``status`` says.
+
+The *transient table* (``OPSTATE_RETRY_TRANSIENT``, default ``DEFAULT_TRANSIENT``) lists the
+reasons retried, each optionally with ``:N``, the most retries of one key for that reason
+(``INTERNAL:1``: one retry of a key that failed ``INTERNAL``; no ``:N``: as many as the
+policy's ``maxAttempts`` allows). A ``RESOURCE_EXHAUSTED`` row whose message names a quota, a
+spending cap or billing (``QUOTA_MESSAGE``, case-insensitive) is permanent: retrying it would
+only be refused again. Every other failure is permanent.
+
+``lines`` splits a stream of chunks into lines (the input keeper refuses a line longer than
+its cap, ``LineTooLongError``; the output readers skip it, ``skip_long=True``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Set
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from opstate.outcomes.ledger import is_blocked
+from opstate.outcomes.plan import MAX_CODE_CHARS
+
+RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+UNAVAILABLE = "UNAVAILABLE"
+INTERNAL = "INTERNAL"
+DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+ABORTED = "ABORTED"
+REASONS = (RESOURCE_EXHAUSTED, UNAVAILABLE, INTERNAL, DEADLINE_EXCEEDED, ABORTED)
+DEFAULT_TRANSIENT = "RESOURCE_EXHAUSTED,UNAVAILABLE,INTERNAL:1,DEADLINE_EXCEEDED:1"
+# code text (HTTP status or gRPC code number) -> reason
+CODE_REASONS: Mapping[str, str] = MappingProxyType(
+    {
+        "429": RESOURCE_EXHAUSTED,
+        "8": RESOURCE_EXHAUSTED,
+        "503": UNAVAILABLE,
+        "14": UNAVAILABLE,
+        "500": INTERNAL,
+        "13": INTERNAL,
+        "504": DEADLINE_EXCEEDED,
+        "4": DEADLINE_EXCEEDED,
+        "409": ABORTED,
+        "10": ABORTED,
+    }
+)
+QUOTA_MESSAGE = re.compile(r"quota|spending cap|billing", re.IGNORECASE)
+
+
+class LineTooLongError(ValueError):
+    """A line longer than the cap (``line``: its 1-based number in the stream)."""
+
+    def __init__(self, line: int, max_line_bytes: int) -> None:
+        super().__init__(f"line {line} is longer than {max_line_bytes} bytes")
+        self.line = line
+        self.max_line_bytes = max_line_bytes
+
+
+class _LineCut:
+    """``lines``' state between chunks: the unfinished last line (at most the cap of it)."""
+
+    def __init__(self, max_line_bytes: int, skip_long: bool) -> None:
+        self.max = max_line_bytes
+        self.skip_long = skip_long
+        self.carry = bytearray()
+        self.skipping = False  # inside a long line that is being read past
+        self.number = 0  # lines finished so far
+
+    def too_long(self, line: bytes | bytearray) -> bool:
+        """Longer than the cap (a last ``\\r`` not counted); raises unless long lines are
+        skipped."""
+        size = len(line)
+        if size <= self.max or (size == self.max + 1 and line[-1:] == b"\r"):
+            return False
+        if not self.skip_long:
+            raise LineTooLongError(self.number, self.max)
+        return True
+
+    def feed(self, chunk: bytes) -> Iterator[bytes]:
+        parts = chunk.split(b"\n")
+        last = parts.pop()  # what follows the chunk's last newline (maybe b"")
+        if parts and self.skipping:  # the end of a long line read past
+            self.skipping = False
+            self.number += 1
+            parts = parts[1:]
+        elif parts and self.carry:
+            self.carry += parts[0]
+            parts[0] = bytes(self.carry)
+            self.carry.clear()
+        limit = self.max
+        for line in parts:
+            self.number += 1
+            if len(line) > limit and self.too_long(line):
+                continue
+            yield line[:-1] if line[-1:] == b"\r" else line
+        if not self.skipping:
+            self.carry += last
+            if len(self.carry) > limit + 1:
+                self.number += 1  # the line being held: its number, should it raise
+                self.too_long(self.carry)
+                self.number -= 1
+                self.skipping = True
+                self.carry.clear()
+
+    def end(self) -> Iterator[bytes]:
+        if self.carry:
+            self.number += 1
+            line = bytes(self.carry)
+            self.carry.clear()
+            if not self.too_long(line):
+                yield line[:-1] if line[-1:] == b"\r" else line
+
+
+def lines(
+    chunks: Iterable[bytes], max_line_bytes: int, *, skip_long: bool = False
+) -> Iterator[bytes]:
+    """The lines of a chunk stream, without their newline (``\\r\\n`` too). A last line without
+    a newline is a line; an empty stream, or one ending with a newline, has no empty last
+    line. A line longer than ``max_line_bytes`` (its ``\\r`` not counted) raises
+    ``LineTooLongError``, or with ``skip_long`` is read past without being held: memory is
+    bounded by the cap and the chunk size, never by a line."""
+    cut = _LineCut(max_line_bytes, skip_long)
+    for chunk in chunks:
+        if chunk:
+            yield from cut.feed(chunk)
+    yield from cut.end()
+
+
+@dataclass(frozen=True, slots=True)
+class TransientTable:
+    """The reasons retried, each with its per-key limit of retries (None: no limit of its
+    own)."""
+
+    limits: Mapping[str, int | None] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        for reason, limit in self.limits.items():
+            if reason not in REASONS:
+                raise ValueError(f"unknown reason {reason!r}: expected one of {REASONS}")
+            if limit is not None and (isinstance(limit, bool) or limit < 0):
+                raise ValueError(f"{reason}: a limit is a whole number >= 0, not {limit!r}")
+        object.__setattr__(self, "limits", MappingProxyType(dict(self.limits)))
+
+    def __contains__(self, reason: object) -> bool:
+        return reason in self.limits
+
+    def text(self) -> str:
+        """The table as ``OPSTATE_RETRY_TRANSIENT`` spells it (``parse_table`` reads it back)."""
+        return ",".join(
+            reason if limit is None else f"{reason}:{limit}"
+            for reason, limit in self.limits.items()
+        )
+
+
+def parse_table(text: str) -> TransientTable:
+    """``REASON[:N],...`` (names as in ``REASONS``, any case, spaces around entries ignored);
+    ``""`` lists nothing (no row is transient). ``ValueError`` names the bad entry."""
+    limits: dict[str, int | None] = {}
+    for entry in text.split(","):
+        if not entry.strip():
+            if text.strip():
+                raise ValueError(f"empty entry in the transient table {text!r}")
+            continue
+        name, colon, count = entry.strip().partition(":")
+        reason = name.strip().upper()
+        if reason not in REASONS:
+            raise ValueError(
+                f"transient table entry {entry.strip()!r}: unknown reason {name.strip()!r} "
+                f"(expected one of {', '.join(REASONS)})"
+            )
+        if reason in limits:
+            raise ValueError(f"transient table entry {entry.strip()!r}: {reason} listed twice")
+        limit: int | None = None
+        if colon:
+            digits = count.strip()
+            if not digits.isascii() or not digits.isdigit():
+                raise ValueError(
+                    f"transient table entry {entry.strip()!r}: the limit after ':' must be "
+                    "a whole number >= 0"
+                )
+            limit = int(digits)
+        limits[reason] = limit
+    return TransientTable(limits)
+
+
+DEFAULT_TABLE = parse_table(DEFAULT_TRANSIENT)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One output line, as much of it as retries need. ``answered``: it has a ``response``
+    object (``blocked`` when that carries no answer); otherwise it failed, with the ``code``
+    (as text, like the ledger's counts; None when absent), ``status`` text and ``message``
+    of its ``status`` (or ``error``) object."""
+
+    key: str | None
+    answered: bool
+    blocked: bool
+    code: str | None
+    status: str | None
+    message: str
+
+
+def _code_text(code: object) -> str | None:
+    if isinstance(code, bool) or not isinstance(code, int | str):
+        return None
+    text = str(code).strip()
+    return text[:MAX_CODE_CHARS] if text else None
+
+
+def row_of(value: object) -> Row | None:
+    """The ``Row`` of a parsed line (None when it is not a JSON object)."""
+    if not isinstance(value, dict):
+        return None
+    key = value.get("key")
+    key = key if isinstance(key, str) else None
+    response = value.get("response")
+    if isinstance(response, dict):
+        return Row(key, True, is_blocked(response), None, None, "")
+    status = value.get("status")
+    if not isinstance(status, dict):
+        status = value.get("error")
+    if not isinstance(status, dict):  # neither shape: a failure without a code
+        return Row(key, False, False, None, None, "")
+    text = status.get("status")
+    message = status.get("message")
+    return Row(
+        key,
+        False,
+        False,
+        _code_text(status.get("code")),
+        text if isinstance(text, str) else None,
+        message if isinstance(message, str) else "",
+    )
+
+
+def parse_line(line: bytes) -> Any:
+    """A line's JSON value, or None when it is blank, not UTF-8 or not JSON."""
+    if not line or line.isspace():
+        return None
+    try:
+        return json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+
+
+def read_row(line: bytes) -> Row | None:
+    """The ``Row`` of an output line; None when it is blank or not a JSON object."""
+    return row_of(parse_line(line))
+
+
+def reason_of(row: Row) -> str | None:
+    """The gRPC reason of a failed row (None for an answered row or a permanent code)."""
+    if row.answered:
+        return None
+    if row.code is not None:
+        reason = CODE_REASONS.get(row.code)
+        if reason is not None or row.code.lstrip("-").isdigit():
+            return reason
+        if row.code in REASONS:  # a code spelled as its name
+            return row.code
+    return row.status if row.status in REASONS else None
+
+
+def is_transient(row: Row, table: TransientTable) -> str | None:
+    """The reason of a failed row when the table retries it; None when it is permanent."""
+    reason = reason_of(row)
+    if reason is None or reason not in table:
+        return None
+    if reason == RESOURCE_EXHAUSTED and QUOTA_MESSAGE.search(row.message):
+        return None  # a quota, spending cap or billing refusal: retrying is refused again
+    return reason
+
+
+def transient_failures(output_lines: Iterable[bytes], table: TransientTable) -> dict[str, str]:
+    """key -> reason of each key whose (last) row in the output is a transient failure."""
+    found: dict[str, str] = {}
+    for line in output_lines:
+        row = read_row(line)
+        if row is None or row.key is None:
+            continue
+        reason = is_transient(row, table)
+        if reason is None:
+            found.pop(row.key, None)  # a later line of the key wins
+        else:
+            found[row.key] = reason
+    return found
+
+
+def reason_history(
+    lines: Iterable[bytes], keys: Set[str], table: TransientTable
+) -> dict[str, Counter[str]]:
+    """For each key of ``keys`` that has any, how many transient failures of each reason its
+    rows in ``lines`` (every attempt's output so far) hold."""
+    history: dict[str, Counter[str]] = {}
+    for line in lines:
+        row = read_row(line)
+        if row is None or row.key is None or row.key not in keys:
+            continue
+        reason = is_transient(row, table)
+        if reason is not None:
+            history.setdefault(row.key, Counter())[reason] += 1
+    return history
+
+
+def select_retry(
+    candidates: Mapping[str, str],
+    history: Mapping[str, Counter[str]],
+    table: TransientTable,
+    next_attempt: int,
+    max_attempts: int,
+) -> set[str]:
+    """The keys of ``candidates`` (key -> reason of its current transient failure) that go
+    into attempt ``next_attempt``: none past ``max_attempts``; a reason the table does not
+    list, none; a reason with limit L, a key whose failures of that reason (``history``,
+    counting the current one) are at most L."""
+    if next_attempt > max_attempts or next_attempt < 1:
+        return set()
+    chosen: set[str] = set()
+    for key, reason in candidates.items():
+        if reason not in table:
+            continue
+        limit = table.limits[reason]
+        if limit is not None:
+            failures = max(history.get(key, Counter())[reason], 1)  # the current one counts
+            if failures > limit:
+                continue
+        chosen.add(key)
+    return chosen
