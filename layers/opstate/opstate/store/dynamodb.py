@@ -9,15 +9,17 @@ callers (it re-exports the names they read from the others):
 - ``dynamodb_client``: the client, its retry policy and the fault mapping;
 - ``dynamodb_table``: the calls on the table (GetItem, conditional writes, paginated reads);
 - ``dynamodb_polls``: the open operations and their poll state (the reconciler's side);
-- ``dynamodb_archives``: the archive state and queue (the archiver's side).
+- ``dynamodb_archives``: the archive state and queue (the archiver's side);
+- ``dynamodb_retries``: the retry state (the retry runner's side; its due listing is a Scan).
 
-The last two are imported on first use: a webhook or operations request reads and writes
+The last three are imported on first use: a webhook or operations request reads and writes
 records only, and its function's cold start does not load them.
 
 A create is a full ``PutItem`` under ``attribute_not_exists(#name)``; a replace is an
-``UpdateItem`` that sets every record attribute under ``#version = :expected`` (so the poll state
-beside the record survives); both with ``ReturnValuesOnConditionCheckFailure=ALL_OLD``: a lost
-write hands back the item that beat it, deserialised from the exception, never re-read.
+``UpdateItem`` that sets every record attribute under ``#version = :expected`` (so the poll,
+archive and retry states beside the record survive); both with
+``ReturnValuesOnConditionCheckFailure=ALL_OLD``: a lost write hands back the item that beat it,
+deserialised from the exception, never re-read.
 
 Faults (throttling, 5xx, timeouts, connection errors, missing table or credentials) raise
 ``StoreUnavailableError``. A record whose details no store can hold is refused before the call,
@@ -63,6 +65,7 @@ from opstate.store.port import (
     WriteOutcome,
     validate_record,
 )
+from opstate.store.retry_state import RetryState
 
 _NAMES = {"#name": "name"}
 # What a replace never sets: the key, and the index keys it keeps (``replace_if_version``).
@@ -252,6 +255,26 @@ class DynamoDBStore:
         from opstate.store import dynamodb_archives
 
         return dynamodb_archives.iter_archive_due(self._table, now_ns)
+
+    # -- retries (dynamodb_retries) ----------------------------------------------------------
+
+    def get_retry(self, name: str) -> RetryState | None:
+        from opstate.store import dynamodb_retries
+
+        return dynamodb_retries.get_retry(self._table, name)
+
+    def set_retry(self, name: str, expected_rev: int, state: RetryState) -> bool:
+        """Write the retry state under its revision (a conditional UpdateItem)."""
+        from opstate.store import dynamodb_retries
+
+        return dynamodb_retries.set_retry(self._table, name, expected_rev, state)
+
+    def iter_retry_due(self, now_ns: int) -> Iterator[tuple[OpRecord, RetryState]]:
+        """Active retry roots due by ``now_ns``, soonest due first, ties by name (a filtered
+        Scan: ``dynamodb_retries.iter_retry_due``)."""
+        from opstate.store import dynamodb_retries
+
+        return dynamodb_retries.iter_retry_due(self._table, now_ns)
 
     def close(self) -> None:
         """Close the client's connections, if this store built the client (a client passed in

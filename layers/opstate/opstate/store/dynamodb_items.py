@@ -28,6 +28,10 @@ Item shape (``name`` is the partition key):
   (``if_not_exists``): becoming terminal queues the archive, refreshing a terminal record never
   re-queues a settled one. Items of the previous releases have no ``archive_queue``: the store
   finds them once per process by a filtered Scan and queues them (``DynamoDBStore``).
+- The retry state of any record, open or terminal (``set_retry``, issue 33): ``retry`` M
+  (``RetryState.as_dict``) with copies for conditions and the due Scan, ``retry_status`` S,
+  ``retry_rev`` N and ``retry_due_ns`` N; absent (items of earlier releases, records without a
+  policy): none. A replace never touches them (``dynamodb_retries``).
 - When terminal only: ``expires_at`` N (epoch seconds: applied time + ``retention_days``), the
   table's TTL attribute.
 
@@ -49,6 +53,7 @@ from opstate.domain.model import OpRecord
 from opstate.domain.states import parse_state
 from opstate.domain.times import format_time
 from opstate.store.port import ArchiveState, PollState, expires_at, initial_due
+from opstate.store.retry_state import RetryState
 
 DEFAULT_SHARDS = DEFAULT_OPEN_INDEX_SHARDS
 # The two sparse GSIs (template.yaml names them the same): the open operations, the archive queue.
@@ -263,6 +268,14 @@ def archive_from_item(item: Mapping[str, Any]) -> ArchiveState | None:
     if not isinstance(raw, Mapping):
         return None
     return ArchiveState.from_dict(plain(raw))
+
+
+def retry_from_item(item: Mapping[str, Any]) -> RetryState | None:
+    """The retry state stored beside a record (deserialised item), or None."""
+    raw = item.get("retry")
+    if not isinstance(raw, Mapping):
+        return None
+    return RetryState.from_dict(plain(raw))
 
 
 def record_from_wire(item: Mapping[str, Mapping[str, Any]]) -> OpRecord:
