@@ -1,0 +1,243 @@
+"""A batch's input, kept where retries can read it: checked, copied into the results sink under
+its sha256, and read back by key (I/O, but no Gemini).
+
+An input is JSON Lines, one request a line: ``{"key": "...", "request": {...}}``. ``check_input``
+refuses (``InputError``, naming the line) a line that is not UTF-8, not JSON, not an object,
+longer than the cap, without a text ``key`` (1..``MAX_KEY_CHARS`` characters) or a ``request``
+object, a key seen before, and a blank line (a last newline is fine). It holds the set of keys,
+never the lines.
+
+``keep_input`` reads the source twice: once to check it, once to copy it into the sink at
+``inputs/<sha256>/input.jsonl``; a source whose bytes changed between the two passes is refused
+and nothing is left in the sink. An object already at that key is reused, not rewritten: the key
+names its content, and a sink shows only whole objects (its sha256 is compared when the sink
+keeps one, as S3 does; a folder keeps none, then its size is).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Iterator, Set
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from opstate.outcomes.sink import Sink
+from opstate.retry.rules import LineTooLongError, lines, parse_line
+
+MAX_KEY_CHARS = 512
+CHUNK = 1024 * 1024
+INPUTS_PREFIX = "inputs"
+INPUT_NAME = "input.jsonl"
+SOURCE_FORMS = "file:///ABS/PATH or s3://BUCKET/KEY"
+
+
+class InputError(ValueError):
+    """A batch input that cannot be kept (``line``: 1-based, None for the whole file)."""
+
+    def __init__(self, message: str, line: int | None = None) -> None:
+        super().__init__(message if line is None else f"input line {line}: {message}")
+        self.line = line
+
+
+@dataclass(frozen=True, slots=True)
+class InputFacts:
+    """A checked input: its rows, size, sha256 and keys."""
+
+    rows: int
+    bytes: int
+    sha256: str
+    keys: Set[str]
+
+
+@dataclass(frozen=True, slots=True)
+class KeptInput:
+    """The kept copy of an input: its URI in the sink, sha256, rows and size."""
+
+    location: str
+    sha256: str
+    rows: int
+    bytes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "location": self.location,
+            "sha256": self.sha256,
+            "rows": self.rows,
+            "bytes": self.bytes,
+        }
+
+
+class _Hashing:
+    """A chunk stream passed through, its bytes counted and hashed."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self.chunks = chunks
+        self.size = 0
+        self.hash = hashlib.sha256()
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.chunks:
+            self.size += len(chunk)
+            self.hash.update(chunk)
+            yield chunk
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _check_line(line: bytes, number: int) -> str:
+    """The key of an input line (``InputError`` for anything but a request)."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 (byte {exc.start + 1})", number) from None
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"not JSON ({exc})", number) from None
+    if not isinstance(value, dict):
+        raise InputError("not a JSON object", number)
+    key = value.get("key")
+    if not isinstance(key, str) or not key:
+        raise InputError('no "key" (a non-empty string)', number)
+    if len(key) > MAX_KEY_CHARS:
+        raise InputError(f'"key" is longer than {MAX_KEY_CHARS} characters', number)
+    if not isinstance(value.get("request"), dict):
+        raise InputError('no "request" object', number)
+    return key
+
+
+def check_input(chunks: Iterable[bytes], max_line_bytes: int) -> InputFacts:
+    """Check every line of an input (module doc); its facts, or ``InputError``."""
+    hashing = _Hashing(chunks)
+    keys: set[str] = set()
+    number = 0
+    try:
+        # lines() gives no empty last line for a final newline: every blank one is refused
+        for line in lines(hashing, max_line_bytes):
+            number += 1
+            if not line or line.isspace():
+                raise InputError("blank line", number)
+            key = _check_line(line, number)
+            if key in keys:
+                raise InputError(f"key {key[:80]!r} was seen on an earlier line", number)
+            keys.add(key)
+    except LineTooLongError as exc:
+        raise InputError(f"longer than {max_line_bytes} bytes", exc.line) from None
+    if not keys:
+        raise InputError("the input holds no request")
+    return InputFacts(len(keys), hashing.size, hashing.hash.hexdigest(), keys)
+
+
+def _file_chunks(path: str) -> Iterator[bytes]:
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK):
+            yield chunk
+
+
+def _s3_chunks(bucket: str, key: str, client: Any) -> Iterator[bytes]:
+    if client is None:
+        import boto3
+
+        client = boto3.session.Session().client("s3")
+    answer = client.get_object(Bucket=bucket, Key=key)
+    body = answer["Body"]
+    try:
+        yield from body.iter_chunks(CHUNK)
+    finally:
+        body.close()
+
+
+def source_chunks(uri: str, *, client: Any = None) -> Callable[[], Iterator[bytes]]:
+    """A callable streaming the object ``uri`` names, afresh on every call: ``file:///ABS``
+    (a local file) or ``s3://BUCKET/KEY`` (``client``: an S3 client, else boto3's default).
+    ``ValueError`` for any other URI."""
+    parts = urlsplit(uri)
+    if parts.scheme == "file" and parts.netloc in ("", "localhost") and parts.path.startswith("/"):
+        path = unquote(parts.path)
+        return lambda: _file_chunks(path)
+    if parts.scheme == "s3" and parts.netloc and parts.path.strip("/"):
+        bucket, key = parts.netloc, unquote(parts.path[1:])
+        return lambda: _s3_chunks(bucket, key, client)
+    raise ValueError(f"invalid input URI {uri!r}: expected {SOURCE_FORMS}")
+
+
+def input_key(sha256: str) -> str:
+    """The sink key of the kept input whose bytes have this sha256."""
+    return f"{INPUTS_PREFIX}/{sha256}/{INPUT_NAME}"
+
+
+def keep_input(
+    chunks_fn: Callable[[], Iterable[bytes]],
+    sink: Sink,
+    max_line_bytes: int,
+    *,
+    name: str = "",
+) -> KeptInput:
+    """Check the input (pass 1), then copy it into ``sink`` at ``input_key(sha256)`` (pass 2)
+    unless an object is already there (module doc). ``name``: the operation it belongs to
+    (the object's metadata). ``InputError`` when the input is bad or changed between passes
+    (nothing written); ``SinkError`` when the storage fails."""
+    facts = check_input(chunks_fn(), max_line_bytes)
+    key = input_key(facts.sha256)
+    existing = sink.head(key)
+    if existing is not None and (
+        existing.sha256 == facts.sha256 or (not existing.sha256 and existing.size == facts.bytes)
+    ):
+        return KeptInput(existing.location, facts.sha256, facts.rows, facts.bytes)
+    with sink.open(key, name=name or key) as out:
+        hashing = _Hashing(chunks_fn())
+        for chunk in hashing:
+            out.write(chunk)
+            if hashing.size > facts.bytes:
+                break
+        if hashing.size != facts.bytes or hashing.hash.hexdigest() != facts.sha256:
+            raise InputError("the input changed while it was being kept; nothing was kept")
+        stored = out.commit(facts.sha256)
+    return KeptInput(stored.location, facts.sha256, facts.rows, facts.bytes)
+
+
+def _key_of(line: bytes) -> str | None:
+    value = parse_line(line)
+    if isinstance(value, dict):
+        key = value.get("key")
+        if isinstance(key, str):
+            return key
+    return None
+
+
+def subset(
+    input_chunks: Iterable[bytes], keys: Set[str], max_line_bytes: int
+) -> Iterator[tuple[str, bytes]]:
+    """(key, line) of each line of a kept input whose key is in ``keys``, in input order; the
+    line's bytes as they are, without the newline."""
+    for line in lines(input_chunks, max_line_bytes, skip_long=True):
+        key = _key_of(line)
+        if key is not None and key in keys:
+            yield key, line
+
+
+type Chunks = Iterable[bytes] | Callable[[], Iterable[bytes]]
+
+
+def _stream(chunks: Chunks) -> Iterable[bytes]:
+    return chunks() if callable(chunks) else chunks
+
+
+def keys_cover(input_chunks: Chunks, output_chunks: Chunks, max_line_bytes: int) -> int:
+    """How many distinct keys of an output its input lacks (0: the input covers it). Each
+    side is a chunk stream, or a callable giving one."""
+    keys = {
+        key
+        for line in lines(_stream(input_chunks), max_line_bytes, skip_long=True)
+        if (key := _key_of(line)) is not None
+    }
+    lacking: set[str] = set()
+    for line in lines(_stream(output_chunks), max_line_bytes, skip_long=True):
+        key = _key_of(line)
+        if key is not None and key not in keys:
+            lacking.add(key)
+    return len(lacking)
