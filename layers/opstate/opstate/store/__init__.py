@@ -5,10 +5,12 @@ only when such a store is asked for (boto3 is not needed to run on SQLite; ``Mem
 loaded by its first use).
 
 Owns: ``port`` (the ``Store`` protocol, write outcomes, ``RetryableError`` and
-``StoreUnavailableError``, ``expires_at``), ``dynamodb`` (with ``dynamodb_items``, the item
-codec, no boto3, and ``dynamodb_client``, the client and its error mapping), ``sqlite`` (with
-``sqlite_schema``, ``sqlite_polls`` and ``sqlite_archives``) and ``memory`` (one store each, all
-passing the same contract tests) and ``store_from_url``.
+``StoreUnavailableError``, ``expires_at``), ``retry_state`` (the retry state beside a record,
+pure), ``dynamodb`` (with ``dynamodb_items``, the item codec, no boto3, ``dynamodb_client``, the
+client and its error mapping, and its parts ``dynamodb_polls``, ``dynamodb_archives`` and
+``dynamodb_retries``), ``sqlite`` (with ``sqlite_schema``, ``sqlite_polls``, ``sqlite_archives``
+and ``sqlite_retries``) and ``memory`` (one store each, all passing the same contract tests)
+and ``store_from_url``.
 May import the domain (``model``, ``states``, ``times``, ``details``) and ``config``, and boto3
 (``dynamodb`` and ``dynamodb_client`` only); never ingest, the API, the reconciler, the notifier,
 the local server or the CLI.
