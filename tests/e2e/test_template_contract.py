@@ -396,6 +396,7 @@ def test_the_resumer_may_read_records_move_waiters_and_answer_only_the_allowed_t
         "Operation Lost",
         "Operation Results Archived",
         "Operation Results Lost",
+        "Operation Results Final",
     ]
     assert stream["Properties"]["Stream"] == {"Fn::GetAtt": ["WaitersTable", "StreamArn"]}
     dlq = {"Fn::GetAtt": ["WaiterDeadLetterQueue", "Arn"]}

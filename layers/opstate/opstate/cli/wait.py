@@ -1,5 +1,6 @@
-"""``opstate wait NAME``: block until an operation is terminal (or its results archived), then
-print its record; the exit code says how it ended (docs/cli.md)."""
+"""``opstate wait NAME``: block until an operation is terminal (or its results archived, or the
+final result of it and its retries written), then print its record; the exit code says how it
+ended (docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from opstate.cli.common import (
 from opstate.domain.strict_json import dumps
 from opstate.domain.views import record_to_json
 from opstate.waiters import wiring
-from opstate.waiters.model import Failure, Success, When
+from opstate.waiters.model import Failure, Success, When, final_of
 from opstate.waiters.port import ARCHIVING_UNAVAILABLE
 from opstate.waiters.run import WAIT_POLL_INTERVAL_S, store_status, wait_until
 
@@ -41,7 +42,8 @@ def add_parser(
         "--until",
         choices=[str(w) for w in When],
         default=str(When.TERMINAL),
-        help="terminal (default): the state is final; archived: its results are archived",
+        help="terminal (default): the state is final; archived: its results are archived; "
+        "final: the final result of it and its retries is written (archived without retries)",
     )
     p.add_argument(
         "--timeout",
@@ -57,8 +59,8 @@ def cmd_wait(args: argparse.Namespace) -> int:
     timeout = args.timeout
     if timeout is not None and (not math.isfinite(timeout) or timeout < 0):
         raise UsageError(f"--timeout must be a number of seconds >= 0, got {timeout:g}")
-    if when is When.ARCHIVED and wiring.RESULTS_JSON is None:
-        raise UsageError(f"--until archived: {ARCHIVING_UNAVAILABLE}")
+    if when.reads_results and wiring.RESULTS_JSON is None:
+        raise UsageError(f"--until {when}: {ARCHIVING_UNAVAILABLE}")
     config = settings_for(args)
     name = name_arg(args.name)
     with open_store(config) as store:
@@ -81,6 +83,9 @@ def cmd_wait(args: argparse.Namespace) -> int:
             out(f"{key:<{width}}  {'-' if shown is None else shown}")
         if status.results is not None:
             out(f"{'results':<{width}}  {dumps(dict(status.results), sort_keys=True)}")
+        final = final_of(status.retry) if when is When.FINAL else None
+        if final is not None:
+            out(f"{'final':<{width}}  {dumps(dict(final), sort_keys=True)}")
     if isinstance(verdict, Success):
         return EXIT_OK
     assert isinstance(verdict, Failure)

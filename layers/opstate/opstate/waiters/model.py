@@ -2,8 +2,8 @@
 
 No I/O, no clock: ``parse_waiter`` turns the ``"waiter"`` object of a ``PUT /operations/{name}``
 body into a ``Waiter``; ``decide`` takes a waiter's condition, the record (and whether it is
-lost) and the results view, and answers ``PENDING``, a ``Success`` (the task's output) or a
-``Failure`` (error and cause). ``opstate wait`` and the resumer share it.
+lost), the results view and the retry state, and answers ``PENDING``, a ``Success`` (the task's
+output) or a ``Failure`` (error and cause). ``opstate wait`` and the resumer share it.
 """
 
 from __future__ import annotations
@@ -22,10 +22,17 @@ from opstate.domain.views import record_to_json
 
 
 class When(StrEnum):
-    """When a waiter is resumed: the state is terminal, or the results are archived."""
+    """When a waiter is resumed: the state is terminal, the results are archived, or the final
+    result of a root and its retries is written (issue 33)."""
 
     TERMINAL = "terminal"
     ARCHIVED = "archived"
+    FINAL = "final"
+
+    @property
+    def reads_results(self) -> bool:
+        """Whether the condition reads the results view (and the retry state)."""
+        return self is not When.TERMINAL
 
 
 class Target(StrEnum):
@@ -47,6 +54,10 @@ LOST_ERROR: Final = "LOST"
 # The DynamoDB waiter store's per-operation counter item (its sort key; waiter ids are hex).
 COUNTER_ID: Final = "#count"
 RESULTS_EXPIRED_ERROR: Final = "RESULTS_EXPIRED"
+# Retry statuses (``opstate.store.retry_state``) under which a root's final result is awaited.
+RETRY_ROOT_STATUSES: Final = frozenset({"active", "done"})
+RETRY_ACTIVE: Final = "active"
+FINAL_STATUS: Final = "final"
 
 
 class InvalidWaiterError(ValueError):
@@ -105,7 +116,7 @@ def parse_waiter(name: str, body: object, *, now_ns: int) -> Waiter:
         when = When(raw_when)
     except ValueError:
         raise InvalidWaiterError(
-            f"'when' must be 'terminal' or 'archived', not {str(raw_when)[:40]!r}"
+            f"'when' must be 'terminal', 'archived' or 'final', not {str(raw_when)[:40]!r}"
         ) from None
     return Waiter(name=name, target=target, token=token, when=when, created_ns=now_ns)
 
@@ -115,7 +126,7 @@ def parse_waiter(name: str, body: object, *, now_ns: int) -> Waiter:
 
 @dataclass(frozen=True, slots=True)
 class Success:
-    """Resume with ``output`` (``{record, results}``)."""
+    """Resume with ``output`` (``{record, results}``, and ``final`` for ``when: final``)."""
 
     output: dict[str, Any]
 
@@ -142,11 +153,14 @@ Verdict = Success | Failure | _Pending
 @dataclass(frozen=True, slots=True)
 class Status:
     """What the condition looks at: the record (None: not tracked), whether the reconciler
-    marked it lost (and when), and the results view (None: no archive status known)."""
+    marked it lost (and when), the results view (None: no archive status known) and the retry
+    state's stored form (``RetryState.as_dict()``: ``{status, created_ns, rev, due_ns, doc}``;
+    None: the record has none)."""
 
     record: OpRecord | None
     lost_ns: int = 0
     results: Mapping[str, Any] | None = None
+    retry: Mapping[str, Any] | None = None
 
 
 def results_status(results: Mapping[str, Any] | None) -> str | None:
@@ -197,6 +211,39 @@ def _archived(status: Status, record: OpRecord) -> Verdict:
     return PENDING  # pending, or failed (re-driven until archived or expired)
 
 
+def final_of(retry: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The final view (``opstate.domain.retry.final_view``: ``status``, ``location``, ``rows``,
+    ``errors``, ``attempts``) of a root's retry state once its final result is written
+    (``doc.final.status == "final"``), else None (no retry state, a child's, not final yet)."""
+    if retry is None or retry.get("status") not in RETRY_ROOT_STATUSES:
+        return None
+    doc = retry.get("doc")
+    final = doc.get("final") if isinstance(doc, Mapping) else None
+    if not isinstance(final, Mapping) or final.get("status") != FINAL_STATUS:
+        return None
+    assert isinstance(doc, Mapping)
+    from opstate.domain.retry import final_view  # only once a final result exists
+
+    return final_view(doc)
+
+
+def _final(status: Status, record: OpRecord) -> Verdict:
+    final = final_of(status.retry)
+    results = dict(status.results or {})
+    if final is not None:
+        return Success({"record": record_to_json(record), "results": results, "final": final})
+    retry_status = status.retry.get("status") if status.retry is not None else None
+    if retry_status == RETRY_ACTIVE:
+        if results_status(status.results) == RESULTS_EXPIRED:
+            return Failure(RESULTS_EXPIRED_ERROR, _cause(record, results=results))
+        return PENDING  # whatever the root's state: its retries may still answer every row
+    # No policy (or retries off, unavailable, stopped, or a child): final is archived.
+    verdict = _archived(status, record)
+    if isinstance(verdict, Success):
+        return Success({**verdict.output, "final": None})
+    return verdict
+
+
 def decide(when: When, status: Status) -> Verdict:
     """What a waiter with condition ``when`` does now.
 
@@ -207,7 +254,13 @@ def decide(when: When, status: Status) -> Verdict:
     - ``archived``: after the archive status is ``archived`` or ``none``, success
       ``{record, results}`` for SUCCEEDED (failure with the state otherwise); ``expired`` →
       failure ``RESULTS_EXPIRED``; a failed or cancelled operation with no archive status is
-      failed at once; anything else waits.
+      failed at once; anything else waits;
+    - ``final``: once the retry state of the root says its final result is written
+      (``doc.final.status == "final"``), success ``{record, results, final}`` whatever the
+      root's own state; while its retries are ``active``, it waits (a FAILED root too),
+      unless the results expired (``RESULTS_EXPIRED``); with no retry state, or one that
+      will never write a final result (retries off, unavailable, stopped; a child), exactly
+      ``archived``'s verdict, with ``final: null`` in a success.
     """
     record = status.record
     if record is None:
@@ -218,4 +271,6 @@ def decide(when: When, status: Status) -> Verdict:
         return PENDING
     if when is When.TERMINAL:
         return _terminal(status, record)
+    if when is When.FINAL:
+        return _final(status, record)
     return _archived(status, record)

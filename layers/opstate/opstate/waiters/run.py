@@ -9,6 +9,11 @@ is left registered and reported in the tally (``retry_later``) so the trigger de
 Both are given the kinds of waiter that are enabled (``opstate.waiters.enabled``): a waiter of
 any other kind is refused at registration and never sent by the resumer (it ends as gone).
 Nothing here writes the record: the record store is only read.
+
+``when: final`` (issue 33) is decided on the root's retry state too; the retry engine calls
+``resume_after_final(resumer, root)`` once it wrote a root's final result where no bus carries
+``Operation Results Final`` to the resumer (``opstate serve``; in AWS that event triggers the
+resumer Lambda like ``Operation Results Archived`` does).
 """
 
 from __future__ import annotations
@@ -57,8 +62,8 @@ class ArchivingUnavailableError(Exception):
 
 def store_status(store: Store, results: ResultsReader | None) -> Callable[[str, bool], Status]:
     """A status reader over ``store``: the record (consistent read), its lost mark (when the
-    store keeps poll states: ``poll_state``) and, when asked and a reader is given, the
-    results view."""
+    store keeps poll states: ``poll_state``) and, when asked, the results view (when a reader
+    is given) and the retry state (when the store keeps them: ``get_retry``)."""
 
     def read(name: str, with_results: bool) -> Status:
         record: OpRecord | None = store.get(name)
@@ -68,15 +73,21 @@ def store_status(store: Store, results: ResultsReader | None) -> Callable[[str, 
             poll = poll_state(name) if poll_state is not None else None
             lost_ns = poll.lost_ns if poll is not None else 0
         view = results(name) if with_results and results is not None and record else None
-        return Status(record=record, lost_ns=lost_ns, results=view)
+        retry = None
+        get_retry = getattr(store, "get_retry", None) if with_results and record else None
+        if get_retry is not None:
+            state = get_retry(name)
+            retry = state.as_dict() if state is not None else None
+        return Status(record=record, lost_ns=lost_ns, results=view, retry=retry)
 
     return read
 
 
 class Registrar:
     """Keeps waiters: at most ``limit`` per operation; only of the kinds in ``targets`` (none
-    by default: ``TargetNotEnabledError``); ``archiving`` False refuses ``when: archived``
-    (``ArchivingUnavailableError``) instead of keeping a waiter that could never fire."""
+    by default: ``TargetNotEnabledError``); ``archiving`` False refuses ``when: archived`` and
+    ``when: final`` (``ArchivingUnavailableError``; without retries final is archived) instead
+    of keeping a waiter that could never fire."""
 
     __slots__ = ("archiving", "limit", "targets", "waiters")
 
@@ -97,7 +108,7 @@ class Registrar:
         """Refuse, before anything is written, a waiter this deployment cannot serve."""
         if waiter.target not in self.targets:
             raise TargetNotEnabledError(waiter.target)
-        if waiter.when is When.ARCHIVED and not self.archiving:
+        if waiter.when.reads_results and not self.archiving:
             raise ArchivingUnavailableError
 
     def register(self, waiter: Waiter) -> bool:
@@ -156,7 +167,7 @@ class Resumer:
         waiting = self.waiters.list(name)
         if not waiting:
             return tally
-        status = self.status(name, any(w.when is When.ARCHIVED for w in waiting))
+        status = self.status(name, any(w.when.reads_results for w in waiting))
         for waiter in waiting:
             verdict = decide(waiter.when, status)
             if verdict is PENDING:
@@ -201,6 +212,18 @@ class Resumer:
         return "retry-later", code
 
 
+def resume_after_final(resumer: Resumer | None, root: str) -> ResumeTally | None:
+    """Resume the waiters of ``root`` after the retry engine wrote its final result (the
+    retry state's ``doc.final.status`` became ``final``): ``when: final`` waiters succeed with
+    ``{record, results, final}``. Call it after the write succeeded, with the root's name;
+    safe to repeat (a resumed waiter is gone). None when no resumer is given (waiters off).
+    The archiver needs no such call in AWS, nor the engine: their writes reach the resumer as
+    bus events through the notifier; this is for a runner with no bus (``opstate serve``)."""
+    if resumer is None:
+        return None
+    return resumer.resume(root)
+
+
 # ``opstate wait`` reads the store at most this often: a few times a second, never a busy loop.
 WAIT_POLL_INTERVAL_S = 0.25
 
@@ -220,7 +243,7 @@ def wait_until(
     (another process, the local server, a replay, the reconciler) is seen at the next read."""
     deadline = None if timeout_s is None else clock() + timeout_s
     while True:
-        current = status(name, when is When.ARCHIVED)
+        current = status(name, when.reads_results)
         verdict = decide(when, current)
         if verdict is not PENDING:
             return verdict, current

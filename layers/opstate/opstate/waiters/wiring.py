@@ -3,8 +3,9 @@ resumer Lambda's event handling (bus events and the waiters table's stream).
 
 In AWS the resumer is triggered by two sources:
 
-- the bus: ``Operation State Changed`` (terminal states), ``Operation Lost`` and the outcomes
-  work's results events name the operation whose waiters may now be resumed;
+- the bus: ``Operation State Changed`` (terminal states), ``Operation Lost``, the outcomes
+  work's results events and ``Operation Results Final`` (a root's final result after its
+  retries) name the operation whose waiters may now be resumed;
 - the waiters table's stream: an ``INSERT`` is a new waiter, resumed at once if its condition
   already holds.
 
@@ -100,13 +101,15 @@ def resumer_for(
 
 def names_in(event: Mapping[str, Any]) -> list[str]:
     """The operation names a resumer invocation is about: an EventBridge event's
-    ``detail.name``; the ``name`` key of each ``INSERT`` of a waiters-table stream batch and of
-    each ``MODIFY`` of the operations table's stream (an archive settled as ``none`` or
+    ``detail.name`` (``detail.root`` for ``Operation Results Final``); the ``name`` key of
+    each ``INSERT`` of a waiters-table stream batch and of each ``MODIFY`` of the operations
+    table's stream (an archive settled as ``none`` or
     ``expired`` without a results event: the template's filters let only those through; a
     ``REMOVE`` is never a reason to resume)."""
     detail = event.get("detail")
     if isinstance(detail, Mapping):
-        name = detail.get("name")
+        # ``Operation Results Final`` names its operation ``root`` (issue 33).
+        name = detail.get("name", detail.get("root"))
         return [name] if isinstance(name, str) else []
     names: list[str] = []
     for record in event.get("Records") or ():
