@@ -14,6 +14,7 @@ from opstate.cli import (
     refresh,
     replay,
     results,
+    retry,
     serve,
     wait,
     webhooks,
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     reconcile.add_parser(sub, store=store)
     refresh.add_parser(sub, store=store, as_json=as_json)
     results.add_parsers(sub, store=store, as_json=as_json)
+    retry.add_parsers(sub, store=store, as_json=as_json)
     wait.add_parser(sub, store=store, as_json=as_json)
     webhooks.add_parser(sub, as_json=as_json)
     return parser

@@ -88,14 +88,21 @@ def decision_line(decision: RunDecision, stamp_ns: int) -> str | None:
 
 
 def local_archiver(
-    store: Any, settings: Settings, say: Callable[[str], None]
+    store: Any,
+    settings: Settings,
+    say: Callable[[str], None],
+    on_final: Callable[[str], None] | None = None,
 ) -> Callable[[Callable[[], float]], dict[str, int]] | None:
-    """The archive pass ``opstate serve`` runs after each reconciler pass (None: no results
-    location, e.g. a DynamoDB store without ``OPSTATE_RESULTS_URL``)."""
+    """The archive pass ``opstate serve`` runs after each reconciler pass, then the retry
+    pass (``opstate.retry``: failed rows retried, final results written; ``on_final(root)``
+    after a root's final result) within what is left (None: no results location, e.g. a
+    DynamoDB store without ``OPSTATE_RESULTS_URL``)."""
     from opstate.config import ConfigError
     from opstate.outcomes.genai_source import GenaiSource, make_client
     from opstate.outcomes.run import archive_once
     from opstate.outcomes.wiring import archiving, results_url_for, sink_from_url
+    from opstate.retry.engine import retry_once
+    from opstate.retry.wiring import config_from
 
     try:
         url = results_url_for(settings)
@@ -118,7 +125,18 @@ def local_archiver(
             safety_s=settings.reconcile_safety_margin_s,
         )
         view = result.as_dict()
-        return {k: view[k] for k in ("archived", "failed", "expired", "none", "bytes")}
+        counts = {k: view[k] for k in ("archived", "failed", "expired", "none", "bytes")}
+        retried = retry_once(
+            store,
+            sink,
+            source_box[0].client,
+            config_from(settings),
+            remaining_s=remaining_s,
+            safety_s=settings.reconcile_safety_margin_s,
+            on_final=on_final,
+        ).as_dict()
+        counts.update({f"retry_{k}": retried[k] for k in ("planned", "submitted", "final")})
+        return counts
 
     return archive
 
@@ -140,6 +158,7 @@ def start_reconciler(
     every_s: float,
     say: Callable[[str], None],
     also: Callable[[RunDecision], None] | None = None,
+    on_final: Callable[[str], None] | None = None,
 ) -> ReconcileLoop:
     """Start the timer thread; every decision of a pass is printed (``decision_line``) and
     handed to ``also`` (the operations page's decision log)."""
@@ -159,7 +178,7 @@ def start_reconciler(
             say(line)
 
     stop_requested = threading.Event()
-    archive = local_archiver(store, settings, say)
+    archive = local_archiver(store, settings, say, on_final)
 
     def run_once() -> Mapping[str, Any]:
         if not gateway_box:

@@ -106,6 +106,7 @@ def serve(options: ServeOptions, settings: Settings, out: TextIO = sys.stdout) -
             options.reconcile_every_s,
             say,
             also=_both(decisions.add, waiters.after),
+            on_final=waiters.soon,
         )
     else:
         say("reconciler: off (set GEMINI_API_KEY to poll Gemini)")

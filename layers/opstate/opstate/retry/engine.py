@@ -1,0 +1,424 @@
+"""One retry pass: ``retry_once`` looks at every due root (``RetryingStore.iter_retry_due``) and
+takes it one step further, by these rules (docs/retry.md):
+
+1. the input: a root tracked with ``--input`` has it copied into the sink first (a bad input is
+   ``unavailable``, with the line that is wrong); a root whose input opstate does not hold is
+   ``unavailable`` and nothing is ever resubmitted for it;
+2. children planned but not known to exist are created (``opstate.retry.children``: claimed
+   under the revision, found again by their id after a crash, at most one per plan);
+3. a member still PENDING past ``pendingTimeoutHours`` is read (the job itself) and cancelled;
+4. while any member is open, or terminal with its results not settled, the root waits
+   (due again after ``check_s``);
+5. when every member is settled, the next attempt is planned from the latest one: the
+   transient failures (``opstate.retry.rules``) of each succeeded member, the whole input of an
+   expired member (``resubmitExpired``) or of one opstate cancelled; the child inputs are
+   written into the sink before the plan, the plan before any create;
+6. when nothing is left to plan (or the lineage stopped), ``final.jsonl`` and ``final.json``
+   are written beside the root's results and the root is ``done``.
+
+Every write is the root's retry state under its revision: a runner that loses a race leaves
+the root to the one that won. A store fault ends the root's step (it is due again); any other
+failure of one root is logged and counted, never the end of the pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import replace
+from itertools import islice
+from typing import Any
+
+from opstate.domain.model import OpRecord
+from opstate.domain.states import State
+from opstate.domain.times import NS_PER_SECOND
+from opstate.observability import count, log_fields, logger
+from opstate.outcomes.plan import prefix_of
+from opstate.outcomes.sink import Sink, SinkError
+from opstate.retry import lineage
+from opstate.retry.children import Creator
+from opstate.retry.finalize import lines_of, output_location, write_final_of
+from opstate.retry.inputs import InputError, keep_input, keys_cover, source_chunks, subset
+from opstate.retry.passes import LostRace, RetryConfig, RetryResult
+from opstate.retry.rules import (
+    reason_history,
+    select_retry,
+    transient_failures,
+)
+from opstate.store.port import ArchiveState, RetryableError
+from opstate.store.retry_state import RETRY_ACTIVE, RETRY_DONE, RetryState
+
+MAX_ERROR_TEXT = 300
+SETTLED = frozenset({"archived", "none", "expired"})
+# ``every``: a due time past any root's (``opstate retry --once`` looks at every active root).
+EVERY_NS = 2**62
+
+
+class RetryRunner:
+    """One pass over the due roots (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: Any,
+        sink: Sink,
+        client: Any,
+        config: RetryConfig,
+        clock_ns: Callable[[], int] = time.time_ns,
+        on_final: Callable[[str], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.sink = sink
+        self.client = client
+        self.config = config
+        self.clock_ns = clock_ns
+        self.on_final = on_final
+        self.result = RetryResult()
+        self.creator = Creator(self)
+
+    # -- the pass ----------------------------------------------------------------------------
+
+    def run(
+        self,
+        remaining_s: Callable[[], float] | None = None,
+        safety_s: float = 0.0,
+        names: list[str] | None = None,
+        every: bool = False,
+    ) -> None:
+        entries: Iterator[tuple[OpRecord, RetryState]]
+        if names is None:
+            entries = self.store.iter_retry_due(EVERY_NS if every else self.clock_ns())
+        else:
+            entries = iter(self._named(names))
+        for record, state in entries:
+            if remaining_s is not None and remaining_s() < safety_s:
+                self.result.remaining = 1 + sum(1 for _ in entries)
+                break
+            try:
+                self.one(record, state)
+            except LostRace:
+                self.result.skipped += 1
+            except RetryableError:
+                self.result.errors += 1
+                log_fields(
+                    logger.warning, "retry step left for the next pass", {"name": record.name}
+                )
+            except Exception as exc:  # one root's fault never ends the pass
+                self.result.errors += 1
+                log_fields(
+                    logger.error,
+                    "retry step failed",
+                    {"name": record.name, "error": _text(exc)[:MAX_ERROR_TEXT]},
+                )
+
+    def _named(self, names: list[str]) -> list[tuple[OpRecord, RetryState]]:
+        found = []
+        for name in dict.fromkeys(names):
+            record = self.store.get(name)
+            state = self.store.get_retry(name) if record is not None else None
+            if record is not None and state is not None and state.status == RETRY_ACTIVE:
+                found.append((record, state))
+        return found
+
+    def one(self, root: OpRecord, state: RetryState) -> None:
+        if state.created_ns != root.created_ns:
+            return  # a state of an earlier incarnation: never acted on
+        ready = self._ready(root, state)
+        if ready is None:
+            return
+        state = ready
+        refs = lineage.members(root.name, state.doc)
+        records = {ref.name: self.store.get(ref.name) for ref in refs}
+        archives = {ref.name: self.store.get_archive(ref.name) for ref in refs}
+        state = self._pending_timeouts(root, state, refs, records)
+        if any(not _settled(records[r.name], archives[r.name]) for r in refs):
+            self.result.waiting += 1
+            self._wait(root, state, self.clock_ns() + int(self.config.check_s * NS_PER_SECOND))
+            return
+        stopped = bool(state.doc.get("stopped"))
+        if not stopped and not state.doc.get("covered"):
+            state = self._check_cover(root, state, archives)
+            if state.status != RETRY_ACTIVE:
+                return
+        if not stopped:
+            planned = self._plan(root, state, refs, records, archives)
+            if planned is not None:
+                self.one(root, planned)  # create what was planned in the same pass
+                return
+        write_final_of(self, root, state, refs, archives)
+
+    def _ready(self, root: OpRecord, state: RetryState) -> RetryState | None:
+        """Steps 1 and 2: the input kept and the planned children created; None when the
+        root cannot go further now (unavailable, or a child still to be created)."""
+        if not lineage.input_of(state.doc).get("location"):
+            state = self._take_input(root, state, lineage.mutable(state.doc))
+            if state.status != RETRY_ACTIVE:
+                return None
+        if lineage.unfinished(state.doc) and not state.doc.get("stopped"):
+            state = self.creator.create_planned(root, state)
+            if lineage.unfinished(state.doc) and not state.doc.get("stopped"):
+                self._wait(root, state, self._soonest_claim(state.doc, self.clock_ns()))
+                return None
+        return state
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def write(
+        self, root: OpRecord, state: RetryState, doc: Mapping[str, Any], **change: Any
+    ) -> RetryState:
+        """Write ``doc`` (and ``status`` / ``due_ns`` when given) under ``state``'s revision;
+        ``LostRace`` when another writer was first."""
+        written = replace(state, doc=dict(doc), **change)
+        if not self.store.set_retry(root.name, state.rev, written):
+            raise LostRace(root.name)
+        return replace(written, rev=state.rev + 1)
+
+    def _wait(self, root: OpRecord, state: RetryState, due_ns: int) -> None:
+        if state.due_ns != due_ns:
+            self.write(root, state, state.doc, due_ns=due_ns)
+
+    def _soonest_claim(self, doc: Mapping[str, Any], now: int) -> int:
+        later = [
+            int(c.get("claimUntilNs") or 0)
+            for c in lineage.unfinished(doc)
+            if int(c.get("claimUntilNs") or 0) > now
+        ]
+        return min(later, default=now + int(self.config.check_s * NS_PER_SECOND))
+
+    def give_up(self, root: OpRecord, state: RetryState, why: str) -> RetryState:
+        """Retry is unavailable for ``root`` (said with ``why``): nothing is resubmitted."""
+        doc = lineage.mutable(state.doc)
+        doc["unavailable"] = why[:MAX_ERROR_TEXT]
+        self.result.unavailable += 1
+        count("RetryUnavailable")
+        log_fields(logger.warning, "retry unavailable", {"name": root.name, "why": why})
+        return self.write(root, state, doc, status=RETRY_DONE, due_ns=0)
+
+    # -- 1. the input ------------------------------------------------------------------------
+
+    def _take_input(self, root: OpRecord, state: RetryState, doc: dict[str, Any]) -> RetryState:
+        kept = dict(lineage.input_of(doc))
+        source = kept.get("source")
+        if not isinstance(source, str) or not source:
+            return self.give_up(root, state, "opstate does not hold this batch's input")
+        try:
+            facts = keep_input(source_chunks(source), self.sink, self.config.max_line_bytes)
+        except (InputError, ValueError) as exc:
+            return self.give_up(root, state, f"the input {source} cannot be used: {exc}")
+        except SinkError as exc:
+            if not exc.transient:
+                return self.give_up(root, state, f"the input {source} cannot be kept: {exc}")
+            raise RetryableError(str(exc)) from exc
+        kept.update(
+            location=facts.location, sha256=facts.sha256, rows=facts.rows, bytes=facts.bytes
+        )
+        doc["input"] = kept
+        return self.write(root, state, doc)
+
+    def _check_cover(
+        self, root: OpRecord, state: RetryState, archives: Mapping[str, ArchiveState | None]
+    ) -> RetryState:
+        """Once, when the root's output is archived: its input must hold every output key."""
+        doc = lineage.mutable(state.doc)
+        output = output_location(archives.get(root.name))
+        location = lineage.input_of(doc).get("location")
+        if output is not None and isinstance(location, str):
+            missing = keys_cover(
+                self._chunks(location), self._chunks(output), self.config.max_line_bytes
+            )
+            if missing:
+                return self.give_up(root, state, f"the input lacks {missing} of the output's keys")
+        doc["covered"] = True
+        return self.write(root, state, doc)
+
+    def _chunks(self, location: str) -> Callable[[], Iterable[bytes]]:
+        return lambda: self.sink.chunks(location)
+
+    # -- 3. pending timeouts -----------------------------------------------------------------
+
+    def _pending_timeouts(
+        self,
+        root: OpRecord,
+        state: RetryState,
+        refs: list[lineage.MemberRef],
+        records: Mapping[str, OpRecord | None],
+    ) -> RetryState:
+        _, _, hours = lineage.policy_of(state.doc)
+        if hours is None:
+            return state
+        now = self.clock_ns()
+        limit = int(hours * 3600 * NS_PER_SECOND)
+        done = set(lineage.cancelled(state.doc))
+        for ref in refs:
+            record = records.get(ref.name)
+            if record is None or record.state is not State.PENDING or ref.name in done:
+                continue
+            since = record.created_ns or record.update_time_ns
+            if not since or now - since < limit:
+                continue
+            if self.creator.cancel_if_pending(ref.name):
+                doc = lineage.mutable(state.doc)
+                doc["cancelled"] = [*lineage.cancelled(doc), ref.name]
+                state = self.write(root, state, doc)
+                self.result.cancelled += 1
+        return state
+
+    # -- 5. planning -------------------------------------------------------------------------
+
+    def _plan(
+        self,
+        root: OpRecord,
+        state: RetryState,
+        refs: list[lineage.MemberRef],
+        records: Mapping[str, OpRecord | None],
+        archives: Mapping[str, ArchiveState | None],
+    ) -> RetryState | None:
+        """Plan the next attempt (None: nothing to plan, the lineage is complete)."""
+        doc = lineage.mutable(state.doc)
+        max_attempts, resubmit_expired, _ = lineage.policy_of(doc)
+        latest = max(ref.attempt for ref in refs)
+        if lineage.highest_attempt(doc) > latest:
+            return None  # planned children all refused (the lineage stopped)
+        attempt = latest + 1
+        room = self.config.max_batches - len(lineage.children(doc))
+        inputs: list[tuple[str, int, int, bool, str]] = []
+        generation = [ref for ref in refs if ref.attempt == latest]
+        earlier = [ref for ref in refs if ref.attempt < latest]
+        gone = set(lineage.cancelled(doc))
+        for ref in generation:
+            if room <= len(inputs):
+                break
+            record = records[ref.name]
+            assert record is not None
+            if _whole_resubmit(record, ref.name in gone, resubmit_expired):
+                if attempt <= max(max_attempts, 1) and ref.input and ref.rows:
+                    inputs.append((ref.input, ref.rows, ref.size or 0, True, ref.name))
+                continue
+            output = output_location(archives.get(ref.name))
+            if record.state is not State.SUCCEEDED or output is None:
+                continue
+            keys = self._retry_keys(output, earlier, archives, attempt, max_attempts)
+            if keys:
+                inputs.extend(
+                    self._write_inputs(root, doc, keys, attempt, ref.name, room - len(inputs))
+                )
+        if not inputs:
+            return None
+        planned = lineage.plan_children(
+            doc, root=root.name, root_created_ns=root.created_ns, attempt=attempt, inputs=inputs
+        )
+        self.result.planned += len(planned)
+        log_fields(
+            logger.info,
+            "retry planned",
+            {"name": root.name, "attempt": attempt, "children": [c["id"] for c in planned]},
+        )
+        return self.write(root, state, doc, due_ns=self.clock_ns())
+
+    def _retry_keys(
+        self,
+        output: str,
+        earlier: list[lineage.MemberRef],
+        archives: Mapping[str, ArchiveState | None],
+        attempt: int,
+        max_attempts: int,
+    ) -> set[str]:
+        table, cap = self.config.table, self.config.max_line_bytes
+        candidates = transient_failures(lines_of(self.sink.chunks(output), cap), table)
+        if not candidates or attempt > max_attempts:
+            return set()
+        wanted = set(candidates)
+        history: dict[str, Any] = {}
+        for ref in [*earlier]:
+            location = output_location(archives.get(ref.name))
+            if location is None:
+                continue
+            for key, seen in reason_history(
+                lines_of(self.sink.chunks(location), cap), wanted, table
+            ).items():
+                history.setdefault(key, seen.__class__()).update(seen)
+        current = reason_history(lines_of(self.sink.chunks(output), cap), wanted, table)
+        for key, seen in current.items():
+            history.setdefault(key, seen.__class__()).update(seen)
+        return select_retry(candidates, history, table, attempt, max_attempts)
+
+    def _write_inputs(
+        self,
+        root: OpRecord,
+        doc: Mapping[str, Any],
+        keys: set[str],
+        attempt: int,
+        parent: str,
+        room: int,
+    ) -> list[tuple[str, int, int, bool, str]]:
+        """The retry batches of ``keys``: the root input's original lines, in input order, at
+        most ``max_rows`` per file and ``room`` files, written before the plan names them."""
+        location = lineage.input_of(doc).get("location")
+        assert isinstance(location, str)
+        picked = (
+            line for _, line in subset(self._chunks(location)(), keys, self.config.max_line_bytes)
+        )
+        written: list[tuple[str, int, int, bool, str]] = []
+        index = len(lineage.children(doc))
+        while len(written) < room:
+            batch = list(islice(picked, self.config.max_rows))
+            if not batch:
+                break
+            child = lineage.child_id(root.name, root.created_ns, attempt, index + len(written))
+            key = f"{prefix_of(root)}/retry/{child}.jsonl"
+            stored, size = self._put(key, root.name, batch)
+            written.append((stored, len(batch), size, False, parent))
+        return written
+
+    def _put(self, key: str, name: str, lines: Iterable[bytes]) -> tuple[str, int]:
+        digest = hashlib.sha256()
+        size = 0
+        with self.sink.open(key, name=name) as out:
+            for line in lines:
+                data = line + b"\n"
+                out.write(data)
+                digest.update(data)
+                size += len(data)
+            stored = out.commit(digest.hexdigest())
+        return stored.location, size
+
+
+def _whole_resubmit(record: OpRecord, cancelled_by_us: bool, resubmit_expired: bool) -> bool:
+    """An expired batch (``resubmitExpired``), or one opstate cancelled for its pending
+    timeout that ended CANCELLED or EXPIRED, is resubmitted whole."""
+    expired = record.state is State.FAILED and record.details.get("reason") == "expired"
+    if cancelled_by_us:
+        return record.state is State.CANCELLED or expired
+    return expired and resubmit_expired
+
+
+def _settled(record: OpRecord | None, archive: ArchiveState | None) -> bool:
+    """Terminal, and its results archived or known absent (nothing more will come)."""
+    if record is None or not record.terminal:
+        return False
+    return archive is not None and archive.status in SETTLED
+
+
+def _text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def retry_once(
+    store: Any,
+    sink: Sink,
+    client: Any,
+    config: RetryConfig,
+    *,
+    clock_ns: Callable[[], int] = time.time_ns,
+    remaining_s: Callable[[], float] | None = None,
+    safety_s: float = 0.0,
+    names: list[str] | None = None,
+    on_final: Callable[[str], None] | None = None,
+    every: bool = False,
+) -> RetryResult:
+    """One pass (see the module docstring); returns what it did. ``every``: every active
+    root, due or not (``opstate retry --once``: an operator asks for it now)."""
+    runner = RetryRunner(store, sink, client, config, clock_ns, on_final)
+    runner.run(remaining_s, safety_s, names, every)
+    log_fields(logger.info, "retry pass", runner.result.as_dict())
+    return runner.result

@@ -1,0 +1,97 @@
+"""Step 6 of a retry pass (``opstate.retry.engine``): when nothing is left to plan,
+``final.jsonl`` (one line per original key, ``opstate.retry.final``) and ``final.json`` (its
+ledger and the lineage) are written beside the root's results, then the root's retry state
+says ``final`` (which announces ``Operation Results Final``) and ``done``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+from opstate.domain.model import OpRecord
+from opstate.observability import count, log_fields, logger
+from opstate.outcomes.plan import prefix_of
+from opstate.outcomes.sink import Sink
+from opstate.retry import lineage
+from opstate.retry.final import Member, write_final
+from opstate.retry.passes import Runner
+from opstate.retry.rules import lines
+from opstate.store.port import ArchiveState
+from opstate.store.retry_state import RETRY_DONE, RetryState
+
+OUTPUT_OBJECT = "output.jsonl"
+FINAL_KEY = "final.jsonl"
+FINAL_LEDGER_KEY = "final.json"
+
+
+def chunks_of(sink: Sink, location: str) -> Callable[[], Iterable[bytes]]:
+    """A fresh chunk stream of the object at ``location`` on each call."""
+    return lambda: sink.chunks(location)
+
+
+def write_final_of(
+    runner: Runner,
+    root: OpRecord,
+    state: RetryState,
+    refs: list[lineage.MemberRef],
+    archives: Mapping[str, ArchiveState | None],
+) -> None:
+    doc = lineage.mutable(state.doc)
+    location = lineage.input_of(doc).get("location")
+    assert isinstance(location, str)
+    cap = runner.config.max_line_bytes
+    members = []
+    for ref in refs:
+        output = output_location(archives.get(ref.name))
+        chunks = chunks_of(runner.sink, output) if output is not None else None
+        held = chunks_of(runner.sink, ref.input) if ref.input else None
+        members.append(Member(attempt=ref.attempt, name=ref.name, output=chunks, input=held))
+    digest = hashlib.sha256()
+    prefix = prefix_of(root)
+    with runner.sink.open(f"{prefix}/{FINAL_KEY}", name=root.name) as out:
+
+        def write(data: bytes) -> None:
+            out.write(data)
+            digest.update(data)
+
+        ledger = write_final(members, chunks_of(runner.sink, location), write, cap)
+        stored = out.commit(digest.hexdigest())
+    summary = ledger.as_dict()
+    document = json.dumps(
+        {
+            "name": root.name,
+            "lineage": [r.name for r in refs],
+            **summary,
+            "location": stored.location,
+        },
+        sort_keys=True,
+        indent=1,
+    ).encode()
+    with runner.sink.open(f"{prefix}/{FINAL_LEDGER_KEY}", name=root.name) as out:
+        out.write(document)
+        out.commit(hashlib.sha256(document).hexdigest())
+    doc["final"] = {"status": lineage.FINAL, "location": stored.location, **summary}
+    runner.write(root, state, doc, status=RETRY_DONE, due_ns=0)
+    runner.result.final += 1
+    runner.result.finals.append(root.name)
+    count("ResultsFinal")
+    log_fields(logger.info, "results final", {"name": root.name, **summary["rows"]})
+    if runner.on_final is not None:
+        runner.on_final(root.name)
+
+
+def output_location(archive: ArchiveState | None) -> str | None:
+    """The archived batch output (``output.jsonl``) of an archive state, or None."""
+    if archive is None or archive.status != "archived":
+        return None
+    objects = archive.summary.get("objects")
+    for item in objects if isinstance(objects, list) else []:
+        location = item.get("location") if isinstance(item, Mapping) else None
+        if isinstance(location, str) and location.endswith(f"/{OUTPUT_OBJECT}"):
+            return location
+    return None
+
+
+def lines_of(chunks: Iterable[bytes], max_line_bytes: int) -> Iterator[bytes]:
+    return lines(chunks, max_line_bytes, skip_long=True)

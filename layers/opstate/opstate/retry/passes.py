@@ -1,0 +1,76 @@
+"""What one retry pass is given and what it reports (``opstate.retry.engine``), and the
+part of the runner the child-creating protocol uses (``opstate.retry.children``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from opstate.domain.model import OpRecord
+from opstate.outcomes.sink import Sink
+from opstate.retry.rules import TransientTable
+from opstate.store.retry_state import RetryState
+
+
+@dataclass(frozen=True, slots=True)
+class RetryConfig:
+    """What a pass needs of the settings (``opstate.retry.wiring`` builds it)."""
+
+    table: TransientTable
+    max_rows: int = 50_000
+    max_batches: int = 10
+    check_s: float = 60.0
+    lease_s: float = 900.0
+    max_line_bytes: int = 32 * 1024 * 1024
+
+
+@dataclass
+class RetryResult:
+    """What one pass did (``opstate retry --once`` prints ``as_dict``)."""
+
+    planned: int = 0
+    submitted: int = 0
+    final: int = 0
+    cancelled: int = 0
+    unavailable: int = 0
+    stopped: int = 0
+    waiting: int = 0
+    skipped: int = 0
+    errors: int = 0
+    remaining: int = 0
+    finals: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "planned": self.planned,
+            "submitted": self.submitted,
+            "final": self.final,
+            "cancelled": self.cancelled,
+            "unavailable": self.unavailable,
+            "stopped": self.stopped,
+            "waiting": self.waiting,
+            "skipped": self.skipped,
+            "errors": self.errors,
+            "remaining": self.remaining,
+        }
+
+
+class LostRace(Exception):
+    """The root's retry state changed under this runner: leave the root to the other one."""
+
+
+class Runner(Protocol):
+    """What ``children.Creator`` uses of the runner driving it."""
+
+    store: Any
+    sink: Sink
+    client: Any
+    config: RetryConfig
+    clock_ns: Callable[[], int]
+    result: RetryResult
+    on_final: Callable[[str], None] | None
+
+    def write(
+        self, root: OpRecord, state: RetryState, doc: Mapping[str, Any], **change: Any
+    ) -> RetryState: ...

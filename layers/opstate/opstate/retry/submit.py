@@ -1,0 +1,166 @@
+"""Submitting a batch through opstate, so its input is ours (``opstate submit``, the submit
+function; docs/retry.md, "Submit").
+
+Gemini never gives an uploaded file back and deletes it after 48 hours, so the input is kept
+first: every line is checked (a ``key`` and a ``request``, keys unique: a clear error naming
+the first bad line, nothing created), then it is copied into the results sink at
+``inputs/<sha256>/input.jsonl``. Then it is uploaded with the Files API, the batch is created
+with ``batches.create`` and tracked, with its policy and its input beside it.
+
+A crash between the create and the store write is survived the way a retry child's is: the
+batch's display name carries a submit id derived from the input's sha256, the model and the
+display name given, and a marker object (``inputs/<sha256>/submit-<id>.json``) is written
+before the create. Submitting again with the same input, model and display name finds the
+marker, looks for a batch carrying the id (each found job read itself) and tracks that one
+instead of creating a second. (So the same input is submitted twice on purpose only with
+another ``--display-name``.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from opstate.domain.model import OpEvent, OpRecord
+from opstate.domain.retry import RetryPolicy, enabled
+from opstate.domain.times import format_time
+from opstate.gemini.errors import GatewayError, classify
+from opstate.gemini.submit import create_batch, find_by_display_id, read_batch, upload_jsonl
+from opstate.ingest import ingest
+from opstate.observability import log_fields, logger
+from opstate.outcomes.sink import Sink
+from opstate.retry.inputs import KeptInput, keep_input, source_chunks
+from opstate.retry.policy import attach_policy
+from opstate.store.retry_state import RETRY_DONE, RetryState
+
+MAX_DISPLAY_NAME_CHARS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """A submitted batch: its name and state, whether this call created it (False: found
+    after an earlier call that crashed or ran before), and its kept input."""
+
+    name: str
+    state: str
+    created: bool
+    input: KeptInput
+    display_name: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "state": self.state,
+            "created": self.created,
+            "displayName": self.display_name,
+            "input": {
+                "location": self.input.location,
+                "sha256": self.input.sha256,
+                "rows": self.input.rows,
+                "bytes": self.input.bytes,
+            },
+        }
+
+
+def submit_id(sha256: str, model: str, display_name: str) -> str:
+    """The id a submission's display name carries (``opstate-s-<16 hex>``)."""
+    digest = hashlib.sha256(f"{sha256}\0{model}\0{display_name}".encode()).hexdigest()
+    return f"opstate-s-{digest[:16]}"
+
+
+def submit(
+    store: Any,
+    sink: Sink,
+    client: Any,
+    *,
+    source: str,
+    model: str,
+    policy: RetryPolicy,
+    display_name: str = "",
+    max_line_bytes: int = 32 * 1024 * 1024,
+    clock_ns: Callable[[], int] = time.time_ns,
+) -> Submitted:
+    """Keep, upload, create and track (see the module docstring). ``InputError`` for a bad
+    input (nothing created), ``GatewayError`` when Gemini refused or failed."""
+    if not model.strip():
+        raise ValueError("a model is required (--model)")
+    kept = keep_input(source_chunks(source), sink, max_line_bytes)
+    marker_id = submit_id(kept.sha256, model, display_name)
+    shown = f"{display_name[:MAX_DISPLAY_NAME_CHARS]} {marker_id}".strip()
+    marker = f"inputs/{kept.sha256}/submit-{marker_id}.json"
+    event = _found(client, marker_id) if sink.head(marker) is not None else None
+    created = event is None
+    if event is None:
+        _write_marker(sink, marker, model, shown, clock_ns())
+        try:
+            file_name = upload_jsonl(
+                client,
+                chunks=sink.chunks(kept.location),
+                size=kept.bytes,
+                display_name=marker_id,
+            )
+            event = create_batch(client, model, file_name, shown).event
+        except GatewayError:
+            raise
+        except Exception as exc:
+            raise classify(exc) from exc
+    decision = ingest(store, event)
+    record = decision.record or store.get(event.name)
+    assert record is not None
+    _keep_state(store, record, policy, model, kept, clock_ns())
+    log_fields(
+        logger.info,
+        "batch submitted" if created else "submitted batch found again",
+        {"name": record.name, "rows": kept.rows, "input": kept.location},
+    )
+    return Submitted(record.name, str(record.state), created, kept, shown)
+
+
+def _found(client: Any, marker_id: str) -> OpEvent | None:
+    try:
+        names = find_by_display_id(client, marker_id)
+        events = [read_batch(client, name) for name in names]
+    except GatewayError:
+        raise
+    except Exception as exc:
+        raise classify(exc) from exc
+    return min(events, key=lambda e: e.name) if events else None
+
+
+def _write_marker(sink: Sink, key: str, model: str, shown: str, now_ns: int) -> None:
+    data = json.dumps(
+        {"model": model, "displayName": shown, "at": format_time(now_ns)}, sort_keys=True
+    ).encode()
+    with sink.open(key, name=shown) as out:
+        out.write(data)
+        out.commit(hashlib.sha256(data).hexdigest())
+
+
+def kept_doc(kept: KeptInput, source: str | None = None) -> dict[str, Any]:
+    """The retry state's ``input`` map of a kept input."""
+    return {
+        "source": source,
+        "location": kept.location,
+        "sha256": kept.sha256,
+        "rows": kept.rows,
+        "bytes": kept.bytes,
+    }
+
+
+def _keep_state(
+    store: Any, record: OpRecord, policy: RetryPolicy, model: str, kept: KeptInput, now_ns: int
+) -> None:
+    """The policy and the input beside the record: an active root when the policy asks for
+    anything, else a ``done`` state that still names the input (a later ``opstate track
+    --retry-attempts N`` uses it)."""
+    if enabled(policy):
+        attach_policy(store, record, policy, model=model, now_ns=now_ns, kept_input=kept_doc(kept))
+        return
+    if store.get_retry(record.name) is not None:
+        return
+    doc = {"policy": policy.as_doc(), "model": model, "input": kept_doc(kept)}
+    store.set_retry(record.name, 0, RetryState(RETRY_DONE, created_ns=record.created_ns, doc=doc))
