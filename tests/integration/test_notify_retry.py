@@ -1,8 +1,8 @@
 """The retry engine's writes reach the bus through the outbox (moto, in process; issue 33).
 
-A root's retry slot is written the way design33 has the DynamoDB store write it: an
-``UpdateItem`` of its own setting ``retry`` (``{status, created_ns, rev, due_ns, doc}``) and
-``retry_status`` / ``retry_rev`` / ``retry_due_ns``, never the record's own attributes. The
+A root's retry slot is written by the DynamoDB store's ``set_retry``: an ``UpdateItem`` of its
+own setting ``retry`` (``{status, created_ns, rev, due_ns, doc}``) and ``retry_status`` /
+``retry_rev`` / ``retry_due_ns``, never the record's own attributes. The
 table's stream goes through the real notifier onto the moto bus (test_notify.py's harness);
 ``Rig.receive`` checks every detail against its JSON Schema.
 """
@@ -29,6 +29,7 @@ from opstate.notify import (
     build_entry,
 )
 from opstate.store.dynamodb import item_from_record, serialize_item
+from opstate.store.retry_state import RETRY_ACTIVE, RETRY_DONE, RetryState
 from tests.integration.test_notify import T0, Rig, lambda_event, rig
 from tests.support.event_schemas import problems, schema_file
 
@@ -81,37 +82,17 @@ def root_doc(children: list[dict[str, Any]], final: str = "pending") -> dict[str
 
 
 class Slot:
-    """The retry slot of one item, written as the engine's own conditional ``UpdateItem``."""
+    """The retry slot of one item, written by the store's ``set_retry`` (its own conditional
+    ``UpdateItem``, as the retry engine writes it)."""
 
     def __init__(self, rig: Rig, name: str) -> None:
         record = rig.store.get(name)
         assert record is not None
         self.rig, self.name, self.created_ns, self.rev = rig, name, record.created_ns, 0
 
-    def write(self, doc: Mapping[str, Any], status: str = "active") -> None:
-        state = {
-            "status": status,
-            "created_ns": self.created_ns,
-            "rev": self.rev + 1,
-            "due_ns": T0,
-            "doc": doc,
-        }
-        serialize = TypeSerializer().serialize
-        self.rig.ddb.update_item(
-            TableName=self.rig.table,
-            Key={"name": {"S": self.name}},
-            UpdateExpression="SET retry = :r, retry_status = :s, retry_rev = :n, retry_due_ns = :d",
-            ConditionExpression="attribute_exists(#n) AND (attribute_not_exists(retry_rev) "
-            "OR retry_rev = :e)",
-            ExpressionAttributeNames={"#n": "name"},
-            ExpressionAttributeValues={
-                ":r": serialize(state),
-                ":s": {"S": status},
-                ":n": {"N": str(self.rev + 1)},
-                ":d": {"N": str(T0)},
-                ":e": {"N": str(self.rev)},
-            },
-        )
+    def write(self, doc: Mapping[str, Any], status: str = RETRY_ACTIVE) -> None:
+        state = RetryState(status, self.created_ns, 0, T0, doc)
+        assert self.rig.store.set_retry(self.name, self.rev, state)
         self.rev += 1
 
 
@@ -179,8 +160,8 @@ def test_each_created_child_and_the_final_result_are_announced_once(rig: Rig) ->
     ]
     assert len({d["idempotencyKey"] for _, d in submitted}) == 3
 
-    slot.write(root_doc(a2, final="final"), status="done")
-    slot.write(root_doc(a2, final="final"), status="done")  # again: already final
+    slot.write(root_doc(a2, final="final"), status=RETRY_DONE)
+    slot.write(root_doc(a2, final="final"), status=RETRY_DONE)  # again: already final
     final = publish(rig)
     assert final == [
         (
@@ -219,6 +200,7 @@ def test_a_state_only_modify_is_announced_as_before(rig: Rig) -> None:
         (DETAIL_TYPE, "SUCCEEDED", "RUNNING", 2)
     ]
     assert set(events[0][1]) == set(json.loads(schema_file(DETAIL_TYPE).read_text())["required"])
+    assert rig.store.get_retry(ROOT) is not None  # ingest kept the slot: no retry change
 
 
 def test_a_record_carrying_a_state_change_and_a_retry_change_announces_the_state(
