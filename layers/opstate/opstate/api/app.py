@@ -89,6 +89,7 @@ def create_app(
         ),
         on_waiter=on_waiter,
         max_future_skew_s=settings.max_future_skew_s,
+        retry_settings=settings,
     )
     app = Router()
     _add_routes(app, receiver, operations, OnFirstUse(pubsub_receiver))

@@ -2,13 +2,14 @@
 in; each request admitted by ``operations_auth`` before anything else.
 
 The results view (``opstate.outcomes.results``) is imported by the first GET, the waiters code
-by the first report that names a waiter: neither is needed at init (docs/api.md, "Cold
-start")."""
+by the first report that names a waiter, the retry policy (``opstate.domain.retry``,
+``opstate.retry.policy``) by the first report with a ``"retry"`` object or the first view of a
+record that has a retry state: none is needed at init (docs/api.md, "Cold start")."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 from urllib.parse import unquote
 
 from opstate.api.auth import OperationsAuth
@@ -17,15 +18,17 @@ from opstate.api.ingesting import Ingester
 from opstate.api.lazy import OnFirstUse
 from opstate.api.request import parse_json, raw_body
 from opstate.api.router import Response
-from opstate.config import DEFAULT_MAX_FUTURE_SKEW_S
+from opstate.config import DEFAULT_MAX_FUTURE_SKEW_S, RetrySettings
 from opstate.domain.events import InvalidEventError, UnsupportedEventError, from_report
 from opstate.domain.names import InvalidNameError, ParsedName, parse_name
 from opstate.domain.routes import OPERATIONS_PREFIX
 from opstate.domain.views import decision_to_json, record_to_json
 from opstate.ingest import find_named
-from opstate.store.port import RetryableError, Store
+from opstate.store.port import RetryableError, RetryingStore, Store
 
 if TYPE_CHECKING:
+    from opstate.domain.model import Decision
+    from opstate.domain.retry import RetryPolicy
     from opstate.waiters.model import Waiter
     from opstate.waiters.run import Registrar
 
@@ -46,6 +49,7 @@ class OperationsRoutes:
         "on_waiter",
         "operations_auth",
         "registrar",
+        "retry_settings",
         "store",
     )
 
@@ -60,8 +64,11 @@ class OperationsRoutes:
         registrar: OnFirstUse[Registrar | None] | None = None,
         on_waiter: Callable[[str], None] | None = None,
         max_future_skew_s: float = DEFAULT_MAX_FUTURE_SKEW_S,
+        retry_settings: RetrySettings | None = None,
     ) -> None:
         self.max_future_skew_s = max_future_skew_s
+        # The default policy a body's "retry" object fills its missing keys from.
+        self.retry_settings = retry_settings if retry_settings is not None else RetrySettings()
         self.store = store
         self.ingest = ingest
         self.operations_auth = operations_auth
@@ -91,14 +98,18 @@ class OperationsRoutes:
 
         try:
             results, progress = record_outcome(self.store, record.name)
+            retry = self.store.get_retry(record.name) if _retrying(self.store) else None
         except RetryableError as exc:
             raise unavailable(exc, name=name) from None
-        return json_response(200, record_to_json(record, results, progress))
+        view = record_to_json(record, results, progress, retry.doc if retry is not None else None)
+        return json_response(200, view)
 
     def put(self, event: Mapping[str, Any], path: str) -> Response:
         """A report; no body = "track this job" (PENDING now); an optional ``waiter`` is
         checked with the report before anything is written, then kept before the report is
-        ingested (so no change can slip between the two unseen)."""
+        ingested (so no change can slip between the two unseen). An optional ``retry`` policy
+        (docs/retry.md) is checked before anything is written too (400 ``invalid-retry``), and
+        kept beside the record once the report is ingested."""
         self.operations_auth(event)
         raw_name = _raw_path_name(path)
         raw = raw_body(event, self.max_bytes)
@@ -114,16 +125,59 @@ class OperationsRoutes:
         except UnsupportedEventError as exc:
             # The producer is the user's own code: an unknown state is its bug to fix.
             raise ApiError(400, "invalid-state", exc.message) from None
+        policy = None if body is None or "retry" not in body else self._policy(op_event.name, body)
         kept = None if body is None or "waiter" not in body else self._waiter(op_event.name, body)
         added = _register(*kept) if kept is not None else False
         decision = self.ingest(op_event)
         answer = decision_to_json(decision)
+        if policy is not None:
+            answer["retry"] = self._attach(decision, policy)
         if kept is not None:
             waiter = kept[0]
             answer["waiter"] = {"id": waiter.waiter_id, "when": str(waiter.when), "added": added}
             if self.on_waiter is not None:
                 self.on_waiter(waiter.name)
         return json_response(200, answer)
+
+    def _policy(self, name: str, body: Mapping[str, Any]) -> RetryPolicy:
+        """The body's ``retry`` policy, checked before anything is written."""
+        from opstate.domain.retry import InvalidRetryError, parse_retry
+        from opstate.retry.policy import is_child, settings_policy
+
+        try:
+            policy = parse_retry(body["retry"], settings_policy(self.retry_settings))
+        except InvalidRetryError as exc:
+            raise ApiError(400, "invalid-retry", str(exc)) from None
+        if not _retrying(self.store):
+            raise ApiError(400, "invalid-retry", "this store keeps no retry policies")
+        try:
+            child = is_child(self.store, name)
+        except RetryableError as exc:
+            raise unavailable(exc, name=name) from None
+        if child:
+            raise ApiError(
+                400, "invalid-retry", f"{name} is a retry child: it takes its root's policy"
+            )
+        return policy
+
+    def _attach(self, decision: Decision, policy: RetryPolicy) -> dict[str, Any] | None:
+        """Keep ``policy`` beside the record the report left; its ``retry`` view (None: no
+        record, or a policy that asks for nothing on a record without one)."""
+        from opstate.domain.retry import retry_view
+        from opstate.retry.policy import attach_policy, model_of
+
+        record = decision.record
+        if record is None or not _retrying(self.store):
+            return None
+        try:
+            state = attach_policy(
+                self.store, record, policy, model=model_of(record), now_ns=self.clock_ns()
+            )
+        except ValueError as exc:  # it became a retry child since _policy looked
+            raise ApiError(400, "invalid-retry", str(exc)) from None
+        except RetryableError as exc:
+            raise unavailable(exc, name=record.name) from None
+        return None if state is None else retry_view(state.doc)
 
     def _waiter(self, name: str, body: Mapping[str, Any]) -> tuple[Waiter, Registrar]:
         from opstate.waiters.enabled import TargetNotEnabledError
@@ -143,6 +197,10 @@ class OperationsRoutes:
         except ArchivingUnavailableError as exc:
             raise ApiError(400, "archiving-not-available", str(exc)) from None
         return waiter, registrar
+
+
+def _retrying(store: Store) -> TypeGuard[RetryingStore]:
+    return isinstance(store, RetryingStore)
 
 
 def _register(waiter: Waiter, registrar: Registrar) -> bool:

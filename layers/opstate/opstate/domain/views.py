@@ -17,6 +17,7 @@ def record_to_json(
     record: OpRecord,
     results: Mapping[str, Any] | None = None,
     progress: Mapping[str, Any] | None = None,
+    retry: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``{name, kind, backend, state, updateTime, version, source, details, createdAt,
     appliedAt}`` (``backend``: ``gemini-api`` or ``google-cloud``, see ``names.backend_of``),
@@ -24,7 +25,11 @@ def record_to_json(
     ``opstate.outcomes.plan.record_results``) and ``progress`` (a batch's ``batchStats``:
     ``requestCount``, ``successfulRequestCount``, ``failedRequestCount``,
     ``pendingRequestCount``: the one the reconciler kept beside the record, else the
-    record's own ``batch_stats`` detail).
+    record's own ``batch_stats`` detail), and, for a record with a retry state (``retry``: its
+    ``doc``, ``opstate.store.retry_state``), its lineage ``parent``, ``root``, ``attempt`` and
+    ``retry`` (a root's policy, status, children and kept input: ``domain.retry.retry_view``;
+    null for a retry child, which takes its root's). Without a retry state none of the four is
+    there: a record of an earlier release shows as it did.
 
     Times are canonical RFC3339 with 9 fractional digits; an unknown server time (0) is null.
     """
@@ -36,6 +41,12 @@ def record_to_json(
         progress = kept if isinstance(kept, Mapping) else None
     if progress is not None:
         view["progress"] = dict(progress)
+    if retry is not None:
+        # Imported for records that have a retry state only (the webhook's init never does).
+        from opstate.domain.retry import is_member, lineage_of, retry_view
+
+        view |= lineage_of(retry, record.name)
+        view["retry"] = None if is_member(retry) else retry_view(retry)
     return view
 
 

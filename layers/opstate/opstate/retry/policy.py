@@ -33,6 +33,19 @@ PENDING_FINAL: Mapping[str, Any] = {
 }
 
 
+def model_of(record: OpRecord) -> str | None:
+    """The model a record's details name (``details.model``), if any: the retry batches'
+    model until the runner reads the batch itself."""
+    model = record.details.get("model")
+    return model if isinstance(model, str) and model else None
+
+
+def is_child(store: RetryingStore, name: str) -> bool:
+    """Whether ``name`` is a retry child (it takes its root's policy; none of its own)."""
+    state = store.get_retry(name)
+    return state is not None and state.status == RETRY_MEMBER
+
+
 def settings_policy(settings: RetrySettings) -> RetryPolicy:
     """The deployment's default policy (``OPSTATE_RETRY_MAX_ATTEMPTS``,
     ``OPSTATE_RETRY_RESUBMIT_EXPIRED``): what a ``"retry"`` object's missing keys take."""
