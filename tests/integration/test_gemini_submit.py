@@ -141,6 +141,8 @@ def test_the_display_id_search_reads_every_listing_page(
     assert find_by_display_id(client, "opstate-nothing", page_size=100) == []
     with pytest.raises(ValueError, match="empty marker"):
         find_by_display_id(client, "")
+    with pytest.raises(ValueError, match="page_size"):
+        find_by_display_id(client, "opstate-b", page_size=0)
 
 
 @pytest.mark.parametrize(

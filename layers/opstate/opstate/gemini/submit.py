@@ -99,10 +99,12 @@ class _ChunkReader(io.RawIOBase):
             raise io.UnsupportedOperation("read after a seek away from the read position")
         parts: list[bytes] = []
         got = 0
+        ended = False
         while got < limit:
             piece = self._rest or next(self._pieces, None)
             self._rest = b""
             if piece is None:
+                ended = True
                 break
             if len(piece) > limit - got:
                 piece, self._rest = piece[: limit - got], piece[limit - got :]
@@ -114,7 +116,7 @@ class _ChunkReader(io.RawIOBase):
         self._at = self._read
         if self._read > self._size:
             raise ValueError(f"the upload source holds more than its declared {self._size} bytes")
-        if not data and self._read < self._size:
+        if ended and self._read < self._size:  # before the SDK sends a short chunk
             raise ValueError(
                 f"the upload source ended after {self._read} of its declared {self._size} bytes"
             )
@@ -225,6 +227,8 @@ def find_by_display_id(client: Any, marker: str, page_size: int = 100) -> list[s
     one whose state this release does not know; read each with ``read_batch`` before acting."""
     if not marker:
         raise ValueError("an empty marker would match every batch")
+    if isinstance(page_size, bool) or not 1 <= page_size <= 1000:
+        raise ValueError(f"page_size must be 1..1000, not {page_size!r}")
     found: list[str] = []
     token: str | None = None
     while True:
