@@ -129,18 +129,21 @@ def test_the_display_id_search_reads_every_listing_page(
         fake_gemini.put_batch(f"batches/other-{index}", display_name=f"job {index}")
     wanted = submit(client, "my cut name opstate-aaaaaaaaaaaa-a1-0")
     submit(client, "opstate-aaaaaaaaaaaa-a1-1")  # another index of the same attempt
+    submit(client, "opstate-aaaaaaaaaaaa-a1-00")  # an id the wanted one is a prefix of
     fake_gemini.put_batch("batches/zz-unknown", "BATCH_STATE_SOMETHING_NEW", display_name="x")
     fake_gemini.put_batch("batches/zz-odd", "BATCH_STATE_SOMETHING_NEW", display_name="opstate-b")
     fake_gemini.reset_requests()
 
     assert find_by_display_id(client, "opstate-aaaaaaaaaaaa-a1-0", page_size=2) == [wanted]
     pages = [r for r in fake_gemini.requests if r.name == "batches"]
-    assert len(pages) == 5  # 9 batches, 2 a page
+    assert len(pages) == 5  # 10 batches, 2 a page
     # a job of a state this release does not know is found all the same
     assert find_by_display_id(client, "opstate-b", page_size=2) == ["batches/zz-odd"]
     assert find_by_display_id(client, "opstate-nothing", page_size=100) == []
-    with pytest.raises(ValueError, match="empty marker"):
+    with pytest.raises(ValueError, match="one word"):
         find_by_display_id(client, "")
+    with pytest.raises(ValueError, match="one word"):
+        find_by_display_id(client, "my cut")
     with pytest.raises(ValueError, match="page_size"):
         find_by_display_id(client, "opstate-b", page_size=0)
 

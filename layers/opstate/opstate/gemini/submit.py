@@ -8,9 +8,9 @@ one, and find the batches opstate created by the id carried in their display nam
 - ``create_batch``: ``client.batches.create(model, src=files/<id>, display_name)`` as the
   created name and its first event (``from_batch_job``);
 - ``cancel_batch``, ``read_batch`` (the REST resource, as ``rest_batch`` reads it);
-- ``find_by_display_id``: every batch of the REST listing whose ``displayName`` contains a
-  marker (the child id of a retry). The listing is only a hint: the caller reads each found job
-  with ``read_batch`` before acting on it.
+- ``find_by_display_id``: every batch of the REST listing whose ``displayName`` holds a marker
+  (the id opstate gave it) as one of its space-separated words. The listing is only a hint:
+  the caller reads each found job with ``read_batch`` before acting on it.
 
 A failed request raises ``GatewayError`` (``classify``); ``is_quota_refusal`` says whether a
 refused create was refused for quota or billing (then the lineage stops instead of retrying).
@@ -222,11 +222,13 @@ def read_batch(client: Any, name: str) -> OpEvent:
 
 
 def find_by_display_id(client: Any, marker: str, page_size: int = 100) -> list[str]:
-    """Names of the batches whose ``displayName`` contains ``marker``, over every page of the
-    REST listing (``GET batches?pageSize&pageToken``), in listing order. Any job counts, even
-    one whose state this release does not know; read each with ``read_batch`` before acting."""
-    if not marker:
-        raise ValueError("an empty marker would match every batch")
+    """Names of the batches whose ``displayName`` holds ``marker`` as one of its space-separated
+    words (``"<cut name> <id>"`` or ``"<id>"``: id ``...-a1-1`` never finds ``...-a1-10``), over
+    every page of the REST listing (``GET batches?pageSize&pageToken``), in listing order. Any
+    job counts, even one whose state this release does not know; read each with ``read_batch``
+    before acting."""
+    if not marker or marker.split() != [marker]:
+        raise ValueError(f"a marker is one word, not {marker!r}")
     if isinstance(page_size, bool) or not 1 <= page_size <= 1000:
         raise ValueError(f"page_size must be 1..1000, not {page_size!r}")
     found: list[str] = []
@@ -244,7 +246,7 @@ def find_by_display_id(client: Any, marker: str, page_size: int = 100) -> list[s
         operations = body.get("operations")
         for item in operations if isinstance(operations, list) else []:
             name, display = _named(item)
-            if name and marker in display:
+            if name and marker in display.split():
                 found.append(name)
         token = body.get("nextPageToken")
         if not isinstance(token, str) or not token:
