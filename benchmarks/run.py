@@ -1,8 +1,8 @@
 """``make bench``: every figure measured in one run next to its reference; writes results.json.
 
 Usage: ``python benchmarks/run.py [--quick] [--out PATH] [--skip SECTION ...]``.
-Sections: ingest, hotpath, calls, contention, cold, cold-container, seed, reconcile, archive (see
-benchmarks/README.md for every key).
+Sections: ingest, hotpath, calls, contention, cold, cold-container, seed, reconcile, archive,
+retry (see benchmarks/README.md for every key).
 Never part of ``make test``: nothing here asserts a time.
 """
 
@@ -44,6 +44,7 @@ import bench_calls  # noqa: E402
 import bench_cold  # noqa: E402
 import bench_hotpath  # noqa: E402
 import bench_ingest  # noqa: E402
+import bench_retry_file  # noqa: E402
 import cold_container  # noqa: E402
 import reconcile_scale  # noqa: E402
 import seed_compare  # noqa: E402
@@ -388,6 +389,7 @@ def table(results: dict[str, Any]) -> list[str]:
     _scale_rows(results.get("reconcile_scale", {}), row)
     _archive_rows(results.get("archive", {}), row)
     _archive_rows(results.get("archive_short_rows", {}), row)
+    bench_retry_file.table_rows(results.get("retry_file", {}), row)
     return _aligned(rows) + _notes(results, ing)
 
 
@@ -448,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
             "seed",
             "reconcile",
             "archive",
+            "retry",
         ],
     )
     args = parser.parse_args(argv)
@@ -509,6 +512,14 @@ def main(argv: list[str] | None = None) -> int:
         "archive_short_rows",
         lambda: bench_archive.measure(
             64 if args.quick else 1024, rounds=1 if args.quick else 3, text=900
+        ),
+    )
+    # Attempt 1's file work on a 100,000-row batch (issue 33): RSS added <= 64 MiB.
+    run(
+        "retry",
+        "retry_file",
+        lambda: bench_retry_file.measure(
+            20_000 if args.quick else 100_000, rounds=1 if args.quick else 3
         ),
     )
     results["meta"]["seconds"] = round(time.perf_counter() - started, 1)
