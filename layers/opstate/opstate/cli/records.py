@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from opstate.cli.common import (
     EXIT_OK,
@@ -20,13 +21,19 @@ from opstate.cli.common import (
     settings_for,
     time_arg,
 )
+from opstate.cli.retry import add_policy_flags, policy_body
 from opstate.domain.events import EventError, from_report
 from opstate.domain.names import Kind, parse_name
 from opstate.domain.strict_json import InvalidJSONError, dumps, loads
 from opstate.domain.times import format_time
 from opstate.domain.views import decision_to_json, record_to_json
 from opstate.outcomes.results import record_outcome
-from opstate.store.port import PollState
+from opstate.store.port import PollState, RetryingStore, Store
+
+if TYPE_CHECKING:
+    from opstate.config import Settings
+    from opstate.domain.model import OpRecord
+    from opstate.domain.retry import RetryPolicy
 
 
 def add_parsers(
@@ -53,6 +60,12 @@ def add_parsers(
 
     p = sub.add_parser("track", parents=[store, as_json], help="record NAME as PENDING now")
     p.add_argument("name", metavar="NAME")
+    add_policy_flags(p)
+    p.add_argument(
+        "--input",
+        metavar="URI",
+        help="the batch's input JSONL (s3://BUCKET/KEY or a local file), kept for its retries",
+    )
     p.set_defaults(func=cmd_track)
 
     p = sub.add_parser("report", parents=[store, as_json], help="report a state of NAME")
@@ -80,9 +93,15 @@ def cmd_get(args: argparse.Namespace) -> int:
         results, progress = (
             record_outcome(store, record.name) if record is not None else (None, None)
         )
+        retry = (
+            store.get_retry(record.name)
+            if record is not None and isinstance(store, RetryingStore)
+            else None
+        )
     if record is None:
         raise CliError(f"no record for {name} in {config.store_url}")
-    view = record_to_json(record, results, progress)
+    # parent/root/attempt and retry only for a record with a retry state (docs/retry.md)
+    view = record_to_json(record, results, progress, retry.doc if retry is not None else None)
     if args.json:
         print_json(view)
         return EXIT_OK
@@ -167,7 +186,13 @@ def cmd_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _report(args: argparse.Namespace, body: Mapping[str, Any] | None) -> int:
+def _report(
+    args: argparse.Namespace,
+    body: Mapping[str, Any] | None,
+    retry: Mapping[str, Any] | None = None,
+) -> int:
+    """Ingest the report ``body``; with ``retry`` (a ``"retry"`` object), keep that policy
+    beside the record, checked before anything is written (as ``PUT /operations`` does)."""
     config = settings_for(args)
     name_arg(args.name)  # a usage error for a name that is not one
     try:
@@ -177,17 +202,73 @@ def _report(args: argparse.Namespace, body: Mapping[str, Any] | None) -> int:
         )
     except EventError as exc:
         raise UsageError(exc.message) from None
+    policy = _policy(retry, config) if retry is not None else None
+    shown: dict[str, Any] | None = None
     with open_store(config) as store:
+        if policy is not None:
+            _refuse_child(store, event.name)
         decision = ingest_event(store, event, config)
+        if policy is not None and decision.record is not None:
+            shown = _attach(store, decision.record, policy)
     if args.json:
-        print_json(decision_to_json(decision))
+        answer = decision_to_json(decision)
+        if policy is not None:
+            answer["retry"] = shown
+        print_json(answer)
     else:
         out(decision_line(decision))
+        if shown is not None:
+            out(f"retry: {shown['status']}, policy {dumps(shown['policy'], sort_keys=True)}")
     return EXIT_OK
 
 
+def _policy(retry: Mapping[str, Any], config: Settings) -> RetryPolicy:
+    from opstate.domain.retry import InvalidRetryError, parse_retry
+    from opstate.retry.policy import settings_policy
+
+    try:
+        return parse_retry(retry, settings_policy(config))
+    except InvalidRetryError as exc:
+        raise UsageError(f"nothing written: {exc}") from None
+
+
+def _refuse_child(store: Store, name: str) -> None:
+    from opstate.retry.policy import is_child
+
+    if not isinstance(store, RetryingStore):
+        raise UsageError("nothing written: this store keeps no retry policies")
+    if is_child(store, name):
+        raise UsageError(f"nothing written: {name} is a retry child: it takes its root's policy")
+
+
+def _attach(store: Store, record: OpRecord, policy: RetryPolicy) -> dict[str, Any] | None:
+    from opstate.domain.retry import retry_view
+    from opstate.retry.policy import attach_policy, model_of
+
+    assert isinstance(store, RetryingStore)  # _refuse_child checked it
+    try:
+        state = attach_policy(store, record, policy, model=model_of(record), now_ns=time.time_ns())
+    except ValueError as exc:  # it became a retry child since _refuse_child looked
+        raise CliError(f"the report was written, the policy not: {exc}") from None
+    return None if state is None else retry_view(state.doc)
+
+
+def _input_uri(raw: str) -> str:
+    """``s3://...`` as given; a local path as the ``file://`` URI of the file it names."""
+    if "://" in raw:  # a URI: parse_retry says which ones it takes
+        return raw
+    path = Path(raw).expanduser()
+    if not path.is_file():
+        raise UsageError(f"--input {raw}: no such file")
+    return path.resolve().as_uri()
+
+
 def cmd_track(args: argparse.Namespace) -> int:
-    return _report(args, None)
+    retry = policy_body(args)
+    if args.input is not None:
+        retry["input"] = _input_uri(args.input)
+    # No flag: plain tracking, no policy (the settings' default never attaches one alone).
+    return _report(args, None, retry or None)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
