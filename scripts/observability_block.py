@@ -181,6 +181,15 @@ PANELS: list[Panel] = [
         ],
     ),
     Panel(
+        "Retries: batches submitted, lineages final, stopped, unavailable",
+        [
+            custom("RetrySubmitted", label="retry batches"),
+            custom("ResultsFinal", label="final"),
+            custom("RetryStopped", label="stopped (quota)"),
+            custom("RetryUnavailable", label="unavailable"),
+        ],
+    ),
+    Panel(
         "Waiters: registered, resumed by outcome",
         [custom("WaitersRegistered", label="registered"), custom("WaitersResumed")],
     ),

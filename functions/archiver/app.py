@@ -1,9 +1,13 @@
-"""Lambda entry: a terminal change on the bus (or the reconciler's re-drive) -> one archive pass.
+"""Lambda entry: a terminal change on the bus (or the reconciler's re-drive) -> one archive
+pass, then one retry pass; or a submit request (``{"submit": {...}}``) -> one batch submitted.
 
-Thin wiring only; the logic is ``opstate.outcomes`` (google-genai comes from this function's
-own requirements). A terminal change on the bus archives the operation it names (read by key,
-no listing); any other event (the reconciler's re-drive) takes every due archive, soonest due
-first. The time budget is the Lambda context's remaining time.
+Thin wiring only; the logic is ``opstate.outcomes`` and ``opstate.retry`` (google-genai comes
+from this function's own requirements). A terminal change on the bus archives the operation it
+names (read by key, no listing) and takes the lineage it belongs to one step further; any other
+event (the reconciler's re-drive) takes every due archive, soonest due first, then every due
+retry. A submit request keeps its input, creates the batch and tracks it with its policy
+(docs/retry.md, "Submit on AWS"); a request it refuses raises ``SubmitRefusedError`` (nothing
+created). The time budget is the Lambda context's remaining time.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from opstate.config import settings
 from opstate.observability import logger, metrics, tracer
 from opstate.outcomes.wiring import archive_from_settings, names_of
+from opstate.retry.wiring import retry_from_settings, roots_of, submit_event
 
 # Read the configuration during the init: a bad value fails the init, naming the variable,
 # instead of failing every invocation later.
@@ -24,10 +29,26 @@ settings()
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 @metrics.log_metrics
-def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, int]:
-    result = archive_from_settings(
-        settings(),
-        remaining_s=lambda: context.get_remaining_time_in_millis() / 1000.0,
-        names=names_of(event),
-    )
-    return result.as_dict()
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    if isinstance(event, dict) and "submit" in event:
+        return {"submitted": submit_event(settings(), event["submit"])}
+
+    def remaining_s() -> float:
+        return context.get_remaining_time_in_millis() / 1000.0
+
+    names = names_of(event)
+    result = archive_from_settings(settings(), remaining_s=remaining_s, names=names)
+    if names is None:
+        retried = retry_from_settings(settings(), remaining_s)
+    else:
+        from opstate.store import store_from_url
+
+        store = store_from_url(settings().store_url, settings())
+        try:
+            roots = roots_of(store, names)
+            if not roots:  # not part of a lineage: no client, no pass
+                return {**result.as_dict(), "retry": None}
+            retried = retry_from_settings(settings(), remaining_s, store=store, names=roots)
+        finally:
+            store.close()
+    return {**result.as_dict(), "retry": retried.as_dict()}

@@ -124,6 +124,7 @@ def test_reconciler_may_query_the_open_index_and_read_only_its_two_secrets(
         {"Fn::GetAtt": ["OperationsTable", "Arn"]},
         {"Fn::Sub": "${OperationsTable.Arn}/index/open-index"},
         {"Fn::Sub": "${OperationsTable.Arn}/index/archive-index"},
+        {"Fn::Sub": "${OperationsTable.Arn}/index/retry-index"},
     ]
     secrets = [s["Resource"] for s in stmts if "secretsmanager:GetSecretValue" in actions(s)]
     # The Gemini API key and the Google Cloud credentials (federation needs no AWS grant).
@@ -149,14 +150,26 @@ def test_archiver_has_its_own_least_privilege_role(template: dict[str, Any]) -> 
         "ResultsObjects",
         "ResultsListing",
         "GeminiApiKeySecret",
+        "RetryChildrenTracked",
+        "SubmitInputs",
     }
     table = by_sid["ArchiveStatusBesideRecords"]
-    # Never PutItem: it cannot create or replace a record, only update its archive attributes.
     assert actions(table) == {"dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Scan"}
     assert table["Resource"] == {"Fn::GetAtt": ["OperationsTable", "Arn"]}
+    # PutItem only to track the batches it creates (retries, submits: ingest's conditional
+    # create, issue 33); never a delete.
+    tracked = by_sid["RetryChildrenTracked"]
+    assert actions(tracked) == {"dynamodb:PutItem"}
+    assert tracked["Resource"] == {"Fn::GetAtt": ["OperationsTable", "Arn"]}
+    inputs = by_sid["SubmitInputs"]
+    assert actions(inputs) == {"s3:GetObject"}
+    assert inputs["Resource"] == {"Fn::Sub": "${ResultsBucket.Arn}/incoming/*"}
     queue = by_sid["DueArchives"]
     assert actions(queue) == {"dynamodb:Query"}
-    assert queue["Resource"] == {"Fn::Sub": "${OperationsTable.Arn}/index/archive-index"}
+    assert queue["Resource"] == [
+        {"Fn::Sub": "${OperationsTable.Arn}/index/archive-index"},
+        {"Fn::Sub": "${OperationsTable.Arn}/index/retry-index"},
+    ]
     objects = by_sid["ResultsObjects"]
     assert actions(objects) == {
         "s3:PutObject",
@@ -247,16 +260,21 @@ def test_notifier_may_only_read_its_stream_put_events_on_its_bus_and_dead_letter
 
 
 def test_the_indexes_named_in_the_policies_are_the_tables_gsis(template: dict[str, Any]) -> None:
-    from opstate.store.dynamodb import ARCHIVE_INDEX, OPEN_INDEX
+    from opstate.store.dynamodb import ARCHIVE_INDEX, OPEN_INDEX, RETRY_INDEX
 
     gsis = template["Resources"]["OperationsTable"]["Properties"]["GlobalSecondaryIndexes"]
-    assert [g["IndexName"] for g in gsis] == [OPEN_INDEX, ARCHIVE_INDEX]
-    archive = gsis[1]
+    assert [g["IndexName"] for g in gsis] == [OPEN_INDEX, ARCHIVE_INDEX, RETRY_INDEX]
+    archive, retry = gsis[1], gsis[2]
     assert archive["KeySchema"] == [
         {"AttributeName": "archive_queue", "KeyType": "HASH"},
         {"AttributeName": "archive_due_ns", "KeyType": "RANGE"},
     ]
-    # The two functions that list due archives may query it, and nothing else of the index.
+    assert retry["KeySchema"] == [
+        {"AttributeName": "retry_queue", "KeyType": "HASH"},
+        {"AttributeName": "retry_due_ns", "KeyType": "RANGE"},
+    ]
+    assert retry["Projection"] == {"ProjectionType": "ALL"}
+    # The two functions that list due archives and due retry roots may query both indexes.
     for function in ("ReconcileFunction", "ArchiverFunction"):
         statements = template["Resources"][function]["Properties"]["Policies"][0]["Statement"]
         queried = [
@@ -267,6 +285,7 @@ def test_the_indexes_named_in_the_policies_are_the_tables_gsis(template: dict[st
             for r in ([st["Resource"]] if isinstance(st["Resource"], dict) else st["Resource"])
         ]
         assert {"Fn::Sub": "${OperationsTable.Arn}/index/archive-index"} in queried, function
+        assert {"Fn::Sub": "${OperationsTable.Arn}/index/retry-index"} in queried, function
 
 
 def test_reconciler_schedule_retries_dead_letters_and_never_overlaps(
@@ -545,8 +564,9 @@ def test_open_index_key_schema_is_unchanged_so_the_stack_updates_in_place(
     template: dict[str, Any],
 ) -> None:
     props = template["Resources"]["OperationsTable"]["Properties"]
-    # The first index, unchanged; a second one added (CloudFormation adds one GSI per update).
-    index, _archive = props["GlobalSecondaryIndexes"]
+    # The first index, unchanged; the others added one per release (CloudFormation adds one GSI
+    # per update).
+    index, _archive, _retry = props["GlobalSecondaryIndexes"]
     assert index["IndexName"] == "open-index"
     assert index["KeySchema"] == [
         {"AttributeName": "open_shard", "KeyType": "HASH"},

@@ -95,6 +95,10 @@ METRICS: Final[Mapping[str, MetricSpec]] = {
         _spec("ResultsLost", "archive", "results deleted by Gemini before they were archived"),
         _spec("ResultsAtRisk", "archive", "results not archived within the warning margin"),
         _spec("ResultsBytes", "archive", "bytes of results archived"),
+        _spec("RetrySubmitted", "archive", "retry batches created (failed rows, expired inputs)"),
+        _spec("RetryStopped", "archive", "lineages stopped: Gemini refused a create for quota"),
+        _spec("RetryUnavailable", "archive", "roots whose input opstate cannot use for retries"),
+        _spec("ResultsFinal", "archive", "lineages whose final.jsonl was written"),
         _spec("WaitersRegistered", "webhook", "waiters newly registered"),
         _spec("WaitersResumed", "waiters", "waiters resumed, by outcome", "outcome"),
     )

@@ -1,7 +1,8 @@
 """The reconciler's re-drive: a lost trigger is not a lost result.
 
 Each reconcile run asks the store whether any archive is due (``iter_archive_due``: terminal
-records without a status, or ``pending`` / ``failed`` whose time has come) and, when one is and
+records without a status, or ``pending`` / ``failed`` whose time has come), or else any retry
+step (``iter_retry_due``: a lineage of ``opstate.retry`` with work due), and, when one is and
 time is left in its budget, hands the work to the archiver: in AWS an asynchronous invocation
 of ``OPSTATE_ARCHIVER_FUNCTION`` (the archiver takes every due archive, soonest first, with its
 own role and budget); elsewhere nothing (``opstate serve`` and ``opstate archive --once`` run
@@ -54,21 +55,33 @@ def redrive(
     now = clock_ns()
     try:
         entries = list(store.iter_archive_due(now))
+        first = entries[0].record.name if entries else _retry_due(store, now)
     except RetryableError as exc:
         log_fields(logger.warning, "archive re-drive skipped", {"error": str(exc)[:200]})
         return False
-    if not entries:
+    if first is None:
         return False
     report_at_risk(entries, settings, now)
-    due = entries[0]
-    payload = json.dumps({"source": "gemini-opstate.reconcile", "first": due.record.name})
+    payload = json.dumps({"source": "gemini-opstate.reconcile", "first": first})
     try:
         (invoke or _lambda_invoke)(function, payload.encode())
     except Exception as exc:  # one missed re-drive: the next run tries again
         log_fields(logger.error, "archive re-drive failed", {"error": str(exc)[:200]})
         return False
-    log_fields(logger.info, "archive re-driven", {"first": due.record.name})
+    log_fields(logger.info, "archive re-driven", {"first": first})
     return True
+
+
+def _retry_due(store: Store, now_ns: int) -> str | None:
+    """The first root whose retry step is due (``opstate.retry``: a child to create again, a
+    pending timeout, a lineage to finish), or None: the archiver's pass runs the retry pass
+    after the archive pass."""
+    due = getattr(store, "iter_retry_due", None)
+    if due is None:
+        return None
+    for record, _ in due(now_ns):
+        return str(record.name)
+    return None
 
 
 def _deadline_ns(entry: ArchiveEntry, settings: Settings) -> int:

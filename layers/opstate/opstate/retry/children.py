@@ -144,13 +144,14 @@ class Creator:
         model = doc.get("model")
         if not isinstance(model, str) or not model:
             model = batch_model(runner.client, root.name)
+        size = entry.get("bytes")
+        if not isinstance(size, int) or size <= 0:  # not recorded: what the sink holds
+            stored = runner.sink.head(runner.sink.resolve(location))
+            size = stored.size if stored is not None else None
         chunks: Iterable[bytes] = runner.sink.chunks(location)
         try:
             file_name = upload_jsonl(
-                runner.client,
-                chunks=chunks,
-                size=entry.get("bytes") if isinstance(entry.get("bytes"), int) else None,
-                display_name=str(entry["id"]),
+                runner.client, chunks=chunks, size=size, display_name=str(entry["id"])
             )
             created = create_batch(runner.client, model, file_name, str(entry["id"]))
         except GatewayError:

@@ -105,3 +105,61 @@ def submit_from_settings(
     finally:
         if opened:
             used.close()
+
+
+def roots_of(store: Any, names: list[str]) -> list[str]:
+    """The roots whose lineage ``names`` belong to (a child: its root; a root: itself), for a
+    pass over the operations a bus trigger named (``GetItem``s, no listing)."""
+    from opstate.store.retry_state import RETRY_ACTIVE, RETRY_MEMBER
+
+    roots: list[str] = []
+    for name in names:
+        state = store.get_retry(name)
+        if state is None:
+            continue
+        if state.status == RETRY_ACTIVE:
+            roots.append(name)
+        elif state.status == RETRY_MEMBER:
+            found = state.doc.get("lineage")
+            root = found.get("root") if isinstance(found, dict) else None
+            if isinstance(root, str) and root:
+                roots.append(root)
+    return list(dict.fromkeys(roots))
+
+
+def submit_event(settings: Settings, request: Any) -> dict[str, Any]:
+    """The submit function's request (``{"input": "s3://...", "model", "displayName",
+    "retry": {...}}``, docs/retry.md) submitted; ``SubmitRefusedError`` when it is not one
+    this system accepts (nothing created)."""
+    from opstate.domain.retry import InvalidRetryError, parse_retry
+    from opstate.retry.inputs import InputError
+    from opstate.retry.policy import settings_policy
+
+    if not isinstance(request, dict):
+        raise SubmitRefusedError("'submit' must be a JSON object")
+    unknown = sorted(set(request) - {"input", "model", "displayName", "retry"})
+    if unknown:
+        raise SubmitRefusedError(f"'submit' has unknown keys {unknown}")
+    source, model = request.get("input"), request.get("model")
+    if not isinstance(source, str) or not source.startswith("s3://"):
+        raise SubmitRefusedError("'submit.input' must be an s3://BUCKET/KEY of a JSONL file")
+    if not isinstance(model, str) or not model.strip():
+        raise SubmitRefusedError("'submit.model' must name a model")
+    display = request.get("displayName", "")
+    if not isinstance(display, str):
+        raise SubmitRefusedError("'submit.displayName' must be text")
+    try:
+        policy = parse_retry(request.get("retry") or {}, settings_policy(settings))
+    except InvalidRetryError as exc:
+        raise SubmitRefusedError(str(exc)) from None
+    try:
+        done = submit_from_settings(
+            settings, source=source, model=model, policy=policy, display_name=display
+        )
+    except InputError as exc:
+        raise SubmitRefusedError(f"nothing submitted: {exc}") from None
+    return done.as_dict() | {"retry": policy.as_doc()}
+
+
+class SubmitRefusedError(ValueError):
+    """A submit request this system does not accept: nothing was created."""
