@@ -234,9 +234,9 @@ def _final(status: Status, record: OpRecord) -> Verdict:
         return Success({"record": record_to_json(record), "results": results, "final": final})
     retry_status = status.retry.get("status") if status.retry is not None else None
     if retry_status == RETRY_ACTIVE:
-        if results_status(status.results) == RESULTS_EXPIRED:
-            return Failure(RESULTS_EXPIRED_ERROR, _cause(record, results=results))
-        return PENDING  # whatever the root's state: its retries may still answer every row
+        # Whatever the root's state or its own archive (results lost too: the engine still
+        # writes the final result, the lost output's keys as 'missing'): final will come.
+        return PENDING
     # No policy (or retries off, unavailable, stopped, or a child): final is archived.
     verdict = _archived(status, record)
     if isinstance(verdict, Success):
