@@ -475,28 +475,151 @@ def test_dynamodb_items_of_the_previous_release_take_a_retry_state() -> None:
         assert store.get_retry("batches/old-open") == store.get_retry("batches/old")
 
 
-def test_dynamodb_due_listing_is_one_filtered_scan() -> None:
+def count_calls(client: Any, operation: str) -> tuple[list[dict[str, Any]], Callable[[], None]]:
+    """The parameters of every ``operation`` call ``client`` makes from now on, and the undo."""
+    calls: list[dict[str, Any]] = []
+    event = f"provide-client-params.dynamodb.{operation}"
+
+    def seen(params: dict[str, Any], **_: Any) -> None:
+        calls.append(params)
+
+    client.meta.events.register(event, seen)
+    return calls, lambda: client.meta.events.unregister(event, seen)
+
+
+def test_dynamodb_due_listing_queries_the_retry_index_and_never_scans() -> None:
+    """Only active roots carry ``retry_queue`` (the sparse GSI's key): set_retry writes it for
+    an active state and removes it otherwise, in the same UpdateItem; the listing is one
+    Query per queue shard on retry-index, no Scan."""
     from moto import mock_aws
 
-    from tests.support.stores import dynamodb_harness, shared_client
+    from opstate.store.dynamodb_items import RETRY_INDEX, RETRY_QUEUE_SHARDS, retry_queue_of
+    from tests.support.stores import dynamodb_client, dynamodb_harness
 
     with mock_aws():
-        h = dynamodb_harness(shared_client(), kind="dynamodb-mock", shards=2)
+        h = dynamodb_harness(dynamodb_client(), kind="dynamodb-mock", shards=2)
         store = retrying(h)
-        for name in ("batches/x", "batches/y"):
+        names = ["batches/x", "batches/y", "batches/later", "batches/member"]
+        for name in names:
             track(h, name, State.RUNNING, T0)
+        for name, status, due_ns in (
+            ("batches/x", RETRY_ACTIVE, NOW_NS),
+            ("batches/y", RETRY_ACTIVE, NOW_NS - S),
+            ("batches/later", RETRY_ACTIVE, NOW_NS + S),
+            ("batches/member", RETRY_MEMBER, 0),
+        ):
+            state = RetryState(status, created_ns=created(store, name), due_ns=due_ns)
+            assert store.set_retry(name, 0, state)
+        raw = {name: h.raw(name) or {} for name in names}
+        assert raw["batches/x"]["retry_queue"] == retry_queue_of("batches/x")
+        assert raw["batches/x"]["retry_queue"].startswith("active#")
+        assert "retry_queue" not in raw["batches/member"]
+        scans, unscan = count_calls(h.client, "Scan")
+        queries, unquery = count_calls(h.client, "Query")
+        try:
+            assert due(store) == ["batches/y", "batches/x"]
+            assert due(store, NOW_NS + S) == ["batches/y", "batches/x", "batches/later"]
+            # Done: out of the index (its queue key removed by the same write).
+            done = RetryState(RETRY_DONE, created_ns=created(store, "batches/y"))
+            assert store.set_retry("batches/y", 1, done)
+            assert "retry_queue" not in (h.raw("batches/y") or {})
+            assert due(store) == ["batches/x"]
+            # Active again: back in it.
+            again = RetryState(RETRY_ACTIVE, created_ns=created(store, "batches/y"), due_ns=0)
+            assert store.set_retry("batches/y", 2, again)
+            assert due(store) == ["batches/y", "batches/x"]
+        finally:
+            unscan()
+            unquery()
+        assert scans == []
+        assert len(queries) == 4 * RETRY_QUEUE_SHARDS
+        assert {q["IndexName"] for q in queries} == {RETRY_INDEX}
+        assert {q["ExpressionAttributeValues"][":queue"]["S"] for q in queries} == {
+            f"active#{k}" for k in range(RETRY_QUEUE_SHARDS)
+        }
+        assert all("ConsistentRead" not in q for q in queries)  # a GSI is eventually consistent
+
+
+def test_dynamodb_table_without_the_retry_index_is_scanned() -> None:
+    """The previous release's table (no retry-index until ``sam deploy`` adds it): the listing
+    is the filtered, consistent Scan, and each listing tries the index again."""
+    from moto import mock_aws
+
+    from opstate.store.dynamodb import DynamoDBStore
+    from tests.support.stores import dynamodb_client, unique_table
+    from tests.support.template import table_properties
+
+    with mock_aws():
+        client = dynamodb_client()
+        props = table_properties()
+        table = unique_table()
+        client.create_table(
+            TableName=table,
+            AttributeDefinitions=[
+                a
+                for a in props["AttributeDefinitions"]
+                if not a["AttributeName"].startswith("retry")
+            ],
+            KeySchema=props["KeySchema"],
+            BillingMode="PAY_PER_REQUEST",
+            GlobalSecondaryIndexes=[
+                g for g in props["GlobalSecondaryIndexes"] if g["IndexName"] != "retry-index"
+            ],
+        )
+        store = DynamoDBStore(table, client=client, clock=lambda: NOW_NS)
+        h = Harness("dynamodb-mock", store, lambda _: None, client=client, table=table)
+        for name in ("batches/b", "batches/a"):
+            track(h, name, State.SUCCEEDED, T0)
             state = RetryState(RETRY_ACTIVE, created_ns=created(store, name), due_ns=NOW_NS)
             assert store.set_retry(name, 0, state)
-        scans: list[dict[str, Any]] = []
-        h.client.meta.events.register(
-            "provide-client-params.dynamodb.Scan", lambda params, **_: scans.append(params)
-        )
+        scans, unscan = count_calls(client, "Scan")
+        queries, unquery = count_calls(client, "Query")
         try:
-            assert due(store) == ["batches/x", "batches/y"]
+            assert due(store) == ["batches/a", "batches/b"]
+            assert due(store, NOW_NS - S) == []
         finally:
-            h.client.meta.events.unregister("provide-client-params.dynamodb.Scan")
-        assert len(scans) == 1 and "FilterExpression" in scans[0]
-        assert scans[0]["ConsistentRead"] is True
+            unscan()
+            unquery()
+        assert len(scans) == 2 and len(queries) == 2  # the index tried again on each listing
+        assert all(scan["ConsistentRead"] is True for scan in scans)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Cannot read from backfilling global secondary index: retry-index",
+        "The table does not have the specified index: retry-index",
+    ],
+)
+def test_dynamodb_scans_while_the_retry_index_is_missing_or_building(
+    monkeypatch: pytest.MonkeyPatch, message: str
+) -> None:
+    """DynamoDB refuses a Query on an index it is still building, or does not have, with a
+    ValidationException: the listing is the Scan; any other refusal is a bug, raised."""
+    from botocore.exceptions import ClientError
+    from moto import mock_aws
+
+    from tests.support.stores import dynamodb_client, dynamodb_harness
+
+    with mock_aws():
+        h = dynamodb_harness(dynamodb_client(), kind="dynamodb-mock", shards=1)
+        store = retrying(h)
+        track(h, "batches/r", State.SUCCEEDED, T0)
+        state = RetryState(RETRY_ACTIVE, created_ns=created(store, "batches/r"), due_ns=NOW_NS)
+        assert store.set_retry("batches/r", 0, state)
+
+        def refused(text: str) -> Callable[..., None]:
+            def query(**_: object) -> None:
+                error = {"Code": "ValidationException", "Message": text}
+                raise ClientError({"Error": error}, "Query")
+
+            return query
+
+        monkeypatch.setattr(h.client, "query", refused(message))
+        assert due(store) == ["batches/r"]
+        monkeypatch.setattr(h.client, "query", refused("x"))
+        with pytest.raises(ClientError):
+            due(store)
 
 
 FAULTS = [
@@ -518,7 +641,7 @@ def test_dynamodb_store_faults_raise_store_unavailable(code: str, status: int, c
 
     client = dynamodb_client(config=Config(retries={"mode": "standard", "max_attempts": 1}))
     store = DynamoDBStore("stubbed", client=client)
-    operation = {"get_retry": "get_item", "set_retry": "update_item", "iter_retry_due": "scan"}
+    operation = {"get_retry": "get_item", "set_retry": "update_item", "iter_retry_due": "query"}
     state = RetryState(RETRY_ACTIVE, created_ns=T0)
     with Stubber(client) as stub:
         stub.add_client_error(operation[call], service_error_code=code, http_status_code=status)

@@ -5,12 +5,14 @@ callers (it re-exports the names they read from the others):
 
 - ``dynamodb_items``: the item shape (``name`` is the partition key, a sparse GSI
   ``open-index`` keys the open operations by shard and due time, a sparse GSI
-  ``archive-index`` the unsettled archives) and its codec; pure;
+  ``archive-index`` the unsettled archives, a sparse GSI ``retry-index`` the active retry
+  roots) and its codec; pure;
 - ``dynamodb_client``: the client, its retry policy and the fault mapping;
 - ``dynamodb_table``: the calls on the table (GetItem, conditional writes, paginated reads);
 - ``dynamodb_polls``: the open operations and their poll state (the reconciler's side);
 - ``dynamodb_archives``: the archive state and queue (the archiver's side);
-- ``dynamodb_retries``: the retry state (the retry runner's side; its due listing is a Scan).
+- ``dynamodb_retries``: the retry state (the retry runner's side; its due listing is a Query
+  per shard of ``retry-index``).
 
 The last three are imported on first use: a webhook or operations request reads and writes
 records only, and its function's cold start does not load them.
@@ -45,6 +47,7 @@ from opstate.store.dynamodb_items import (
     DEFAULT_SHARDS,
     OPEN_INDEX,
     OPTIONAL_RECORD_ATTRS,
+    RETRY_INDEX,
     deserialize_item,
     from_attr,
     item_from_record,
@@ -76,6 +79,7 @@ __all__ = [
     "CLIENT_CONFIG",
     "DEFAULT_SHARDS",
     "OPEN_INDEX",
+    "RETRY_INDEX",
     "DynamoDBStore",
     "deserialize_item",
     "from_attr",
@@ -270,8 +274,8 @@ class DynamoDBStore:
         return dynamodb_retries.set_retry(self._table, name, expected_rev, state)
 
     def iter_retry_due(self, now_ns: int) -> Iterator[tuple[OpRecord, RetryState]]:
-        """Active retry roots due by ``now_ns``, soonest due first, ties by name (a filtered
-        Scan: ``dynamodb_retries.iter_retry_due``)."""
+        """Active retry roots due by ``now_ns``, soonest due first, ties by name (a Query per
+        shard of ``retry-index``: ``dynamodb_retries.iter_retry_due``)."""
         from opstate.store import dynamodb_retries
 
         return dynamodb_retries.iter_retry_due(self._table, now_ns)

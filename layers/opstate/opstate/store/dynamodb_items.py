@@ -29,9 +29,14 @@ Item shape (``name`` is the partition key):
   re-queues a settled one. Items of the previous releases have no ``archive_queue``: the store
   finds them once per process by a filtered Scan and queues them (``DynamoDBStore``).
 - The retry state of any record, open or terminal (``set_retry``, issue 33): ``retry`` M
-  (``RetryState.as_dict``) with copies for conditions and the due Scan, ``retry_status`` S,
+  (``RetryState.as_dict``) with copies for conditions and the due listing, ``retry_status`` S,
   ``retry_rev`` N and ``retry_due_ns`` N; absent (items of earlier releases, records without a
   policy): none. A replace never touches them (``dynamodb_retries``).
+- The retry queue, the sparse GSI ``retry-index`` (``retry_queue`` S, ``retry_due_ns`` N): an
+  active retry root is keyed ``active#<k>`` (``k``: CRC-32 of the name mod
+  ``RETRY_QUEUE_SHARDS``, fixed) and its due time; any other retry state has no
+  ``retry_queue``, so it is out of the index. ``set_retry`` writes or removes it in the same
+  UpdateItem.
 - When terminal only: ``expires_at`` N (epoch seconds: applied time + ``retention_days``), the
   table's TTL attribute.
 
@@ -56,13 +61,17 @@ from opstate.store.port import ArchiveState, PollState, expires_at, initial_due
 from opstate.store.retry_state import RetryState
 
 DEFAULT_SHARDS = DEFAULT_OPEN_INDEX_SHARDS
-# The two sparse GSIs (template.yaml names them the same): the open operations, the archive queue.
+# The sparse GSIs (template.yaml names them the same): the open operations, the archive queue
+# (and, below, the active retry roots).
 OPEN_INDEX = "open-index"
 ARCHIVE_INDEX = "archive-index"
 # The archive queue's shards: fixed (a queue key is written once per archive, and changing the
 # count would strand the keys written under the old one).
 ARCHIVE_QUEUE_SHARDS = 4
 ARCHIVE_DONE = "done"
+# The sparse GSI of active retry roots (template.yaml names it the same) and its fixed shards.
+RETRY_INDEX = "retry-index"
+RETRY_QUEUE_SHARDS = 4
 
 # Attributes a record may lack (written only when non-zero / in some states).
 OPTIONAL_RECORD_ATTRS = (
@@ -85,6 +94,11 @@ def shard_of(name: str, shards: int) -> int:
 def archive_queue_of(name: str) -> str:
     """The ``archive_queue`` key of ``name`` while its archive is not settled."""
     return f"due#{shard_of(name, ARCHIVE_QUEUE_SHARDS)}"
+
+
+def retry_queue_of(name: str) -> str:
+    """The ``retry_queue`` key of ``name`` while its retry state is active."""
+    return f"active#{shard_of(name, RETRY_QUEUE_SHARDS)}"
 
 
 # ---------------------------------------------------------------------------------------------

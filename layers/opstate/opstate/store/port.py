@@ -327,6 +327,7 @@ class RetryingStore(Store, Protocol):
 
     def iter_retry_due(self, now_ns: int) -> Iterator[tuple[OpRecord, RetryState]]:
         """Records whose retry state is ``active`` with ``due_ns <= now_ns``, soonest due first,
-        ties by name (SQLite: the partial index ``operations_retry``; DynamoDB: a filtered,
-        paged Scan; memory: a sorted walk). Records without a retry state never."""
+        ties by name (SQLite: the partial index ``operations_retry``; DynamoDB: a Query per
+        shard of the sparse GSI ``retry-index``; memory: a sorted walk). Records without a
+        retry state never."""
         ...
