@@ -12,7 +12,9 @@ page polls, and hands every other request to the API unchanged.
   first, at most ``max_operations``; with ``since`` equal to the current cursor (the number of
   decisions this server has taken) only ``{"changed": false}``, without reading the store.
 - ``GET /ui/api/operation?name=<name>``: one record with its details and the decisions this
-  server has taken for it (``DecisionLog``: applied and dropped, with reasons). Found as the API
+  server has taken for it (``DecisionLog``: applied and dropped, with reasons); a record with a
+  retry state (docs/retry.md) adds its lineage and its root's retry view to the record (as the
+  API's GET does) and, for a root, ``final`` (``domain.retry.final_view``). Found as the API
   finds it (``ingest.find_named``): a record an earlier release keyed otherwise (a video by its
   full name, a Google Cloud job with its location as written) is found too; so is the one
   ``refresh`` polls.
@@ -46,7 +48,7 @@ from opstate.domain.views import record_to_json
 from opstate.ingest import find_named
 from opstate.outcomes.results import record_outcome, results_json
 from opstate.reconcile.tally import MarkDecision, RunDecision
-from opstate.store.port import RetryableError, Store
+from opstate.store.port import RetryableError, RetryingStore, Store
 
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -286,9 +288,17 @@ class Console:
             return self._data(404, _error("not-found", f"no operation named {name!r} is tracked"))
         view = None
         results = None
+        final = None
         if record is not None:
-            view = record_to_json(record, *record_outcome(self._store, name))
+            retry = self._store.get_retry(name) if isinstance(self._store, RetryingStore) else None
+            doc = retry.doc if retry is not None else None
+            view = record_to_json(record, *record_outcome(self._store, name), doc)
             results = results_json(self._store, name)
+            if doc is not None:
+                # Imported for records with a retry state only, as the record view does.
+                from opstate.domain.retry import final_view, is_member
+
+                final = None if is_member(doc) else final_view(doc)
         body = {
             "now": format_time(self._clock_ns()),
             "record": view,
@@ -296,6 +306,8 @@ class Console:
             "decisions": decisions,
             # The archive and its ledger (opstate results --json), None when not known yet.
             "results": results,
+            # A retry root's one result per request key (pending until final.jsonl is written).
+            "final": final,
         }
         return self._data(200, body)
 

@@ -174,13 +174,7 @@
       tr.dataset.name = op.name;
       if (fresh && fresh.has(op.name)) tr.classList.add("fresh");
       if (op.name === state.selected) tr.classList.add("selected");
-      const button = document.createElement("button");
-      button.type = "button";
-      button.className = "op-link";
-      button.textContent = op.name;
-      button.setAttribute("aria-label", "Show " + op.name);
-      button.addEventListener("click", () => openDetail(op.name));
-      cell(tr, button, "name");
+      cell(tr, nameLink(op.name), "name");
       cell(tr, op.kind);
       cell(tr, badge(op.state, op.state));
       cell(tr, op.version, "num");
@@ -287,6 +281,7 @@
         add("Archived", formatTime(results.archivedAt));
         for (const o of results.objects) add("Object", o.location + " (" + o.bytes + " bytes)");
       }
+      retryFields(record, data.final, add);
     } else {
       add("Record", "not stored (every event was dropped)");
     }
@@ -309,6 +304,58 @@
     $("decisions").hidden = rows.length === 0;
     section.hidden = false;
     if (focus) section.focus();
+  }
+
+  // A name on the page that opens its own detail view, like the table's names.
+  function nameLink(name) {
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "op-link";
+    button.textContent = name;
+    button.setAttribute("aria-label", "Show " + name);
+    button.addEventListener("click", () => openDetail(name));
+    return button;
+  }
+
+  // Retries (docs/retry.md): a child's lineage; a root's retry status, its retry batches and,
+  // once written, its final result (one per request key). Text only, like the rest.
+  function retryFields(record, final, add) {
+    if (record.retry === undefined) return; // no retry state: shown as before
+    const retry = record.retry;
+    if (!retry) {
+      const line = document.createElement("span");
+      line.className = "lineage";
+      line.append("attempt " + record.attempt + " of root ");
+      line.append(record.root ? nameLink(record.root) : "—", ", parent ");
+      line.append(record.parent ? nameLink(record.parent) : "—");
+      add("Retry of", line);
+      return;
+    }
+    const status = document.createElement("span");
+    status.append(badge(retry.status, "retry-" + retry.status));
+    if (retry.reason) status.append(" " + retry.reason);
+    add("Retry", status);
+    const p = retry.policy;
+    add("Retry policy", p.maxAttempts + " retries per key, resubmit expired: " + (p.resubmitExpired ? "yes" : "no") +
+      ", pending timeout: " + (p.pendingTimeoutHours != null ? p.pendingTimeoutHours + " h" : "off"));
+    const list = document.createElement("ul");
+    list.className = "lineage";
+    for (const child of retry.children) {
+      const li = document.createElement("li");
+      li.append(child.name ? nameLink(child.name) : "(not created yet)");
+      li.append(" · attempt " + child.attempt + " · " + child.phase + (child.rows != null ? " · " + child.rows + " rows" : ""));
+      list.append(li);
+    }
+    add("Retry batches", retry.children.length ? list : "none yet");
+    if (retry.input) add("Kept input", retry.input);
+    if (!final) return;
+    if (final.status !== "final") { add("Final result", "pending"); return; }
+    const r = final.rows || {};
+    add("Final rows", r.total + " total: " + r.answered + " answered (" + r.blocked + " blocked), " + r.failed + " failed");
+    const errors = Object.entries(final.errors || {});
+    add("Final errors by code", errors.length ? errors.map(([c, n]) => c + ": " + n).join(", ") : "none");
+    add("Attempts", final.attempts);
+    add("Final result", final.location);
   }
 
   // A batch's progress (batchStats) as a progress bar with its counts beside it.
