@@ -67,6 +67,8 @@ def _get(app: Any, name: str = NAME) -> tuple[int, Any]:
         ({"pendingTimeoutHours": 721}, "more than 0 and at most 720"),
         ({"input": "gs://bucket/in.jsonl"}, "s3://BUCKET/KEY or file:///ABS/PATH"),
         ({"input": "s3://B/in.jsonl"}, "must be s3://BUCKET/KEY"),
+        # a local file would be read from this host and uploaded: the CLI's, never an HTTP body's
+        ({"input": "file:///etc/passwd"}, "a local file is given with opstate track"),
     ],
 )
 def test_an_invalid_policy_is_400_and_nothing_is_written(

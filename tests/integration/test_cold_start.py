@@ -165,6 +165,8 @@ NOT_AT_INIT = (
     "opstate.private_files",
     "opstate.waiters",  # the first report that names a waiter
     "opstate.outcomes",  # the first GET of a record (its results view)
+    "opstate.retry",  # the first report with a "retry" object, the first view of a lineage
+    "opstate.domain.retry",  # the same (the policy's reading and views)
     "opstate.domain.events_polls",  # polled sources: the first Pub/Sub push (from_operation)
     "opstate.store.memory",  # memory:// only (tests)
     "opstate.signatures.jwt_tokens",

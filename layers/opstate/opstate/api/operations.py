@@ -148,6 +148,16 @@ class OperationsRoutes:
             policy = parse_retry(body["retry"], settings_policy(self.retry_settings))
         except InvalidRetryError as exc:
             raise ApiError(400, "invalid-retry", str(exc)) from None
+        if policy.input is not None and not policy.input.startswith("s3://"):
+            # A file:// input would have the retry pass read any file of this host into the
+            # results and upload it to Gemini: an HTTP caller names s3:// only (the CLI, run by
+            # the host's own user, takes a local file: opstate track --input).
+            raise ApiError(
+                400,
+                "invalid-retry",
+                "'retry.input' must be s3://BUCKET/KEY here; a local file is given with "
+                "opstate track NAME --input PATH",
+            )
         if not _retrying(self.store):
             raise ApiError(400, "invalid-retry", "this store keeps no retry policies")
         try:
