@@ -222,3 +222,46 @@ def test_a_batch_whose_input_opstate_does_not_hold_is_unavailable(cli, fake_gemi
     settle(cli, "batches/noinput")
     assert retry(cli)["submitted"] == 0
     assert fake_gemini.batches_created() == []
+
+
+def test_a_batch_created_with_keyed_inlined_requests_retries_from_them(
+    cli, fake_gemini: FakeGemini
+) -> None:
+    """The REST batch resource holds inlined requests: opstate keeps them as the input."""
+    keys = ["a", "b", "c"]
+    name = "batches/inlined"
+    fake_gemini.put_batch(name, "BATCH_STATE_RUNNING")
+    body = fake_gemini.resource(name)
+    assert body is not None
+    body["metadata"]["inputConfig"] = {
+        "requests": {
+            "requests": [
+                {"request": request_line(k)["request"], "metadata": {"key": k}} for k in keys
+            ]
+        }
+    }
+    fake_gemini.put(name, body)
+    ok(cli("track", name, "--retry-attempts", "1"))
+    fake_gemini.run_batch(name, [failed("a", 503, "UNAVAILABLE"), answered("b"), answered("c")])
+    settle(cli, name)
+    assert retry(cli)["submitted"] == 1
+    child = fake_gemini.batches_created()[-1]
+    assert [json.loads(line) for line in fake_gemini.batch_input(child).splitlines()] == [
+        request_line("a")
+    ]
+
+
+def test_inlined_requests_without_keys_leave_retry_unavailable(
+    cli, fake_gemini: FakeGemini
+) -> None:
+    name = "batches/unkeyed"
+    fake_gemini.put_batch(name, "BATCH_STATE_RUNNING")
+    body = fake_gemini.resource(name)
+    assert body is not None
+    body["metadata"]["inputConfig"] = {
+        "requests": {"requests": [{"request": request_line("a")["request"]}]}
+    }
+    fake_gemini.put(name, body)
+    ok(cli("track", name, "--retry-attempts", "1"))
+    assert retry(cli)["unavailable"] == 1
+    assert ok(cli("get", name, "--json")).json()["retry"]["status"] == "unavailable"

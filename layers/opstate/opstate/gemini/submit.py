@@ -276,3 +276,30 @@ def is_quota_refusal(exc: BaseException) -> bool:
     said = f"{error.said or ''} {error.message}"
     exhausted = error.status in _QUOTA_STATUSES or "RESOURCE_EXHAUSTED" in said
     return exhausted and _QUOTA_WORDS.search(said) is not None
+
+
+def inlined_requests(client: Any, name: str) -> list[bytes] | None:
+    """The input of batch ``name`` when it was created with inlined requests, as JSONL lines
+    ``{"key", "request"}`` (from its REST resource: ``metadata.inputConfig.requests.requests``,
+    each ``{"request", "metadata": {"key"}}``); None when the resource holds none (a file input,
+    which Gemini never gives back) or any request lacks a key (its rows could not be matched)."""
+    try:
+        answer = client._api_client.request("get", name, {})
+        body = json.loads(answer.body or "{}")
+    except Exception as exc:
+        raise classify(exc) from exc
+    metadata = body.get("metadata") if isinstance(body, Mapping) else None
+    config = metadata.get("inputConfig") if isinstance(metadata, Mapping) else None
+    inlined = config.get("requests") if isinstance(config, Mapping) else None
+    items = inlined.get("requests") if isinstance(inlined, Mapping) else None
+    if not isinstance(items, list) or not items:
+        return None
+    lines = []
+    for item in items:
+        request = item.get("request") if isinstance(item, Mapping) else None
+        meta = item.get("metadata") if isinstance(item, Mapping) else None
+        key = meta.get("key") if isinstance(meta, Mapping) else None
+        if not isinstance(key, str) or not key or not isinstance(request, Mapping):
+            return None
+        lines.append(json.dumps({"key": key, "request": request}, separators=(",", ":")).encode())
+    return lines

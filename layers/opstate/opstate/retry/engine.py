@@ -2,8 +2,9 @@
 takes it one step further, by these rules (docs/retry.md):
 
 1. the input: a root tracked with ``--input`` has it copied into the sink first (a bad input is
-   ``unavailable``, with the line that is wrong); a root whose input opstate does not hold is
-   ``unavailable`` and nothing is ever resubmitted for it;
+   ``unavailable``, with the line that is wrong), one created with keyed inlined requests has
+   them read from the job itself; a root whose input opstate does not hold is ``unavailable``
+   and nothing is ever resubmitted for it;
 2. children planned but not known to exist are created (``opstate.retry.children``: claimed
    under the revision, found again by their id after a crash, at most one per plan);
 3. a member still PENDING past ``pendingTimeoutHours`` is read (the job itself) and cancelled;
@@ -33,6 +34,8 @@ from typing import Any
 from opstate.domain.model import OpRecord
 from opstate.domain.states import State
 from opstate.domain.times import NS_PER_SECOND
+from opstate.gemini.errors import GatewayError
+from opstate.gemini.submit import inlined_requests
 from opstate.observability import count, log_fields, logger
 from opstate.outcomes.plan import prefix_of
 from opstate.outcomes.sink import Sink, SinkError
@@ -51,6 +54,8 @@ from opstate.store.retry_state import RETRY_ACTIVE, RETRY_DONE, RetryState
 
 MAX_ERROR_TEXT = 300
 SETTLED = frozenset({"archived", "none", "expired"})
+# The input source of a batch created with inlined requests (read from the job itself).
+INLINED = "inlined"
 # ``every``: a due time past any root's (``opstate retry --once`` looks at every active root).
 EVERY_NS = 2**62
 
@@ -199,10 +204,24 @@ class RetryRunner:
     def _take_input(self, root: OpRecord, state: RetryState, doc: dict[str, Any]) -> RetryState:
         kept = dict(lineage.input_of(doc))
         source = kept.get("source")
-        if not isinstance(source, str) or not source:
-            return self.give_up(root, state, "opstate does not hold this batch's input")
+        chunks: Callable[[], Iterable[bytes]]
+        if isinstance(source, str) and source:
+            chunks = source_chunks(source)
+        else:
+            # Gemini gives a file input back never; inlined requests are in the job itself.
+            try:
+                inlined = inlined_requests(self.client, root.name)
+            except GatewayError as exc:
+                if exc.transient:
+                    raise RetryableError(exc.message) from exc
+                inlined = None
+            if inlined is None:
+                return self.give_up(root, state, "opstate does not hold this batch's input")
+            source = INLINED
+            data = b"".join(line + b"\n" for line in inlined)
+            chunks = lambda: iter((data,))  # noqa: E731
         try:
-            facts = keep_input(source_chunks(source), self.sink, self.config.max_line_bytes)
+            facts = keep_input(chunks, self.sink, self.config.max_line_bytes)
         except (InputError, ValueError) as exc:
             return self.give_up(root, state, f"the input {source} cannot be used: {exc}")
         except SinkError as exc:
@@ -210,7 +229,11 @@ class RetryRunner:
                 return self.give_up(root, state, f"the input {source} cannot be kept: {exc}")
             raise RetryableError(str(exc)) from exc
         kept.update(
-            location=facts.location, sha256=facts.sha256, rows=facts.rows, bytes=facts.bytes
+            source=source,
+            location=facts.location,
+            sha256=facts.sha256,
+            rows=facts.rows,
+            bytes=facts.bytes,
         )
         doc["input"] = kept
         return self.write(root, state, doc)
