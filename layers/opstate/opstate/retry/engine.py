@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from itertools import islice
@@ -351,18 +352,13 @@ class RetryRunner:
         if not candidates or attempt > max_attempts:
             return set()
         wanted = set(candidates)
-        history: dict[str, Any] = {}
-        for ref in [*earlier]:
-            location = output_location(archives.get(ref.name))
-            if location is None:
-                continue
-            for key, seen in reason_history(
-                lines_of(self.sink.chunks(location), cap), wanted, table
-            ).items():
-                history.setdefault(key, seen.__class__()).update(seen)
-        current = reason_history(lines_of(self.sink.chunks(output), cap), wanted, table)
-        for key, seen in current.items():
-            history.setdefault(key, seen.__class__()).update(seen)
+        # The failures of each candidate so far: every earlier member's output, then this one.
+        history: dict[str, Counter[str]] = {}
+        locations = [output_location(archives.get(ref.name)) for ref in earlier]
+        for location in [*(loc for loc in locations if loc is not None), output]:
+            seen = reason_history(lines_of(self.sink.chunks(location), cap), wanted, table)
+            for key, reasons in seen.items():
+                history.setdefault(key, Counter()).update(reasons)
         return select_retry(candidates, history, table, attempt, max_attempts)
 
     def _write_inputs(
