@@ -12,7 +12,9 @@ id, its input in the sink) and every create goes through this protocol:
    display name;
 4. the child is tracked (ingested as an ordinary operation, its lineage beside it), then its
    name is written into the root's plan (``created``), which announces
-   ``Operation Retry Submitted``.
+   ``Operation Retry Submitted``. A runner that wrote the root's state meanwhile (one that
+   found the claim held writes when to look again) does not stop this: the name is written
+   on the new revision while the claim is still this one's.
 
 A crash anywhere leaves the entry ``planned`` or ``creating``: the next claim searches before it
 creates, so a plan yields at most one child. A create Gemini refuses for quota or billing stops
@@ -23,7 +25,7 @@ the entry ``creating`` until its retry time, searched again before the next crea
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from opstate.domain.model import OpEvent, OpRecord
@@ -41,10 +43,12 @@ from opstate.gemini.submit import (
 from opstate.ingest import ingest
 from opstate.observability import count, log_fields, logger
 from opstate.retry import lineage
-from opstate.retry.passes import Runner
+from opstate.retry.passes import LostRace, Runner
 from opstate.store.retry_state import RETRY_MEMBER, RetryState
 
 MAX_ERROR_TEXT = 300
+# Rewrites of a claimed entry's outcome when other runners keep moving the root's revision.
+MAX_SETTLE_TRIES = 5
 
 
 def batch_model(client: Any, name: str) -> str:
@@ -99,17 +103,17 @@ class Creator:
         except GatewayError as exc:
             return self._refused(root, state, child, exc)
         self._track(root, event, entry)
-        doc = lineage.mutable(state.doc)
-        done = lineage.find_child(doc, child)
-        assert done is not None
-        done.update(phase=lineage.CREATED, name=event.name, error=None, claimUntilNs=0)
-        state = runner.write(root, state, doc)
+
+        def created(doc: dict[str, Any], done: dict[str, Any]) -> None:
+            done.update(phase=lineage.CREATED, name=event.name, error=None, claimUntilNs=0)
+
+        state = self._settle(root, state, child, created)
         runner.result.submitted += 1
         count("RetrySubmitted")
         log_fields(
             logger.info,
             "retry submitted",
-            {"name": root.name, "child": event.name, "id": child, "rows": done.get("rows")},
+            {"name": root.name, "child": event.name, "id": child, "rows": entry.get("rows")},
         )
         return state
 
@@ -180,32 +184,71 @@ class Creator:
             member = RetryState(RETRY_MEMBER, created_ns=record.created_ns, doc=lineage_doc)
             runner.store.set_retry(record.name, 0, member)
 
+    def _settle(
+        self,
+        root: OpRecord,
+        state: RetryState,
+        child: str,
+        change: Callable[[dict[str, Any], dict[str, Any]], None],
+    ) -> RetryState:
+        """Write what became of the claimed entry ``child`` (``change(doc, entry)``). When
+        another runner wrote the root's state meanwhile (one that found the claim held writes
+        when to look again), read it again and write on the new revision while the entry is
+        still this claim's: the child created here is named at once, not found again only
+        after the lease. ``LostRace`` once the claim is someone else's."""
+        runner = self.runner
+        claim = lineage.find_child(state.doc, child)
+        claims = int(claim.get("claims") or 0) if claim is not None else 0
+        for _ in range(MAX_SETTLE_TRIES):
+            doc = lineage.mutable(state.doc)
+            entry = lineage.find_child(doc, child)
+            if (
+                entry is None
+                or entry.get("phase") != lineage.CREATING
+                or int(entry.get("claims") or 0) != claims
+            ):
+                raise LostRace(root.name)
+            change(doc, entry)
+            try:
+                return runner.write(root, state, doc)
+            except LostRace:
+                fresh = runner.store.get_retry(root.name)
+                if fresh is None or fresh.created_ns != root.created_ns:
+                    raise
+                state = fresh
+        raise LostRace(root.name)
+
     def _refused(
         self, root: OpRecord, state: RetryState, child: str, exc: GatewayError
     ) -> RetryState:
         runner = self.runner
-        doc = lineage.mutable(state.doc)
-        entry = lineage.find_child(doc, child)
-        assert entry is not None
         text = exc.sentence[:MAX_ERROR_TEXT]
         if is_quota_refusal(exc):
-            entry.update(phase=lineage.REFUSED, error=text, claimUntilNs=0)
-            for other in lineage.unfinished(doc):
-                other.update(phase=lineage.REFUSED, error="the lineage stopped", claimUntilNs=0)
-            doc["stopped"] = f"Gemini refused to create a retry batch: {text}"
+
+            def stopped(doc: dict[str, Any], entry: dict[str, Any]) -> None:
+                entry.update(phase=lineage.REFUSED, error=text, claimUntilNs=0)
+                for other in lineage.unfinished(doc):
+                    other.update(phase=lineage.REFUSED, error="the lineage stopped", claimUntilNs=0)
+                doc["stopped"] = f"Gemini refused to create a retry batch: {text}"
+
+            state = self._settle(root, state, child, stopped)  # counted once it is recorded
             runner.result.stopped += 1
             count("RetryStopped")
             log_fields(logger.error, "retry lineage stopped", {"name": root.name, "why": text})
-            return runner.write(root, state, doc)
+            return state
         retry_at = runner.clock_ns() + int(runner.config.check_s * NS_PER_SECOND)
-        entry.update(error=text, claimUntilNs=retry_at)
+
+        def later(doc: dict[str, Any], entry: dict[str, Any]) -> None:
+            entry.update(error=text, claimUntilNs=retry_at)
+
+        state = self._settle(root, state, child, later)
         runner.result.errors += 1
         log_fields(
             logger.warning,
             "retry batch not created",
             {"name": root.name, "id": child, "error": text, "transient": exc.transient},
         )
-        return runner.write(root, state, doc)
+        return state
 
     def cancel_if_pending(self, name: str) -> bool:
         """Read job ``name`` itself; cancel it (best effort) if it is still PENDING. True when
