@@ -81,18 +81,23 @@ def rest_batch_event(body: Mapping[str, Any]) -> OpEvent:
     return replace(event, details={**event.details, BATCH_STATS_DETAIL: stats})
 
 
-def rest_batch(client: Any, name: str) -> OpEvent:
-    """One batch from its REST resource (``GET batches/{id}``), read through the client's own
-    request path (same base URL, key, timeout, errors)."""
+def rest_resource(client: Any, name: str) -> Mapping[str, Any]:
+    """The REST resource of ``name`` (``GET {name}``) as a mapping ({} for anything else), read
+    through the client's own request path (same base URL, key, timeout, errors)."""
     answer = client._api_client.request("get", name, {})
     body = json.loads(answer.body or "{}")
-    return rest_batch_event(body if isinstance(body, Mapping) else {})
+    return body if isinstance(body, Mapping) else {}
 
 
-def rest_batch_pages(client: Any, page_size: int) -> Iterator[Sequence[Listed]]:
-    """The Gemini API's REST listing (``{"operations": [...], "nextPageToken"}``) page by page
-    through the client's own request path, each job as ``rest_batch_event`` reads it or the
-    ``EventError`` that refused it; a failure as ``classify`` says."""
+def rest_batch(client: Any, name: str) -> OpEvent:
+    """One batch from its REST resource (``GET batches/{id}``)."""
+    return rest_batch_event(rest_resource(client, name))
+
+
+def rest_listing(client: Any, page_size: int) -> Iterator[list[object]]:
+    """The Gemini API's REST listing (``GET batches?pageSize&pageToken``: ``{"operations":
+    [...], "nextPageToken"}``) page by page, each page's raw items, through the client's own
+    request path; a failure as ``classify`` says."""
     token: str | None = None
     while True:
         query: dict[str, Any] = {"pageSize": page_size}
@@ -106,10 +111,17 @@ def rest_batch_pages(client: Any, page_size: int) -> Iterator[Sequence[Listed]]:
         if not isinstance(body, Mapping):
             body = {}
         operations = body.get("operations")
-        yield [_listed(item) for item in (operations if isinstance(operations, list) else [])]
+        yield list(operations) if isinstance(operations, list) else []
         token = body.get("nextPageToken")
         if not isinstance(token, str) or not token:
             return
+
+
+def rest_batch_pages(client: Any, page_size: int) -> Iterator[Sequence[Listed]]:
+    """``rest_listing`` with each job as ``rest_batch_event`` reads it or the ``EventError``
+    that refused it."""
+    for page in rest_listing(client, page_size):
+        yield [_listed(item) for item in page]
 
 
 def _listed(item: object) -> Listed:

@@ -27,11 +27,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
 from opstate.domain.events import from_batch_job
 from opstate.domain.model import OpEvent
-from opstate.gemini.batches import rest_batch
+from opstate.gemini.batches import rest_batch, rest_listing, rest_resource
 from opstate.gemini.errors import GatewayError, classify
 from opstate.gemini.files import is_file_name
 
@@ -232,25 +231,12 @@ def find_by_display_id(client: Any, marker: str, page_size: int = 100) -> list[s
     if isinstance(page_size, bool) or not 1 <= page_size <= 1000:
         raise ValueError(f"page_size must be 1..1000, not {page_size!r}")
     found: list[str] = []
-    token: str | None = None
-    while True:
-        query: dict[str, Any] = {"pageSize": page_size}
-        if token:
-            query["pageToken"] = token
-        try:
-            answer = client._api_client.request("get", f"batches?{urlencode(query)}", {})
-            body = json.loads(answer.body or "{}")
-        except Exception as exc:
-            raise classify(exc) from exc
-        body = body if isinstance(body, Mapping) else {}
-        operations = body.get("operations")
-        for item in operations if isinstance(operations, list) else []:
+    for page in rest_listing(client, page_size):
+        for item in page:
             name, display = _named(item)
             if name and marker in display.split():
                 found.append(name)
-        token = body.get("nextPageToken")
-        if not isinstance(token, str) or not token:
-            return found
+    return found
 
 
 def _named(item: object) -> tuple[str, str]:
@@ -283,13 +269,8 @@ def inlined_requests(client: Any, name: str) -> list[bytes] | None:
     ``{"key", "request"}`` (from its REST resource: ``metadata.inputConfig.requests.requests``,
     each ``{"request", "metadata": {"key"}}``); None when the resource holds none (a file input,
     which Gemini never gives back) or any request lacks a key (its rows could not be matched)."""
-    try:
-        answer = client._api_client.request("get", name, {})
-        body = json.loads(answer.body or "{}")
-    except Exception as exc:
-        raise classify(exc) from exc
-    metadata = body.get("metadata") if isinstance(body, Mapping) else None
-    config = metadata.get("inputConfig") if isinstance(metadata, Mapping) else None
+    metadata = batch_metadata(client, name)
+    config = metadata.get("inputConfig")
     inlined = config.get("requests") if isinstance(config, Mapping) else None
     items = inlined.get("requests") if isinstance(inlined, Mapping) else None
     if not isinstance(items, list) or not items:
@@ -303,3 +284,23 @@ def inlined_requests(client: Any, name: str) -> list[bytes] | None:
             return None
         lines.append(json.dumps({"key": key, "request": request}, separators=(",", ":")).encode())
     return lines
+
+
+def batch_metadata(client: Any, name: str) -> Mapping[str, Any]:
+    """The ``metadata`` (the batch itself) of batch ``name``'s REST resource; {} when it has
+    none. A failure as ``classify`` says."""
+    try:
+        body = rest_resource(client, name)
+    except Exception as exc:
+        raise classify(exc) from exc
+    metadata = body.get("metadata")
+    return metadata if isinstance(metadata, Mapping) else {}
+
+
+def batch_model(client: Any, name: str) -> str:
+    """The model batch ``name`` runs on (``metadata.model``): a batch tracked with ``--input``
+    was created elsewhere, its retries use the same model."""
+    model = batch_metadata(client, name).get("model")
+    if not isinstance(model, str) or not model:
+        raise GatewayError(f"Gemini does not say which model {name} used", transient=False)
+    return model

@@ -30,7 +30,7 @@ from opstate.config import Settings
 from opstate.domain.model import OpRecord
 from opstate.domain.names import Kind, api_name
 from opstate.gemini import client as gemini_client
-from opstate.gemini.batches import batch_stats
+from opstate.gemini.batches import batch_stats, rest_resource
 from opstate.gemini.errors import classify
 from opstate.gemini.files import download, file_info, file_name_of, is_file_name
 from opstate.outcomes.ledger import inlined_lines
@@ -106,9 +106,8 @@ class GenaiSource:
         return output, info.expiration_ns
 
     def _batch(self, record: OpRecord) -> Outputs:
-        answer = self.client._api_client.request("get", record.name, {})
-        body = json.loads(answer.body or "{}")
-        metadata = body.get("metadata") if isinstance(body, Mapping) else None
+        body = rest_resource(self.client, record.name)
+        metadata = body.get("metadata")
         metadata = metadata if isinstance(metadata, Mapping) else {}
         stats = batch_stats(body) or {}
         requests = stats.get("requestCount")

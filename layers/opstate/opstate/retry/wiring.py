@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from opstate.config import Settings
 from opstate.domain.retry import RetryPolicy
+from opstate.outcomes.sink import Sink
 from opstate.retry.engine import retry_once
 from opstate.retry.passes import RetryConfig, RetryResult
 from opstate.retry.rules import parse_table
@@ -27,20 +29,25 @@ def config_from(settings: Settings) -> RetryConfig:
     )
 
 
-def _parts(settings: Settings, store: Any | None) -> tuple[Any, Any, bool]:
+@contextmanager
+def _opened(settings: Settings, store: Any | None) -> Iterator[tuple[Any, Sink, Any]]:
+    """The configured store (unless given), the results sink and a google-genai client (the
+    archiver's per-read timeout, no SDK retries); what was opened here is closed after."""
+    from opstate.gemini.client import make_client
     from opstate.outcomes.wiring import results_url_for, sink_from_url
     from opstate.store import store_from_url
 
     sink = sink_from_url(results_url_for(settings), settings)
-    opened = store is None
     used = store if store is not None else store_from_url(settings.store_url, settings)
-    return used, sink, opened
-
-
-def _client(settings: Settings) -> Any:
-    from opstate.gemini.client import make_client
-
-    return make_client(settings, timeout_s=settings.results_http_timeout_s)
+    try:
+        client = make_client(settings, timeout_s=settings.results_http_timeout_s)
+        try:
+            yield used, sink, client
+        finally:
+            client.close()
+    finally:
+        if store is None:
+            used.close()
 
 
 def retry_from_settings(
@@ -52,28 +59,19 @@ def retry_from_settings(
     on_final: Callable[[str], None] | None = None,
     every: bool = False,
 ) -> RetryResult:
-    """Open the configured store (unless given), the sink and a client; one pass; close what
-    was opened here."""
-    used, sink, opened = _parts(settings, store)
-    try:
-        client = _client(settings)
-        try:
-            return retry_once(
-                used,
-                sink,
-                client,
-                config_from(settings),
-                remaining_s=remaining_s,
-                safety_s=settings.reconcile_safety_margin_s,
-                names=names,
-                on_final=on_final,
-                every=every,
-            )
-        finally:
-            client.close()
-    finally:
-        if opened:
-            used.close()
+    """One pass over the configured store (unless given), the sink and a client."""
+    with _opened(settings, store) as (used, sink, client):
+        return retry_once(
+            used,
+            sink,
+            client,
+            config_from(settings),
+            remaining_s=remaining_s,
+            safety_s=settings.reconcile_safety_margin_s,
+            names=names,
+            on_final=on_final,
+            every=every,
+        )
 
 
 def submit_from_settings(
@@ -86,25 +84,17 @@ def submit_from_settings(
     store: Any | None = None,
 ) -> Submitted:
     """``opstate submit`` and the submit function: keep, upload, create, track."""
-    used, sink, opened = _parts(settings, store)
-    try:
-        client = _client(settings)
-        try:
-            return submit(
-                used,
-                sink,
-                client,
-                source=source,
-                model=model,
-                policy=policy,
-                display_name=display_name,
-                max_line_bytes=settings.results_max_line_mib * MiB,
-            )
-        finally:
-            client.close()
-    finally:
-        if opened:
-            used.close()
+    with _opened(settings, store) as (used, sink, client):
+        return submit(
+            used,
+            sink,
+            client,
+            source=source,
+            model=model,
+            policy=policy,
+            display_name=display_name,
+            max_line_bytes=settings.results_max_line_mib * MiB,
+        )
 
 
 def roots_of(store: Any, names: list[str]) -> list[str]:
