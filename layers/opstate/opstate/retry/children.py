@@ -24,7 +24,6 @@ the entry ``creating`` until its retry time, searched again before the next crea
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -33,6 +32,7 @@ from opstate.domain.states import State
 from opstate.domain.times import NS_PER_SECOND
 from opstate.gemini.errors import GatewayError, classify
 from opstate.gemini.submit import (
+    batch_model,
     cancel_batch,
     create_batch,
     find_by_display_id,
@@ -49,21 +49,6 @@ from opstate.store.retry_state import RETRY_MEMBER, RetryState
 MAX_ERROR_TEXT = 300
 # Rewrites of a claimed entry's outcome when other runners keep moving the root's revision.
 MAX_SETTLE_TRIES = 5
-
-
-def batch_model(client: Any, name: str) -> str:
-    """The model of batch ``name`` (its REST resource's ``metadata.model``): a batch tracked
-    with ``--input`` was created elsewhere, its children use the same model."""
-    try:
-        answer = client._api_client.request("get", name, {})
-        body = json.loads(answer.body or "{}")
-    except Exception as exc:
-        raise classify(exc) from exc
-    metadata = body.get("metadata") if isinstance(body, Mapping) else None
-    model = metadata.get("model") if isinstance(metadata, Mapping) else None
-    if not isinstance(model, str) or not model:
-        raise GatewayError(f"Gemini does not say which model {name} used", transient=False)
-    return model
 
 
 class Creator:
