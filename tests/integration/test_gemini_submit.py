@@ -152,7 +152,9 @@ def test_the_display_id_search_reads_every_listing_page(
     ("status", "message", "quota", "transient"),
     [
         (429, "Quota exceeded for quota metric 'Batch enqueued tokens'", True, True),
-        (429, "Resource has been exhausted (e.g. check quota).", True, True),
+        # Gemini's generic hint on every 429 names no quota: a rate limit, not a refusal
+        (429, "Resource has been exhausted (e.g. check quota).", False, True),
+        (429, "You exceeded your current quota, please check your plan and billing", True, True),
         (429, "Too many requests, slow down", False, True),
         (403, "Your project has exceeded its monthly spending cap", True, False),
         (403, "Billing account is disabled", True, False),

@@ -188,6 +188,12 @@ def test_quota_and_billing_refusals_are_permanent() -> None:
         assert is_transient(row, DEFAULT_TABLE) is None
     row = read_row(failed(429, "Resource has been exhausted, try again"))
     assert row is not None and is_transient(row, DEFAULT_TABLE) == "RESOURCE_EXHAUSTED"
+    # Gemini's generic hint on every 429 names no quota: a rate limit, retried
+    for hint in ("Resource has been exhausted (e.g. check quota).", "(E.G., Check Quota)"):
+        row = read_row(failed(429, hint))
+        assert row is not None and is_transient(row, DEFAULT_TABLE) == "RESOURCE_EXHAUSTED"
+    row = read_row(failed(429, "Resource has been exhausted (e.g. check quota). Quota exceeded"))
+    assert row is not None and is_transient(row, DEFAULT_TABLE) is None
     aborted = read_row(failed(409))
     assert aborted is not None and is_transient(aborted, DEFAULT_TABLE) is None
     assert is_transient(aborted, parse_table("ABORTED")) == "ABORTED"

@@ -22,7 +22,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 
 from opstate.domain.events import from_batch_job
 from opstate.domain.model import OpEvent
+from opstate.domain.retry import names_quota
 from opstate.gemini.batches import rest_batch, rest_listing, rest_resource
 from opstate.gemini.errors import GatewayError, classify
 from opstate.gemini.files import is_file_name
@@ -40,7 +40,6 @@ UPLOAD_CHUNK_BYTES = 2 * 1024 * 1024
 # The MIME type Gemini's batch mode documents for a JSONL input file.
 JSONL_MIME_TYPE = "jsonl"
 # A create refused for these reasons will be refused again: the lineage stops.
-_QUOTA_WORDS = re.compile(r"quota|billing|spending cap", re.IGNORECASE)
 _QUOTA_STATUSES = frozenset({429, 403})
 
 
@@ -261,7 +260,7 @@ def is_quota_refusal(exc: BaseException) -> bool:
     error = classify(exc)
     said = f"{error.said or ''} {error.message}"
     exhausted = error.status in _QUOTA_STATUSES or "RESOURCE_EXHAUSTED" in said
-    return exhausted and _QUOTA_WORDS.search(said) is not None
+    return exhausted and names_quota(said)
 
 
 def inlined_requests(client: Any, name: str) -> list[bytes] | None:

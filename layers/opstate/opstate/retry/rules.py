@@ -23,7 +23,8 @@ The *transient table* (``OPSTATE_RETRY_TRANSIENT``, default ``DEFAULT_TRANSIENT`
 reasons retried, each optionally with ``:N``, the most retries of one key for that reason
 (``INTERNAL:1``: one retry of a key that failed ``INTERNAL``; no ``:N``: as many as the
 policy's ``maxAttempts`` allows). A ``RESOURCE_EXHAUSTED`` row whose message names a quota, a
-spending cap or billing (``QUOTA_MESSAGE``, case-insensitive) is permanent: retrying it would
+spending cap or billing (``opstate.domain.retry.names_quota``, case-insensitive, Gemini's
+generic "(e.g. check quota)" hint left out) is permanent: retrying it would
 only be refused again. Every other failure is permanent.
 
 ``lines`` splits a stream of chunks into lines (the input keeper refuses a line longer than
@@ -33,13 +34,13 @@ its cap, ``LineTooLongError``; the output readers skip it, ``skip_long=True``).
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from opstate.domain.retry import names_quota
 from opstate.outcomes.ledger import is_blocked
 from opstate.outcomes.plan import MAX_CODE_CHARS
 
@@ -65,7 +66,6 @@ CODE_REASONS: Mapping[str, str] = MappingProxyType(
         "10": ABORTED,
     }
 )
-QUOTA_MESSAGE = re.compile(r"quota|spending cap|billing", re.IGNORECASE)
 
 
 class LineTooLongError(ValueError):
@@ -288,7 +288,7 @@ def is_transient(row: Row, table: TransientTable) -> str | None:
     reason = reason_of(row)
     if reason is None or reason not in table:
         return None
-    if reason == RESOURCE_EXHAUSTED and QUOTA_MESSAGE.search(row.message):
+    if reason == RESOURCE_EXHAUSTED and names_quota(row.message):
         return None  # a quota, spending cap or billing refusal: retrying is refused again
     return reason
 
