@@ -271,6 +271,34 @@ def test_a_store_fault_reading_archives_is_finished_by_the_next_pass(rig: Rig, s
     finish_lineage(rig, root, keys, time.time_ns())
 
 
+class ListingFails(Wrapped):
+    """A store whose listing of due roots fails after ``after`` entries."""
+
+    def __init__(self, inner: SQLiteStore, after: int) -> None:
+        super().__init__(inner)
+        self.after = after
+
+    def iter_retry_due(self, now_ns: int) -> Iterator[Any]:
+        for number, entry in enumerate(self.inner.iter_retry_due(now_ns)):
+            if number == self.after:
+                break
+            yield entry
+        raise StoreUnavailableError("the store is away")
+
+
+@pytest.mark.parametrize("after", [0, 1])
+def test_a_store_fault_listing_due_roots_is_counted_and_the_next_pass_lists_again(
+    rig: Rig, after: int
+) -> None:
+    keys = ["a", "b"]
+    root = failing_root(rig, keys)
+    broken = rig.run(wrap=lambda store: ListingFails(store, after))
+    assert broken.errors == 1 and broken.submitted == after  # the pass ends, never raises
+    again = rig.run()
+    assert again.errors == 0 and broken.submitted + again.submitted == 1
+    assert len(rig.fake.batches_created()) == 2 and root in rig.fake.batches_created()
+
+
 # -- 6. hostile outputs -------------------------------------------------------------------------
 
 

@@ -91,31 +91,37 @@ class RetryRunner:
         names: list[str] | None = None,
         every: bool = False,
     ) -> None:
-        entries: Iterator[tuple[OpRecord, RetryState]]
-        if names is None:
-            entries = self.store.iter_retry_due(EVERY_NS if every else self.clock_ns())
-        else:
-            entries = iter(self._named(names))
-        for record, state in entries:
-            if remaining_s is not None and remaining_s() < safety_s:
-                self.result.remaining = 1 + sum(1 for _ in entries)
-                break
-            try:
-                self.one(record, state)
-            except LostRace:
-                self.result.skipped += 1
-            except RetryableError:
-                self.result.errors += 1
-                log_fields(
-                    logger.warning, "retry step left for the next pass", {"name": record.name}
-                )
-            except Exception as exc:  # one root's fault never ends the pass
-                self.result.errors += 1
-                log_fields(
-                    logger.error,
-                    "retry step failed",
-                    {"name": record.name, "error": _text(exc)[:MAX_ERROR_TEXT]},
-                )
+        try:
+            entries: Iterator[tuple[OpRecord, RetryState]]
+            if names is None:
+                entries = self.store.iter_retry_due(EVERY_NS if every else self.clock_ns())
+            else:
+                entries = iter(self._named(names))
+            for record, state in entries:
+                if remaining_s is not None and remaining_s() < safety_s:
+                    self.result.remaining = 1 + sum(1 for _ in entries)
+                    break
+                self._step(record, state)
+        except RetryableError as exc:  # the listing itself: the next pass lists again
+            self.result.errors += 1
+            log_fields(logger.warning, "retry pass cut short", {"error": str(exc)[:MAX_ERROR_TEXT]})
+
+    def _step(self, record: OpRecord, state: RetryState) -> None:
+        """One root's step; its fault is counted and logged, never the end of the pass."""
+        try:
+            self.one(record, state)
+        except LostRace:
+            self.result.skipped += 1
+        except RetryableError:
+            self.result.errors += 1
+            log_fields(logger.warning, "retry step left for the next pass", {"name": record.name})
+        except Exception as exc:
+            self.result.errors += 1
+            log_fields(
+                logger.error,
+                "retry step failed",
+                {"name": record.name, "error": _text(exc)[:MAX_ERROR_TEXT]},
+            )
 
     def _named(self, names: list[str]) -> list[tuple[OpRecord, RetryState]]:
         found = []
