@@ -17,7 +17,7 @@ import pytest
 
 from opstate.outcomes.file_sink import FileSink
 from opstate.outcomes.s3_sink import S3Sink
-from opstate.outcomes.sink import ObjectWriter, Sink, StoredObject
+from opstate.outcomes.sink import ObjectWriter, Sink, SinkError, StoredObject
 from opstate.retry.inputs import (
     MAX_KEY_CHARS,
     InputError,
@@ -199,6 +199,25 @@ def test_sources_file_and_s3(tmp_path: Path, s3: Any) -> None:
     for bad in ("http://x/y", "file://host/abs", "file:relative", "s3://bucket", "s3:///key", ""):
         with pytest.raises(ValueError, match="invalid input URI"):
             source_chunks(bad)
+
+
+def test_a_source_that_cannot_be_read_says_whether_to_try_again(tmp_path: Path, s3: Any) -> None:
+    """Not there, not a file, refused: an InputError (reading again will not help); an S3
+    fault: a transient SinkError (the retry pass tries again later)."""
+    from botocore.stub import Stubber
+
+    for uri in ((tmp_path / "absent.jsonl").as_uri(), tmp_path.as_uri()):
+        with pytest.raises(InputError, match="cannot read"):
+            check_input(source_chunks(uri)(), CAP)
+    with pytest.raises(InputError, match=r"cannot read s3://results/absent\.jsonl: NoSuchKey"):
+        check_input(source_chunks(f"s3://{BUCKET}/absent.jsonl", client=s3)(), CAP)
+    with pytest.raises(InputError, match="NoSuchBucket"):
+        check_input(source_chunks("s3://no-such-bucket/in.jsonl", client=s3)(), CAP)
+    with Stubber(s3) as stub:
+        stub.add_client_error("get_object", "SlowDown", http_status_code=503)
+        with pytest.raises(SinkError) as fault:
+            check_input(source_chunks(f"s3://{BUCKET}/in.jsonl", client=s3)(), CAP)
+    assert fault.value.transient and "SlowDown" in str(fault.value)
 
 
 def test_subset_gives_the_original_bytes_in_input_order() -> None:

@@ -265,3 +265,19 @@ def test_inlined_requests_without_keys_leave_retry_unavailable(
     ok(cli("track", name, "--retry-attempts", "1"))
     assert retry(cli)["unavailable"] == 1
     assert ok(cli("get", name, "--json")).json()["retry"]["status"] == "unavailable"
+
+
+def test_an_input_that_cannot_be_read_leaves_retry_unavailable_saying_why(
+    cli, fake_gemini: FakeGemini, tmp_path: Path
+) -> None:
+    """A file named by a --input that is gone by the time the pass runs (or one only another
+    machine has: a DynamoDB store shared with an operator's laptop) is never a crash loop."""
+    name = "batches/gone"
+    fake_gemini.put_batch(name, "BATCH_STATE_RUNNING")
+    source = write_input(tmp_path / "gone.jsonl", ["a"])
+    ok(cli("track", name, "--retry-attempts", "1", "--input", source.as_uri()))
+    source.unlink()
+    result = retry(cli)
+    assert (result["unavailable"], result["errors"]) == (1, 0)
+    reason = ok(cli("get", name, "--json")).json()["retry"]["reason"]
+    assert "cannot read" in reason and "gone.jsonl" in reason

@@ -7,6 +7,10 @@ longer than the cap, without a text ``key`` (1..``MAX_KEY_CHARS`` characters) or
 object, a key seen before, and a blank line (a last newline is fine). It holds the set of keys,
 never the lines.
 
+A source that cannot be read is an ``InputError`` when reading again will not help (a local
+file that is not there or not readable, an S3 object that does not exist or is refused) and a
+transient ``SinkError`` otherwise (an S3 5xx, no answer).
+
 ``keep_input`` reads the source twice: once to check it, once to copy it into the sink at
 ``inputs/<sha256>/input.jsonl``; a source whose bytes changed between the two passes is refused
 and nothing is left in the sink. An object already at that key is reused, not rewritten: the key
@@ -23,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from opstate.outcomes.sink import Sink
+from opstate.outcomes.sink import Sink, SinkError
 from opstate.retry.rules import LineTooLongError, lines, parse_line
 
 MAX_KEY_CHARS = 512
@@ -133,22 +137,42 @@ def check_input(chunks: Iterable[bytes], max_line_bytes: int) -> InputFacts:
 
 
 def _file_chunks(path: str) -> Iterator[bytes]:
-    with open(path, "rb") as handle:
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 - closed below, after the last chunk
+    except OSError as exc:  # not there, not a file, not readable by this process
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    with handle:
         while chunk := handle.read(CHUNK):
             yield chunk
 
 
+# S3 error codes that name the object or its permission: reading again will not help.
+_S3_REFUSALS = frozenset(
+    {"NoSuchKey", "NoSuchBucket", "AccessDenied", "InvalidObjectState", "403", "404"}
+)
+
+
 def _s3_chunks(bucket: str, key: str, client: Any) -> Iterator[bytes]:
+    from botocore.exceptions import BotoCoreError, ClientError
+
     if client is None:
         import boto3
 
         client = boto3.session.Session().client("s3")
-    answer = client.get_object(Bucket=bucket, Key=key)
-    body = answer["Body"]
     try:
-        yield from body.iter_chunks(CHUNK)
-    finally:
-        body.close()
+        answer = client.get_object(Bucket=bucket, Key=key)
+        body = answer["Body"]
+        try:
+            yield from body.iter_chunks(CHUNK)
+        finally:
+            body.close()
+    except ClientError as exc:
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if code in _S3_REFUSALS:
+            raise InputError(f"cannot read s3://{bucket}/{key}: {code}") from None
+        raise SinkError(f"reading s3://{bucket}/{key} failed: {code or exc}") from None
+    except BotoCoreError as exc:  # no answer (endpoint, timeout, credentials): try again later
+        raise SinkError(f"reading s3://{bucket}/{key} failed: {exc}") from None
 
 
 def source_chunks(uri: str, *, client: Any = None) -> Callable[[], Iterator[bytes]]:
