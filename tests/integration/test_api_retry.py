@@ -130,10 +130,17 @@ def test_a_valid_policy_is_kept_and_the_view_shows_it(store: SQLiteStore) -> Non
 
 def test_a_policy_that_asks_nothing_writes_no_state(store: SQLiteStore) -> None:
     app = _app(store, Settings())
-    status, body = _put(app, {"retry": {}})
+    status, body = _put(app, {"retry": {"maxAttempts": 0}})
     assert status == 200 and body["retry"] is None
     assert store.get(NAME) is not None and store.get_retry(NAME) is None
     assert "retry" not in _get(app)[1]
+
+
+def test_an_empty_retry_object_is_the_opt_in_with_two_retries(store: SQLiteStore) -> None:
+    status, body = _put(_app(store, Settings()), {"retry": {}})
+    assert status == 200 and body["retry"]["policy"]["maxAttempts"] == 2
+    state = store.get_retry(NAME)
+    assert state is not None and state.doc["policy"]["maxAttempts"] == 2
 
 
 def test_the_default_alone_attaches_no_policy(store: SQLiteStore) -> None:

@@ -17,6 +17,7 @@ from opstate.config import (
 )
 from opstate.domain.model import OpRecord
 from opstate.domain.retry import (
+    DEFAULT_ENABLED_ATTEMPTS,
     MAX_ATTEMPTS_LIMIT,
     InvalidRetryError,
     RetryPolicy,
@@ -102,9 +103,13 @@ def test_missing_keys_take_the_defaults_and_given_ones_win() -> None:
         parse_retry({"pendingTimeoutHours": 0.5, "input": None}, OFF).pending_timeout_hours == 0.5
     )
     assert parse_retry({"input": "file:///data/in.jsonl"}, OFF).input == "file:///data/in.jsonl"
-    # null switches the timeout (and the input) off even when the default has one
+    # null switches the timeout (and the input) off even when the default has one; a retry
+    # object that leaves maxAttempts out while the default is 0 is the opt-in: 2 retries
     timed = RetryPolicy(pending_timeout_hours=5.0, input="s3://abc/k")
-    assert parse_retry({"pendingTimeoutHours": None, "input": None}, timed) == OFF
+    assert parse_retry({"pendingTimeoutHours": None, "input": None}, timed) == RetryPolicy(2)
+    assert parse_retry({}, OFF) == RetryPolicy(DEFAULT_ENABLED_ATTEMPTS)
+    assert parse_retry({"resubmitExpired": True}, OFF) == RetryPolicy(2, True)
+    assert parse_retry({"maxAttempts": 0, "resubmitExpired": True}, OFF) == RetryPolicy(0, True)
 
 
 def test_enabled_and_the_policy_map() -> None:

@@ -101,8 +101,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from opstate.retry.policy import settings_policy
     from opstate.retry.wiring import submit_from_settings
 
+    body = policy_body(args)
     try:
-        policy = parse_retry(policy_body(args), settings_policy(config))
+        # No flag: the deployment's default as it is (0: off); a flag is the opt-in.
+        policy = parse_retry(body, settings_policy(config)) if body else settings_policy(config)
     except InvalidRetryError as exc:
         raise UsageError(str(exc)) from None
     source = _source(args.file)

@@ -15,6 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_ATTEMPTS_LIMIT = 10
+# Retries per key of a policy that leaves ``maxAttempts`` out while the deployment's default
+# is 0 (off): giving a ``retry`` object (or a flag) is the opt-in (issue 33: "default when
+# enabled: 2").
+DEFAULT_ENABLED_ATTEMPTS = 2
 MAX_PENDING_TIMEOUT_HOURS = 720.0
 # The longest input URI accepted (an S3 key is at most 1024 bytes).
 MAX_INPUT_URI_CHARS = 2048
@@ -86,8 +90,10 @@ def enabled(policy: RetryPolicy) -> bool:
 def parse_retry(raw: object, defaults: RetryPolicy) -> RetryPolicy:
     """The body's ``"retry"`` object: ``{"maxAttempts": 0..10, "resubmitExpired": bool,
     "pendingTimeoutHours": number in (0, 720] | null, "input": "s3://B/K" | "file:///ABS" |
-    null}``; a key left out takes its value from ``defaults``; an unknown key, a wrong type
-    (a bool is not a number) or a value out of range is ``InvalidRetryError``."""
+    null}``; a key left out takes its value from ``defaults`` (``maxAttempts``: the default,
+    or ``DEFAULT_ENABLED_ATTEMPTS`` when the default is 0: the object is the opt-in); an
+    unknown key, a wrong type (a bool is not a number) or a value out of range is
+    ``InvalidRetryError``."""
     if not isinstance(raw, Mapping):
         raise InvalidRetryError("'retry' must be a JSON object")
     unknown = sorted(str(key) for key in raw if key not in POLICY_KEYS)
@@ -95,7 +101,7 @@ def parse_retry(raw: object, defaults: RetryPolicy) -> RetryPolicy:
         raise InvalidRetryError(
             f"'retry' has unknown keys {unknown}; known: {', '.join(POLICY_KEYS)}"
         )
-    max_attempts = defaults.max_attempts
+    max_attempts = defaults.max_attempts or DEFAULT_ENABLED_ATTEMPTS
     if "maxAttempts" in raw:
         max_attempts = _max_attempts(raw["maxAttempts"])
     resubmit = defaults.resubmit_expired

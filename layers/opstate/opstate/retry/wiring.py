@@ -139,7 +139,8 @@ def submit_event(settings: Settings, request: Any) -> dict[str, Any]:
     if not isinstance(display, str):
         raise SubmitRefusedError("'submit.displayName' must be text")
     try:
-        policy = parse_retry(request.get("retry") or {}, settings_policy(settings))
+        defaults = settings_policy(settings)  # no "retry": the default as it is (0: off)
+        policy = parse_retry(request["retry"], defaults) if "retry" in request else defaults
     except InvalidRetryError as exc:
         raise SubmitRefusedError(str(exc)) from None
     try:
