@@ -122,7 +122,7 @@ def submit_event(settings: Settings, request: Any) -> dict[str, Any]:
     "retry": {...}}``, docs/retry.md) submitted; ``SubmitRefusedError`` when it is not one
     this system accepts (nothing created)."""
     from opstate.domain.retry import InvalidRetryError, parse_retry
-    from opstate.retry.inputs import InputError
+    from opstate.retry.inputs import InputError, source_chunks
     from opstate.retry.policy import settings_policy
 
     if not isinstance(request, dict):
@@ -133,6 +133,10 @@ def submit_event(settings: Settings, request: Any) -> dict[str, Any]:
     source, model = request.get("input"), request.get("model")
     if not isinstance(source, str) or not source.startswith("s3://"):
         raise SubmitRefusedError("'submit.input' must be an s3://BUCKET/KEY of a JSONL file")
+    try:
+        source_chunks(source)  # only parses it: s3://BUCKET alone names no object
+    except ValueError as exc:
+        raise SubmitRefusedError(str(exc)) from None
     if not isinstance(model, str) or not model.strip():
         raise SubmitRefusedError("'submit.model' must name a model")
     display = request.get("displayName", "")
