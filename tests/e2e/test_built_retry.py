@@ -28,6 +28,7 @@ from tests.e2e.conftest import GEMINI_TEST_KEY, Stack, StartFunction
 from tests.e2e.harness import InvokeError, LambdaProcess, subscribe
 from tests.e2e.test_built_functions import receive_all, stream_records
 from tests.support.fake_gemini import FakeGemini
+from tests.support.retry_rows import answered, failed, request_bytes
 
 pytestmark = pytest.mark.e2e
 
@@ -36,26 +37,6 @@ INPUT_KEY = "incoming/e2e-in.jsonl"
 DETAIL_TYPE = "Operation State Changed"
 RETRY_SUBMITTED = "Operation Retry Submitted"
 RESULTS_FINAL = "Operation Results Final"
-
-
-def request_line(key: str) -> bytes:
-    text = {"key": key, "request": {"contents": [{"parts": [{"text": f"question {key}"}]}]}}
-    return json.dumps(text).encode() + b"\n"
-
-
-def answered(key: str) -> dict[str, Any]:
-    return {
-        "key": key,
-        "response": {
-            "candidates": [
-                {"content": {"parts": [{"text": f"answer {key}"}]}, "finishReason": "STOP"}
-            ]
-        },
-    }
-
-
-def unavailable(key: str) -> dict[str, Any]:
-    return {"key": key, "error": {"code": 503, "message": "fake", "status": "UNAVAILABLE"}}
 
 
 def item(stack: Stack, name: str) -> dict[str, Any] | None:
@@ -109,7 +90,7 @@ def test_built_archiver_submits_retries_a_child_and_writes_final(
     start: StartFunction, stack: Stack
 ) -> None:
     keys = [f"k{i:02d}" for i in range(20)]
-    source = b"".join(request_line(k) for k in keys)
+    source = b"".join(request_bytes(k) for k in keys)
     s3 = stack.client("s3")
     s3.put_object(Bucket=stack.results_bucket, Key=INPUT_KEY, Body=source)
     subscribe(
@@ -142,7 +123,10 @@ def test_built_archiver_submits_retries_a_child_and_writes_final(
         assert kept.startswith(f"s3://{stack.results_bucket}/results/inputs/")
 
         transient = keys[:3]
-        fake.run_batch(root, [unavailable(k) for k in transient] + [answered(k) for k in keys[3:]])
+        fake.run_batch(
+            root,
+            [failed(k, 503, "UNAVAILABLE") for k in transient] + [answered(k) for k in keys[3:]],
+        )
         finish(stack, root)
         first = on_terminal(archiver, root)["retry"]
         assert (first["planned"], first["submitted"], first["final"]) == (1, 1, 0), (
@@ -152,7 +136,7 @@ def test_built_archiver_submits_retries_a_child_and_writes_final(
         assert len(created) == 2
         child = created[1]
         child_lines = fake.batch_input(child).splitlines(keepends=True)
-        assert child_lines == [request_line(k) for k in transient]  # the original lines
+        assert child_lines == [request_bytes(k) for k in transient]  # the original lines
         assert retry_status(stack, child) == "member"
 
         fake.run_batch(child, [answered(k) for k in transient])
@@ -188,7 +172,7 @@ def test_built_archiver_submits_retries_a_child_and_writes_final(
 def test_built_archiver_refuses_a_submit_with_a_line_without_key(
     start: StartFunction, stack: Stack
 ) -> None:
-    bad = request_line("a") + json.dumps({"request": {"contents": []}}).encode() + b"\n"
+    bad = request_bytes("a") + json.dumps({"request": {"contents": []}}).encode() + b"\n"
     stack.client("s3").put_object(Bucket=stack.results_bucket, Key=INPUT_KEY, Body=bad)
     with FakeGemini() as fake:
         fake.api_key = GEMINI_TEST_KEY

@@ -22,9 +22,10 @@ import pytest
 from opstate.config import settings
 from opstate.retry import children as children_module
 from opstate.store.sqlite import SQLiteStore
-from tests.integration.test_retry_scenario import answered, failed, settle, write_input
+from tests.integration.test_retry_scenario import settle
 from tests.support.cli import in_process
 from tests.support.fake_gemini import FakeGemini
+from tests.support.retry_rows import answered, failed, write_input
 from tests.support.serve_process import OPSTATE, cli_env
 
 MODEL = "gemini-2.5-flash"

@@ -33,14 +33,8 @@ from opstate.store.retry_state import RETRY_ACTIVE, RETRY_DONE, RETRY_MEMBER
 from opstate.wiring.reconcile import refresh_with
 from tests.integration.test_notify import Rig, rig
 from tests.integration.test_notify_retry import publish, subscribe_all
-from tests.integration.test_retry_scenario import (
-    answered,
-    blocked,
-    failed,
-    input_keys,
-    request_line,
-)
 from tests.support.fake_gemini import FakeGemini
+from tests.support.retry_rows import answered, blocked, failed, input_keys, request_line
 
 __all__ = ["rig"]  # the fixture
 

@@ -30,9 +30,10 @@ from opstate.retry.passes import RetryResult
 from opstate.retry.wiring import config_from
 from opstate.store.retry_state import RETRY_DONE, RetryState
 from opstate.store.sqlite import SQLiteStore
-from tests.integration.test_retry_scenario import answered, failed, ok, settle, write_input
+from tests.integration.test_retry_scenario import ok, settle
 from tests.support.cli import in_process
 from tests.support.fake_gemini import FakeGemini, Request
+from tests.support.retry_rows import answered, failed, write_input
 
 MODEL = "gemini-2.5-flash"
 S = 1_000_000_000

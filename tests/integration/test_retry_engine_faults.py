@@ -32,10 +32,11 @@ from opstate.store.port import StoreUnavailableError
 from opstate.store.retry_state import RETRY_DONE, RetryState
 from opstate.store.sqlite import SQLiteStore
 from tests.integration.test_retry_engine import Rig, S, make_rig
-from tests.integration.test_retry_scenario import answered, failed, ok, settle, write_input
+from tests.integration.test_retry_scenario import ok, settle
 from tests.integration.test_store_polls import LEGACY_SCHEMA
 from tests.integration.test_store_retry import PREVIOUS_COLUMNS, T0
 from tests.support.fake_gemini import FakeGemini
+from tests.support.retry_rows import answered, failed, write_input
 
 LEASE_NS = 900 * S
 

@@ -11,13 +11,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from opstate.config import settings
 from tests.support.cli import Result, in_process
 from tests.support.fake_gemini import FakeGemini
+from tests.support.retry_rows import (
+    answered,
+    blocked,
+    failed,
+    input_keys,
+    request_line,
+    write_input,
+)
 
 MODEL = "gemini-2.5-flash"
 
@@ -35,34 +42,6 @@ def cli(monkeypatch, tmp_path, capsys, fake_gemini):
     settings.cache_clear()
 
 
-def request_line(key: str) -> dict[str, Any]:
-    return {"key": key, "request": {"contents": [{"parts": [{"text": f"question {key}"}]}]}}
-
-
-def write_input(path: Path, keys: list[str]) -> Path:
-    path.write_text("".join(json.dumps(request_line(k)) + "\n" for k in keys))
-    return path
-
-
-def answered(key: str) -> dict[str, Any]:
-    return {
-        "key": key,
-        "response": {
-            "candidates": [
-                {"content": {"parts": [{"text": f"answer {key}"}]}, "finishReason": "STOP"}
-            ]
-        },
-    }
-
-
-def blocked(key: str) -> dict[str, Any]:
-    return {"key": key, "response": {"promptFeedback": {"blockReason": "SAFETY"}}}
-
-
-def failed(key: str, code: int, status: str) -> dict[str, Any]:
-    return {"key": key, "error": {"code": code, "message": f"fake {status}", "status": status}}
-
-
 def ok(result: Result) -> Result:
     assert result.code == 0, result.err
     return result
@@ -76,10 +55,6 @@ def settle(cli, name: str) -> None:
 
 def retry(cli) -> dict[str, int]:
     return ok(cli("retry", "--once")).json()
-
-
-def input_keys(data: bytes) -> list[str]:
-    return [json.loads(line)["key"] for line in data.splitlines() if line.strip()]
 
 
 def test_the_done_when_scenario(cli, fake_gemini: FakeGemini, tmp_path: Path) -> None:

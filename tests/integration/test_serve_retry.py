@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.integration.test_retry_scenario import answered, failed, write_input
 from tests.support.fake_gemini import FakeGemini
+from tests.support.retry_rows import answered, failed, write_input
 from tests.support.serve_process import run_cli, start_serve
 
 MODEL = "gemini-2.5-flash"
