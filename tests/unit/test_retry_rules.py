@@ -103,11 +103,12 @@ def test_the_default_table() -> None:
     ("text", "named"),
     [
         ("UNAVAILABLE,CANCELLED", "'CANCELLED'"),
-        ("INTERNAL:x", "'INTERNAL:x'"),
-        ("INTERNAL:-1", "'INTERNAL:-1'"),
-        ("INTERNAL:", "'INTERNAL:'"),
-        ("UNAVAILABLE,,INTERNAL", "empty entry"),
-        ("INTERNAL:1,internal", "listed twice"),
+        ("INTERNAL:x", "'x'"),
+        ("INTERNAL:-1", "'-1'"),
+        ("INTERNAL:", "''"),
+        ("INTERNAL:11", "between 0 and 10"),
+        ("UNAVAILABLE,,INTERNAL", "unknown transient reason ''"),
+        ("INTERNAL:1,internal", "named twice"),
     ],
 )
 def test_a_bad_table_names_its_entry(text: str, named: str) -> None:

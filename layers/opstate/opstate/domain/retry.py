@@ -181,8 +181,8 @@ def parse_transient(text: str) -> dict[str, int | None]:
     """``OPSTATE_RETRY_TRANSIENT``: reason names from ``TRANSIENT_REASONS`` (any case),
     separated by commas, each with an optional ``:N`` (0-10: at most N retries of a key for that
     reason; None: as many as ``maxAttempts``), each name once; ``InvalidRetryError`` otherwise.
-    (The retry runner reads the table with ``opstate.retry.rules.parse_table``; this is the
-    check the settings run at init, so a bad value fails there.)"""
+    (The settings run it at init, so a bad value fails there; the retry runner's
+    ``opstate.retry.rules.parse_table`` reads the table with it too.)"""
     table: dict[str, int | None] = {}
     for entry in text.split(","):
         name, colon, limit = entry.strip().partition(":")

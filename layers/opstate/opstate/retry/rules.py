@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from opstate.domain.retry import names_quota
+from opstate.domain.retry import names_quota, parse_transient
 from opstate.outcomes.ledger import is_blocked
 from opstate.outcomes.plan import MAX_CODE_CHARS
 
@@ -174,34 +174,11 @@ class TransientTable:
 
 
 def parse_table(text: str) -> TransientTable:
-    """``REASON[:N],...`` (names as in ``REASONS``, any case, spaces around entries ignored);
-    ``""`` lists nothing (no row is transient). ``ValueError`` names the bad entry."""
-    limits: dict[str, int | None] = {}
-    for entry in text.split(","):
-        if not entry.strip():
-            if text.strip():
-                raise ValueError(f"empty entry in the transient table {text!r}")
-            continue
-        name, colon, count = entry.strip().partition(":")
-        reason = name.strip().upper()
-        if reason not in REASONS:
-            raise ValueError(
-                f"transient table entry {entry.strip()!r}: unknown reason {name.strip()!r} "
-                f"(expected one of {', '.join(REASONS)})"
-            )
-        if reason in limits:
-            raise ValueError(f"transient table entry {entry.strip()!r}: {reason} listed twice")
-        limit: int | None = None
-        if colon:
-            digits = count.strip()
-            if not digits.isascii() or not digits.isdigit():
-                raise ValueError(
-                    f"transient table entry {entry.strip()!r}: the limit after ':' must be "
-                    "a whole number >= 0"
-                )
-            limit = int(digits)
-        limits[reason] = limit
-    return TransientTable(limits)
+    """``REASON[:N],...`` as ``OPSTATE_RETRY_TRANSIENT`` spells it, read by the settings' own
+    parser (``opstate.domain.retry.parse_transient``: names any case, ``N`` 0-10, each name
+    once), so no value passes the settings' check at init and fails here; ``""`` lists nothing.
+    ``ValueError`` (``InvalidRetryError``) names the bad entry."""
+    return TransientTable(parse_transient(text) if text.strip() else {})
 
 
 DEFAULT_TABLE = parse_table(DEFAULT_TRANSIENT)
