@@ -358,6 +358,17 @@ def test_a_policy_again_keeps_children_final_and_the_kept_input() -> None:
     assert retry_view(off.doc)["policy"]["maxAttempts"] == 0
 
 
+def test_a_kept_input_without_a_policy_is_remembered_off() -> None:
+    """opstate submit without a flag: the input is named beside the record, retries off."""
+    store = MemoryStore()
+    record = _tracked(store)
+    kept = {"location": "file:///r/inputs/ff/input.jsonl", "sha256": "ff", "rows": 10, "bytes": 99}
+    written = attach_policy(store, record, OFF, model="m", now_ns=NOW, kept_input=kept)
+    assert written is not None and (written.status, written.due_ns) == (RETRY_DONE, 0)
+    assert written.doc["input"] == {"source": None, **kept}
+    assert retry_view(written.doc)["status"] == "off"
+
+
 def test_no_policy_and_no_state_writes_nothing() -> None:
     store = MemoryStore()
     record = _tracked(store)

@@ -238,16 +238,18 @@ def lineage_of(doc: Mapping[str, Any], name: str) -> dict[str, Any]:
     return {"parent": None, "root": name, "attempt": 0}
 
 
-def _policy_of(doc: Mapping[str, Any]) -> dict[str, Any]:
+def policy_of(doc: Mapping[str, Any]) -> RetryPolicy:
+    """The policy a retry state's ``doc`` keeps (``policy``; a value of the wrong type reads
+    as the default: no retries, no resubmit, no timeout). Its ``input`` is kept apart."""
     policy = _map(doc.get("policy"))
     timeout = policy.get("pendingTimeoutHours")
-    return {
-        "maxAttempts": _count(policy.get("maxAttempts")) or 0,
-        "resubmitExpired": policy.get("resubmitExpired") is True,
-        "pendingTimeoutHours": timeout
+    return RetryPolicy(
+        max_attempts=_count(policy.get("maxAttempts")) or 0,
+        resubmit_expired=policy.get("resubmitExpired") is True,
+        pending_timeout_hours=timeout
         if isinstance(timeout, int | float) and not isinstance(timeout, bool)
         else None,
-    }
+    )
 
 
 def retry_view(doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -258,7 +260,7 @@ def retry_view(doc: Mapping[str, Any]) -> dict[str, Any]:
     for nothing) or ``active``. ``children``: ``{"name", "attempt", "rows", "phase"}`` each
     (``name`` null until Gemini created it); ``input``: where opstate keeps the input (or null).
     """
-    policy = _policy_of(doc)
+    policy = policy_of(doc)
     stopped = _text(doc.get("stopped"))
     unavailable = _text(doc.get("unavailable"))
     if _map(doc.get("final")).get("status") == "final":
@@ -267,13 +269,7 @@ def retry_view(doc: Mapping[str, Any]) -> dict[str, Any]:
         status = "stopped"
     elif unavailable is not None:
         status = "unavailable"
-    elif not enabled(
-        RetryPolicy(
-            max_attempts=policy["maxAttempts"],
-            resubmit_expired=policy["resubmitExpired"],
-            pending_timeout_hours=policy["pendingTimeoutHours"],
-        )
-    ):
+    elif not enabled(policy):
         status = "off"
     else:
         status = "active"
@@ -289,7 +285,7 @@ def retry_view(doc: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(child, Mapping)
     ]
     return {
-        "policy": policy,
+        "policy": policy.as_doc(),
         "status": status,
         "reason": stopped if stopped is not None else unavailable,
         "children": children,

@@ -33,6 +33,7 @@ from itertools import islice
 from typing import Any
 
 from opstate.domain.model import OpRecord
+from opstate.domain.retry import policy_of
 from opstate.domain.states import State
 from opstate.domain.times import NS_PER_SECOND
 from opstate.gemini.errors import GatewayError
@@ -42,7 +43,7 @@ from opstate.outcomes.plan import prefix_of
 from opstate.outcomes.sink import Sink, SinkError
 from opstate.retry import lineage
 from opstate.retry.children import Creator
-from opstate.retry.finalize import lines_of, output_location, write_final_of
+from opstate.retry.finalize import chunks_of, lines_of, output_location, write_final_of
 from opstate.retry.inputs import InputError, keep_input, keys_cover, source_chunks, subset
 from opstate.retry.passes import LostRace, RetryConfig, RetryResult
 from opstate.retry.rules import (
@@ -235,13 +236,7 @@ class RetryRunner:
             if not exc.transient:
                 return self.give_up(root, state, f"the input {source} cannot be kept: {exc}")
             raise RetryableError(str(exc)) from exc
-        kept.update(
-            source=source,
-            location=facts.location,
-            sha256=facts.sha256,
-            rows=facts.rows,
-            bytes=facts.bytes,
-        )
+        kept.update(source=source, **facts.as_dict())
         doc["input"] = kept
         return self.write(root, state, doc)
 
@@ -254,15 +249,14 @@ class RetryRunner:
         location = lineage.input_of(doc).get("location")
         if output is not None and isinstance(location, str):
             missing = keys_cover(
-                self._chunks(location), self._chunks(output), self.config.max_line_bytes
+                chunks_of(self.sink, location),
+                chunks_of(self.sink, output),
+                self.config.max_line_bytes,
             )
             if missing:
                 return self.give_up(root, state, f"the input lacks {missing} of the output's keys")
         doc["covered"] = True
         return self.write(root, state, doc)
-
-    def _chunks(self, location: str) -> Callable[[], Iterable[bytes]]:
-        return lambda: self.sink.chunks(location)
 
     # -- 3. pending timeouts -----------------------------------------------------------------
 
@@ -273,7 +267,7 @@ class RetryRunner:
         refs: list[lineage.MemberRef],
         records: Mapping[str, OpRecord | None],
     ) -> RetryState:
-        _, _, hours = lineage.policy_of(state.doc)
+        hours = policy_of(state.doc).pending_timeout_hours
         if hours is None:
             return state
         now = self.clock_ns()
@@ -305,7 +299,8 @@ class RetryRunner:
     ) -> RetryState | None:
         """Plan the next attempt (None: nothing to plan, the lineage is complete)."""
         doc = lineage.mutable(state.doc)
-        max_attempts, resubmit_expired, _ = lineage.policy_of(doc)
+        policy = policy_of(doc)
+        max_attempts, resubmit_expired = policy.max_attempts, policy.resubmit_expired
         latest = max(ref.attempt for ref in refs)
         if lineage.highest_attempt(doc) > latest:
             return None  # planned children all refused (the lineage stopped)
@@ -381,7 +376,7 @@ class RetryRunner:
         location = lineage.input_of(doc).get("location")
         assert isinstance(location, str)
         picked = (
-            line for _, line in subset(self._chunks(location)(), keys, self.config.max_line_bytes)
+            line for _, line in subset(self.sink.chunks(location), keys, self.config.max_line_bytes)
         )
         written: list[tuple[str, int, int, bool, str]] = []
         index = len(lineage.children(doc))

@@ -101,18 +101,6 @@ def highest_attempt(doc: Mapping[str, Any]) -> int:
     return max((_int(c.get("attempt")) or 0 for c in children(doc)), default=0)
 
 
-def policy_of(doc: Mapping[str, Any]) -> tuple[int, bool, float | None]:
-    """``(maxAttempts, resubmitExpired, pendingTimeoutHours)`` of the doc's policy."""
-    policy = doc.get("policy")
-    policy = policy if isinstance(policy, Mapping) else {}
-    attempts = _int(policy.get("maxAttempts")) or 0
-    hours = policy.get("pendingTimeoutHours")
-    timeout = (
-        float(hours) if isinstance(hours, int | float) and not isinstance(hours, bool) else None
-    )
-    return attempts, policy.get("resubmitExpired") is True, timeout
-
-
 def cancelled(doc: Mapping[str, Any]) -> list[str]:
     found = doc.get("cancelled")
     return [n for n in found if isinstance(n, str)] if isinstance(found, list) else []

@@ -70,7 +70,9 @@ def attach_policy(
     incarnation keeps its children, final result and input (``input.source`` becomes
     ``policy.input`` when one is given; ``kept_input`` adds the kept copy's ``location``,
     ``sha256``, ``rows``, ``bytes``). Not enabled: an existing state is kept with the policy
-    off (``done``); without one nothing is written (None). A record that is a retry child is
+    off (``done``), and so is a new one that names a kept input (``opstate submit`` without a
+    policy: a later ``opstate track --retry-attempts`` uses it); otherwise nothing is written
+    (None). A record that is a retry child is
     refused (``ValueError``): it takes its root's policy. The write is conditional on the
     state's ``rev``; a lost race is re-read and retried, ``ATTACH_ATTEMPTS`` times at most
     (then ``StoreUnavailableError``, a retryable store fault)."""
@@ -80,7 +82,7 @@ def attach_policy(
         same = current is not None and current.created_ns == created_ns
         if current is not None and same and current.status == RETRY_MEMBER:
             raise ValueError("a retry child takes its root's policy")
-        if not enabled(policy) and not same:
+        if not enabled(policy) and not same and kept_input is None:
             return None
         state = _root_state(
             current.doc if current is not None and same else {},

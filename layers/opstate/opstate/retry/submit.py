@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opstate.domain.model import OpEvent, OpRecord
-from opstate.domain.retry import RetryPolicy, enabled
+from opstate.domain.retry import RetryPolicy
 from opstate.domain.times import format_time
 from opstate.gemini.errors import GatewayError, classify
 from opstate.gemini.submit import create_batch, find_by_display_id, read_batch, upload_jsonl
@@ -35,7 +35,6 @@ from opstate.observability import log_fields, logger
 from opstate.outcomes.sink import Sink
 from opstate.retry.inputs import KeptInput, keep_input, source_chunks
 from opstate.retry.policy import attach_policy
-from opstate.store.retry_state import RETRY_DONE, RetryState
 
 MAX_DISPLAY_NAME_CHARS = 100
 
@@ -140,27 +139,10 @@ def _write_marker(sink: Sink, key: str, model: str, shown: str, now_ns: int) -> 
         out.commit(hashlib.sha256(data).hexdigest())
 
 
-def kept_doc(kept: KeptInput, source: str | None = None) -> dict[str, Any]:
-    """The retry state's ``input`` map of a kept input."""
-    return {
-        "source": source,
-        "location": kept.location,
-        "sha256": kept.sha256,
-        "rows": kept.rows,
-        "bytes": kept.bytes,
-    }
-
-
 def _keep_state(
     store: Any, record: OpRecord, policy: RetryPolicy, model: str, kept: KeptInput, now_ns: int
 ) -> None:
     """The policy and the input beside the record: an active root when the policy asks for
     anything, else a ``done`` state that still names the input (a later ``opstate track
     --retry-attempts N`` uses it)."""
-    if enabled(policy):
-        attach_policy(store, record, policy, model=model, now_ns=now_ns, kept_input=kept_doc(kept))
-        return
-    if store.get_retry(record.name) is not None:
-        return
-    doc = {"policy": policy.as_doc(), "model": model, "input": kept_doc(kept)}
-    store.set_retry(record.name, 0, RetryState(RETRY_DONE, created_ns=record.created_ns, doc=doc))
+    attach_policy(store, record, policy, model=model, now_ns=now_ns, kept_input=kept.as_dict())
