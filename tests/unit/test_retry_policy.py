@@ -358,6 +358,32 @@ def test_a_policy_again_keeps_children_final_and_the_kept_input() -> None:
     assert retry_view(off.doc)["policy"]["maxAttempts"] == 0
 
 
+def test_another_input_named_drops_the_copy_of_the_old_one() -> None:
+    """A kept copy belongs to its source: naming another input leaves the copying of it to the
+    runner (the old copy would otherwise stand for the new input)."""
+    store = MemoryStore()
+    record = _tracked(store)
+    kept = {"location": "file:///r/inputs/ff/input.jsonl", "sha256": "ff", "rows": 10, "bytes": 99}
+    first = attach_policy(
+        store,
+        record,
+        RetryPolicy(1, input="s3://in-bucket/a.jsonl"),
+        model=None,
+        now_ns=NOW,
+        kept_input=kept,
+    )
+    assert first is not None and first.doc["input"]["location"] == kept["location"]
+    same = attach_policy(store, record, RetryPolicy(2), model=None, now_ns=NOW)
+    assert same is not None and same.doc["input"]["location"] == kept["location"]
+    other = attach_policy(
+        store, record, RetryPolicy(2, input="s3://in-bucket/b.jsonl"), model=None, now_ns=NOW
+    )
+    assert other is not None
+    assert other.doc["input"] == dict.fromkeys(("location", "sha256", "rows", "bytes")) | {
+        "source": "s3://in-bucket/b.jsonl"
+    }
+
+
 def test_a_kept_input_without_a_policy_is_remembered_off() -> None:
     """opstate submit without a flag: the input is named beside the record, retries off."""
     store = MemoryStore()

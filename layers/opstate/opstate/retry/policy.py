@@ -121,6 +121,8 @@ def _root_state(
     old_input = old.get("input")
     held = dict(old_input) if isinstance(old_input, Mapping) else {}
     source = policy.input if policy.input is not None else held.get("source")
+    if source != held.get("source"):  # another input named: its copy is the runner's to make
+        held = {}
     doc["input"] = {key: held.get(key) for key in INPUT_KEYS} | {"source": source}
     if kept_input is not None:
         doc["input"] |= {key: kept_input[key] for key in INPUT_KEYS[1:] if key in kept_input}
