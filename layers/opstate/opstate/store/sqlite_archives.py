@@ -19,15 +19,7 @@ class SQLiteArchives(SQLiteParts):
     """``get_archive``, ``set_archive``, ``get_progress`` and ``iter_archive_due``."""
 
     def get_archive(self, name: str) -> ArchiveState | None:
-        try:
-            row = (
-                self._conn()
-                .execute("SELECT archive FROM operations WHERE name = ?", (name,))
-                .fetchone()
-            )
-        except sqlite3.Error as exc:
-            self._raise(exc)
-        return archive_of(row[0]) if row else None
+        return archive_of(self._cell(name, "archive"))
 
     def set_archive(self, name: str, expected_rev: int, state: ArchiveState) -> bool:
         stored = replace(state, rev=expected_rev + 1)
@@ -51,17 +43,10 @@ class SQLiteArchives(SQLiteParts):
         return bool(cursor.rowcount)
 
     def get_progress(self, name: str) -> dict[str, int] | None:
-        try:
-            row = (
-                self._conn()
-                .execute("SELECT progress FROM operations WHERE name = ?", (name,))
-                .fetchone()
-            )
-        except sqlite3.Error as exc:
-            self._raise(exc)
-        if not row or not row[0]:
+        text = self._cell(name, "progress")
+        if not text:
             return None
-        value = json.loads(row[0])
+        value = json.loads(text)
         return value if isinstance(value, dict) else None
 
     def iter_archive_due(self, now_ns: int) -> Iterator[ArchiveEntry]:

@@ -36,15 +36,7 @@ class SQLiteRetries(SQLiteParts):
     """``get_retry``, ``set_retry`` and ``iter_retry_due``."""
 
     def get_retry(self, name: str) -> RetryState | None:
-        try:
-            row = (
-                self._conn()
-                .execute("SELECT retry FROM operations WHERE name = ?", (name,))
-                .fetchone()
-            )
-        except sqlite3.Error as exc:
-            self._raise(exc)
-        return retry_of(row[0]) if row else None
+        return retry_of(self._cell(name, "retry"))
 
     def set_retry(self, name: str, expected_rev: int, state: RetryState) -> bool:
         stored = replace(state, rev=expected_rev + 1)

@@ -131,6 +131,19 @@ class SQLiteParts:
     def _raise(self, exc: sqlite3.Error) -> NoReturn:
         raise NotImplementedError
 
+    def _cell(self, name: str, column: str) -> str | None:
+        """The text in ``column`` (one of this schema's own JSON columns, never a caller's
+        string) of ``name``'s row; None when there is no row or the cell is NULL."""
+        try:
+            row = (
+                self._conn()
+                .execute(f"SELECT {column} FROM operations WHERE name = ?", (name,))
+                .fetchone()
+            )
+        except sqlite3.Error as exc:
+            self._raise(exc)
+        return row[0] if row else None
+
 
 def due_of(row: Sequence[Any]) -> Due:
     record = record_of(row)
