@@ -74,6 +74,19 @@ def read_str(env: Mapping[str, str], key: str) -> str | None:
     return raw.strip()
 
 
+def read_bool(env: Mapping[str, str], key: str) -> bool | None:
+    """``true``/``1``/``yes`` or ``false``/``0``/``no`` (any case); None when unset."""
+    raw = read_str(env, key)
+    if raw is None:
+        return None
+    value = raw.lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"{key} must be true or false, got {raw!r}")
+
+
 def bounded_int(env: Mapping[str, str], key: str, maximum: int, minimum: int = 0) -> int | None:
     value = read_int(env, key, minimum=minimum)
     if value is not None and value > maximum:

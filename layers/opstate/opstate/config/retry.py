@@ -12,6 +12,7 @@ from opstate.config.parse import (
     Part,
     bounded_int,
     given,
+    read_bool,
     read_float,
     read_str,
     settings_part,
@@ -27,18 +28,6 @@ DEFAULT_RETRY_MAX_BATCHES = 10
 # Gemini's batch API takes input files of up to 2 GB: far fewer rows than this fit in one.
 MAX_RETRY_ROWS = 2_000_000
 MAX_RETRY_BATCHES = 100
-
-
-def _bool(env: Mapping[str, str], key: str) -> bool | None:
-    raw = read_str(env, key)
-    if raw is None:
-        return None
-    value = raw.lower()
-    if value in ("true", "1", "yes"):
-        return True
-    if value in ("false", "0", "no"):
-        return False
-    raise ConfigError(f"{key} must be true or false, got {raw!r}")
 
 
 def _transient(env: Mapping[str, str], key: str) -> str | None:
@@ -79,7 +68,7 @@ class RetrySettings(Part):
     def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
         return given(
             retry_max_attempts=bounded_int(env, "OPSTATE_RETRY_MAX_ATTEMPTS", MAX_RETRY_ATTEMPTS),
-            retry_resubmit_expired=_bool(env, "OPSTATE_RETRY_RESUBMIT_EXPIRED"),
+            retry_resubmit_expired=read_bool(env, "OPSTATE_RETRY_RESUBMIT_EXPIRED"),
             retry_max_rows=bounded_int(env, "OPSTATE_RETRY_MAX_ROWS", MAX_RETRY_ROWS, 1),
             retry_max_batches=bounded_int(env, "OPSTATE_RETRY_MAX_BATCHES", MAX_RETRY_BATCHES, 1),
             retry_transient=_transient(env, "OPSTATE_RETRY_TRANSIENT"),
