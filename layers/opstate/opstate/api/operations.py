@@ -142,7 +142,7 @@ class OperationsRoutes:
     def _policy(self, name: str, body: Mapping[str, Any]) -> RetryPolicy:
         """The body's ``retry`` policy, checked before anything is written."""
         from opstate.domain.retry import InvalidRetryError, parse_retry
-        from opstate.retry.policy import is_child, settings_policy
+        from opstate.retry.policy import check_keepable, settings_policy
 
         try:
             policy = parse_retry(body["retry"], settings_policy(self.retry_settings))
@@ -158,36 +158,28 @@ class OperationsRoutes:
                 "'retry.input' must be s3://BUCKET/KEY here; a local file is given with "
                 "opstate track NAME --input PATH",
             )
-        if not _retrying(self.store):
-            raise ApiError(400, "invalid-retry", "this store keeps no retry policies")
         try:
-            child = is_child(self.store, name)
+            check_keepable(self.store, name)
+        except InvalidRetryError as exc:
+            raise ApiError(400, "invalid-retry", str(exc)) from None
         except RetryableError as exc:
             raise unavailable(exc, name=name) from None
-        if child:
-            raise ApiError(
-                400, "invalid-retry", f"{name} is a retry child: it takes its root's policy"
-            )
         return policy
 
     def _attach(self, decision: Decision, policy: RetryPolicy) -> dict[str, Any] | None:
         """Keep ``policy`` beside the record the report left; its ``retry`` view (None: no
         record, or a policy that asks for nothing on a record without one)."""
-        from opstate.domain.retry import retry_view
-        from opstate.retry.policy import attach_policy, model_of
+        from opstate.retry.policy import keep_policy
 
         record = decision.record
         if record is None or not _retrying(self.store):
             return None
         try:
-            state = attach_policy(
-                self.store, record, policy, model=model_of(record), now_ns=self.clock_ns()
-            )
+            return keep_policy(self.store, record, policy, self.clock_ns())
         except ValueError as exc:  # it became a retry child since _policy looked
             raise ApiError(400, "invalid-retry", str(exc)) from None
         except RetryableError as exc:
             raise unavailable(exc, name=record.name) from None
-        return None if state is None else retry_view(state.doc)
 
     def _waiter(self, name: str, body: Mapping[str, Any]) -> tuple[Waiter, Registrar]:
         from opstate.waiters.enabled import TargetNotEnabledError

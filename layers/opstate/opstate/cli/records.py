@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opstate.cli.common import (
@@ -21,7 +20,7 @@ from opstate.cli.common import (
     settings_for,
     time_arg,
 )
-from opstate.cli.retry import add_policy_flags, policy_body
+from opstate.cli.retry import add_policy_flags, input_uri, policy_body
 from opstate.domain.events import EventError, from_report
 from opstate.domain.names import Kind, parse_name
 from opstate.domain.strict_json import InvalidJSONError, dumps, loads
@@ -233,40 +232,29 @@ def _policy(retry: Mapping[str, Any], config: Settings) -> RetryPolicy:
 
 
 def _refuse_child(store: Store, name: str) -> None:
-    from opstate.retry.policy import is_child
+    from opstate.domain.retry import InvalidRetryError
+    from opstate.retry.policy import check_keepable
 
-    if not isinstance(store, RetryingStore):
-        raise UsageError("nothing written: this store keeps no retry policies")
-    if is_child(store, name):
-        raise UsageError(f"nothing written: {name} is a retry child: it takes its root's policy")
+    try:
+        check_keepable(store, name)
+    except InvalidRetryError as exc:
+        raise UsageError(f"nothing written: {exc}") from None
 
 
 def _attach(store: Store, record: OpRecord, policy: RetryPolicy) -> dict[str, Any] | None:
-    from opstate.domain.retry import retry_view
-    from opstate.retry.policy import attach_policy, model_of
+    from opstate.retry.policy import keep_policy
 
     assert isinstance(store, RetryingStore)  # _refuse_child checked it
     try:
-        state = attach_policy(store, record, policy, model=model_of(record), now_ns=time.time_ns())
+        return keep_policy(store, record, policy, time.time_ns())
     except ValueError as exc:  # it became a retry child since _refuse_child looked
         raise CliError(f"the report was written, the policy not: {exc}") from None
-    return None if state is None else retry_view(state.doc)
-
-
-def _input_uri(raw: str) -> str:
-    """``s3://...`` as given; a local path as the ``file://`` URI of the file it names."""
-    if "://" in raw:  # a URI: parse_retry says which ones it takes
-        return raw
-    path = Path(raw).expanduser()
-    if not path.is_file():
-        raise UsageError(f"--input {raw}: no such file")
-    return path.resolve().as_uri()
 
 
 def cmd_track(args: argparse.Namespace) -> int:
     retry = policy_body(args)
     if args.input is not None:
-        retry["input"] = _input_uri(args.input)
+        retry["input"] = input_uri(args.input, "--input ")
     # No flag: plain tracking, no policy (the settings' default never attaches one alone).
     return _report(args, None, retry or None)
 

@@ -73,12 +73,15 @@ def policy_body(args: argparse.Namespace) -> dict[str, Any]:
     return body
 
 
-def _source(raw: str) -> str:
-    if raw.startswith("s3://"):
+def input_uri(raw: str, label: str = "") -> str:
+    """A URI as given (``s3://...``, ``file:///...``: the policy or the source reader says
+    which it takes); a local path as the ``file://`` URI of the file it names (a usage error,
+    ``label`` first, when there is none)."""
+    if "://" in raw:
         return raw
     path = Path(raw).expanduser()
     if not path.is_file():
-        raise UsageError(f"{raw}: no such file")
+        raise UsageError(f"{label}{raw}: no such file")
     return path.resolve().as_uri()
 
 
@@ -107,7 +110,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         policy = parse_retry(body, settings_policy(config)) if body else settings_policy(config)
     except InvalidRetryError as exc:
         raise UsageError(str(exc)) from None
-    source = _source(args.file)
+    source = input_uri(args.file)
     try:
         done = submit_from_settings(
             config,

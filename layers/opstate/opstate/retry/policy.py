@@ -14,8 +14,8 @@ from typing import Any
 
 from opstate.config import RetrySettings
 from opstate.domain.model import OpRecord
-from opstate.domain.retry import RetryPolicy, enabled
-from opstate.store.port import RetryingStore, StoreUnavailableError
+from opstate.domain.retry import InvalidRetryError, RetryPolicy, enabled, retry_view
+from opstate.store.port import RetryingStore, Store, StoreUnavailableError
 from opstate.store.retry_state import RETRY_ACTIVE, RETRY_DONE, RETRY_MEMBER, RetryState
 
 # Conditional writes tried before a lost race is reported as the store being busy.
@@ -44,6 +44,28 @@ def is_child(store: RetryingStore, name: str) -> bool:
     """Whether ``name`` is a retry child (it takes its root's policy; none of its own)."""
     state = store.get_retry(name)
     return state is not None and state.status == RETRY_MEMBER
+
+
+def check_keepable(store: Store, name: str) -> RetryingStore:
+    """``store``, when a policy may be kept beside ``name`` in it (``PUT /operations`` with
+    ``"retry"``, ``opstate track``'s flags), checked before anything is written;
+    ``InvalidRetryError`` when the store keeps no retry policies or ``name`` is a retry child
+    (it takes its root's policy). A store fault passes through."""
+    if not isinstance(store, RetryingStore):
+        raise InvalidRetryError("this store keeps no retry policies")
+    if is_child(store, name):
+        raise InvalidRetryError(f"{name} is a retry child: it takes its root's policy")
+    return store
+
+
+def keep_policy(
+    store: RetryingStore, record: OpRecord, policy: RetryPolicy, now_ns: int
+) -> dict[str, Any] | None:
+    """``attach_policy`` for the record a report left (its model from its details), and the
+    ``retry`` view of what was written (None: nothing was). ``ValueError`` when the record
+    became a retry child since ``check_keepable``."""
+    state = attach_policy(store, record, policy, model=model_of(record), now_ns=now_ns)
+    return None if state is None else retry_view(state.doc)
 
 
 def settings_policy(settings: RetrySettings) -> RetryPolicy:
