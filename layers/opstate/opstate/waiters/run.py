@@ -10,10 +10,10 @@ Both are given the kinds of waiter that are enabled (``opstate.waiters.enabled``
 any other kind is refused at registration and never sent by the resumer (it ends as gone).
 Nothing here writes the record: the record store is only read.
 
-``when: final`` (issue 33) is decided on the root's retry state too; the retry engine calls
-``resume_after_final(resumer, root)`` once it wrote a root's final result where no bus carries
-``Operation Results Final`` to the resumer (``opstate serve``; in AWS that event triggers the
-resumer Lambda like ``Operation Results Archived`` does).
+``when: final`` (issue 33) is decided on the root's retry state too. In AWS the bus event
+``Operation Results Final`` triggers the resumer Lambda like ``Operation Results Archived``
+does; ``opstate serve`` hands a root whose final result its retry pass wrote to its local
+waiters (``on_final``); any other runner without a bus calls ``resume_after_final``.
 """
 
 from __future__ import annotations
