@@ -12,6 +12,7 @@ from opstate.ingest import ingest
 from opstate.outcomes.redrive import redrive
 from opstate.store import MemoryStore
 from opstate.store.port import ArchiveState
+from opstate.store.retry_state import RETRY_ACTIVE, RetryState
 
 T = 1_780_000_000 * 10**9
 CONFIGURED = Settings(archiver_function="arn:aws:lambda:us-east-1:1:function:archiver")
@@ -39,6 +40,27 @@ def test_redrive_invokes_the_archiver_only_when_an_archive_is_due() -> None:
         "batches/done", 0, ArchiveState("archived", created_ns=record.created_ns)
     )
     assert not redrive(store, CONFIGURED, invoke=lambda f, p: calls.append((f, p)))
+
+
+def test_redrive_invokes_the_archiver_when_a_retry_step_is_due() -> None:
+    """No archive due, but a retry root due (opstate.retry): the archiver's pass runs the
+    retry pass after its archive pass, so it is invoked, naming the root; not before its time."""
+    calls: list[tuple[str, bytes]] = []
+    store = MemoryStore()
+    ingest(store, OpEvent("batches/root", State.RUNNING, T, "poll", {}), clock_ns=lambda: T)
+    record = store.get("batches/root")
+    assert record is not None
+    waiting = RetryState(RETRY_ACTIVE, created_ns=record.created_ns, due_ns=T + 60 * 10**9)
+    assert store.set_retry("batches/root", 0, waiting)
+    assert not redrive(
+        store, CONFIGURED, invoke=lambda f, p: calls.append((f, p)), clock_ns=lambda: T
+    )
+    assert redrive(
+        store, CONFIGURED, invoke=lambda f, p: calls.append((f, p)), clock_ns=lambda: T + 61 * 10**9
+    )
+    ((function, payload),) = calls
+    assert function == CONFIGURED.archiver_function
+    assert json.loads(payload)["first"] == "batches/root"
 
 
 def test_an_invocation_fault_is_logged_not_raised() -> None:

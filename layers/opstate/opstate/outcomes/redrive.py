@@ -25,7 +25,13 @@ from opstate.config import Settings
 from opstate.domain.times import NS_PER_SECOND, format_time
 from opstate.observability import count, log_fields, logger
 from opstate.outcomes.plan import deadline_ns, is_cloud_job
-from opstate.store.port import ArchiveEntry, ArchivingStore, RetryableError, Store
+from opstate.store.port import (
+    ArchiveEntry,
+    ArchivingStore,
+    RetryableError,
+    RetryingStore,
+    Store,
+)
 
 Invoke = Callable[[str, bytes], None]
 
@@ -76,11 +82,10 @@ def _retry_due(store: Store, now_ns: int) -> str | None:
     """The first root whose retry step is due (``opstate.retry``: a child to create again, a
     pending timeout, a lineage to finish), or None: the archiver's pass runs the retry pass
     after the archive pass."""
-    due = getattr(store, "iter_retry_due", None)
-    if due is None:
+    if not isinstance(store, RetryingStore):
         return None
-    for record, _ in due(now_ns):
-        return str(record.name)
+    for record, _ in store.iter_retry_due(now_ns):
+        return record.name
     return None
 
 
