@@ -68,8 +68,8 @@ def test_upload_create_read_cancel(fake_gemini: FakeGemini, client: Any, tmp_pat
     created = create_batch(client, MODEL, file_name, "opstate-0123456789ab-a1-0")
     assert fake_gemini.batches_created() == [created.name]
     assert fake_gemini.batch_input(created.name) == data
-    event = created.event
-    assert (event.name, event.state) == (created.name, State.PENDING)
+    event = created
+    assert (event.name, event.state) == (fake_gemini.batches_created()[0], State.PENDING)
     assert event.details["display_name"] == "opstate-0123456789ab-a1-0" and event.update_time_ns
     (sent,) = [r for r in fake_gemini.requests if r.verb == "batchGenerateContent"]
     assert sent.name == MODEL and sent.body == {
@@ -180,7 +180,7 @@ def test_a_refused_create_is_a_quota_refusal_only_for_quota_or_billing(
     assert is_quota_refusal(refused.value) is quota
     assert is_quota_refusal(refused.value.__cause__ or refused.value) is quota
     assert fake_gemini.batches_created() == []
-    assert create_batch(client, MODEL, file_name, "opstate-q").event.state is State.PENDING
+    assert create_batch(client, MODEL, file_name, "opstate-q").state is State.PENDING
 
 
 def test_a_create_whose_answer_is_lost_is_found_by_its_display_id(

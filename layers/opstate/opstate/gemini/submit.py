@@ -23,7 +23,6 @@ import io
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,14 +40,6 @@ UPLOAD_CHUNK_BYTES = 2 * 1024 * 1024
 JSONL_MIME_TYPE = "jsonl"
 # A create refused for these reasons will be refused again: the lineage stops.
 _QUOTA_STATUSES = frozenset({429, 403})
-
-
-@dataclass(frozen=True, slots=True)
-class CreatedBatch:
-    """A batch Gemini accepted: its name (``batches/<id>``) and the event its answer makes."""
-
-    name: str
-    event: OpEvent
 
 
 class _ChunkReader(io.RawIOBase):
@@ -181,8 +172,9 @@ def upload_jsonl(
     return name
 
 
-def create_batch(client: Any, model: str, file_name: str, display_name: str) -> CreatedBatch:
-    """Create a batch of ``model`` over the uploaded ``file_name`` (``batches.create``)."""
+def create_batch(client: Any, model: str, file_name: str, display_name: str) -> OpEvent:
+    """Create a batch of ``model`` over the uploaded ``file_name`` (``batches.create``): the
+    event its answer makes (its ``name`` is the batch's, ``batches/<id>``)."""
     if not model.strip():
         raise ValueError("a batch needs a model")
     if not is_file_name(file_name):
@@ -195,8 +187,7 @@ def create_batch(client: Any, model: str, file_name: str, display_name: str) -> 
         )
     except Exception as exc:
         raise classify(exc) from exc
-    event = from_batch_job(job)
-    return CreatedBatch(event.name, event)
+    return from_batch_job(job)
 
 
 def cancel_batch(client: Any, name: str) -> None:

@@ -142,12 +142,11 @@ class Creator:
             file_name = upload_jsonl(
                 runner.client, chunks=chunks, size=size, display_name=str(entry["id"])
             )
-            created = create_batch(runner.client, model, file_name, str(entry["id"]))
+            return create_batch(runner.client, model, file_name, str(entry["id"]))
         except GatewayError:
             raise
         except Exception as exc:
             raise classify(exc) from exc
-        return created.event
 
     def _track(self, root: OpRecord, event: OpEvent, entry: Mapping[str, Any]) -> None:
         """The child as an ordinary tracked operation, its lineage beside it."""

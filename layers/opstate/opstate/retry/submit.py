@@ -102,7 +102,7 @@ def submit(
                 size=kept.bytes,
                 display_name=marker_id,
             )
-            event = create_batch(client, model, file_name, shown).event
+            event = create_batch(client, model, file_name, shown)
         except GatewayError:
             raise
         except Exception as exc:
