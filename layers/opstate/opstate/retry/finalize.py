@@ -74,7 +74,6 @@ def write_final_of(
     doc["final"] = {"status": lineage.FINAL, "location": stored.location, **summary}
     runner.write(root, state, doc, status=RETRY_DONE, due_ns=0)
     runner.result.final += 1
-    runner.result.finals.append(root.name)
     count("ResultsFinal")
     log_fields(logger.info, "results final", {"name": root.name, **summary["rows"]})
     if runner.on_final is not None:

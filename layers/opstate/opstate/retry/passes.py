@@ -4,7 +4,7 @@ part of the runner the child-creating protocol uses (``opstate.retry.children``)
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from opstate.domain.model import OpRecord
@@ -39,7 +39,6 @@ class RetryResult:
     skipped: int = 0
     errors: int = 0
     remaining: int = 0
-    finals: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, int]:
         return {
