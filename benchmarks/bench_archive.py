@@ -51,7 +51,8 @@ RATIO_TARGET = 0.8
 KEY = "bench-key"
 
 
-def _status_kib(field: str) -> int:
+def status_kib(field: str) -> int:
+    """A field of ``/proc/self/status`` in KiB (``VmRSS``, ``VmHWM``); 0 when absent."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1])
@@ -72,7 +73,7 @@ def _plain(url: str, dest: Path) -> dict[str, Any]:
     httpx = _httpx()
 
     with httpx.Client(timeout=60) as client:
-        before = _status_kib("VmRSS")
+        before = status_kib("VmRSS")
         start = time.perf_counter()
         size = 0
         with client.stream("GET", url, headers={"x-goog-api-key": KEY}) as response:
@@ -84,7 +85,7 @@ def _plain(url: str, dest: Path) -> dict[str, Any]:
                 out.flush()
                 os.fsync(out.fileno())
         seconds = time.perf_counter() - start
-    return {"bytes": size, "seconds": seconds, "rss_added_kib": _status_kib("VmHWM") - before}
+    return {"bytes": size, "seconds": seconds, "rss_added_kib": status_kib("VmHWM") - before}
 
 
 def _archive(base_url: str, dest: Path) -> dict[str, Any]:
@@ -103,11 +104,11 @@ def _archive(base_url: str, dest: Path) -> dict[str, Any]:
     ingest(store, OpEvent("batches/big", State.SUCCEEDED, now, "poll", {}), clock_ns=lambda: now)
     source = GenaiSource(make_client(Settings(gemini_api_key=KEY, results_http_timeout_s=60)))
     sink = FileSink(dest)
-    before = _status_kib("VmRSS")
+    before = status_kib("VmRSS")
     start = time.perf_counter()
     result = archive_once(store, source, sink, settings=Settings())
     seconds = time.perf_counter() - start
-    peak = _status_kib("VmHWM")
+    peak = status_kib("VmHWM")
     source.close()
     state = store.get_archive("batches/big")
     assert result.archived == 1 and state is not None, result
@@ -153,9 +154,10 @@ def child(mode: str, arg: str, dest: str) -> None:
     print(json.dumps(out))
 
 
-def _run_child(mode: str, arg: str, dest: Path) -> dict[str, Any]:
+def run_child(script: str, *args: str) -> dict[str, Any]:
+    """Run ``script --child ARGS...`` in a fresh interpreter; the JSON its last line prints."""
     done = subprocess.run(
-        [sys.executable, __file__, "--child", mode, arg, str(dest)],
+        [sys.executable, script, "--child", *args],
         capture_output=True,
         text=True,
         check=True,
@@ -163,6 +165,10 @@ def _run_child(mode: str, arg: str, dest: Path) -> dict[str, Any]:
     )
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
+
+
+def _run_child(mode: str, arg: str, dest: Path) -> dict[str, Any]:
+    return run_child(__file__, mode, arg, str(dest))
 
 
 def measure(

@@ -30,7 +30,6 @@ import argparse
 import contextlib
 import json
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +42,8 @@ ROOT = HERE.parent
 for entry in (str(ROOT), str(ROOT / "layers" / "opstate")):
     if entry not in sys.path:
         sys.path.insert(0, entry)
+
+from bench_archive import run_child, status_kib  # noqa: E402
 
 RSS_TARGET_MIB = 64
 CHUNK = 1024 * 1024
@@ -130,27 +131,20 @@ def _chunks(path: Path) -> Any:
             yield chunk
 
 
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
-
-
 def _rss_start() -> int:
     """The resident size now (KiB), the high-water mark reset to it where Linux allows it
     (``/proc/self/clear_refs`` 5), so the peak measured is the steps' own, not the imports'."""
     # without it VmHWM may include an earlier peak: the figure errs on the high side
     with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")
-    return _status_kib("VmRSS")
+    return status_kib("VmRSS")
 
 
 def _peak_kib() -> int:
     """The high-water mark of the resident size (KiB). Not ``ru_maxrss``: Linux keeps that
     across ``execve``, so a child forked from a bigger process (``run.py``) would report its
     parent's size and nothing added."""
-    return _status_kib("VmHWM")
+    return status_kib("VmHWM")
 
 
 def _retry(directory: Path) -> dict[str, Any]:
@@ -214,15 +208,7 @@ def child(mode: str, directory: str) -> None:
 
 
 def _run_child(mode: str, directory: Path) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, __file__, "--child", mode, str(directory)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=1800,
-    )
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return run_child(__file__, mode, str(directory))
 
 
 def measure(
