@@ -1,9 +1,11 @@
 """The end of a run on a shared SQLite file (issue 30): what the file holds against every
 acknowledgement (``sharing.Acks``), its integrity, and whether a living serve ever held a
-``-wal`` / ``-shm`` that another process had deleted."""
+``-wal`` / ``-shm`` that another process had deleted; and (issue 33) whether any process touched
+the store's files other than through SQLite (``audit_env``, ``outside_sqlite``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
@@ -13,6 +15,7 @@ from pathlib import Path
 
 from opstate.domain.states import RANK, parse_state
 from tests.reliability.sharing import Ack, Acks
+from tests.support.serve_process import cli_env
 
 
 @dataclass(frozen=True)
@@ -159,3 +162,75 @@ def problems(
             f"still held: {sorted(watch.held_deleted)[:4]}"
         )
     return out
+
+
+# -- who opens the store's files (issue 33's retry paths) ---------------------------------------
+
+# A ``sitecustomize`` for the child processes: an audit hook (PEP 578) that records every
+# Python-level open, link, rename, removal or truncation of the database, its -wal, -shm or
+# -journal, with the opstate frame that asked for it. SQLite opens its files in C, past the
+# hook: whatever it records was opened by something other than SQLite.
+_AUDIT_HOOK = """
+import json, os, sys
+_log, _db = os.environ.get("OPSTATE_TEST_FILE_AUDIT"), os.environ.get("OPSTATE_TEST_FILE_AUDIT_DB")
+if _log and _db:
+    _fd = os.open(_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    _paths = {_db + s for s in ("", "-wal", "-shm", "-journal")}
+    _events = {"open", "os.link", "os.rename", "os.remove", "os.truncate", "os.symlink",
+               "os.chmod", "shutil.copyfile", "shutil.move"}
+
+    def _who():
+        frame = sys._getframe(2)
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if "/opstate/" in name and "/tests/" not in name:
+                return name[name.rindex("/opstate/") + 1:] + ":" + frame.f_code.co_name
+            frame = frame.f_back
+        return "?"
+
+    def _hook(event, args):
+        if event not in _events:
+            return
+        for arg in args[:2]:
+            if isinstance(arg, (str, bytes)) or hasattr(arg, "__fspath__"):
+                path = os.fsdecode(os.fspath(arg))
+                if os.path.abspath(path) in _paths:
+                    line = {"event": event, "path": path, "who": _who(), "argv": sys.argv[1:3]}
+                    os.write(_fd, (json.dumps(line) + "\\n").encode())
+
+    sys.addaudithook(_hook)
+"""
+
+# What may touch the store's files outside SQLite: ``create_database_file`` hard-links a new
+# empty file to the database's name (it never opens it: issue 30).
+ALLOWED_TOUCHES = frozenset({("os.link", "opstate/private_files.py:create_database_file")})
+
+
+def audit_env(folder: Path, db: Path) -> dict[str, str]:
+    """The environment entries that make a child process record who touches ``db``'s files
+    (``touches``): ``PYTHONPATH`` gains a folder holding the hook as ``sitecustomize``."""
+    hooks = folder / "audit-hook"
+    hooks.mkdir(exist_ok=True)
+    (hooks / "sitecustomize.py").write_text(_AUDIT_HOOK)
+    return {
+        "PYTHONPATH": os.pathsep.join([str(hooks), cli_env()["PYTHONPATH"]]),
+        "OPSTATE_TEST_FILE_AUDIT": str(folder / "audit.jsonl"),
+        "OPSTATE_TEST_FILE_AUDIT_DB": str(db.resolve()),
+    }
+
+
+def touches(folder: Path) -> list[dict[str, object]]:
+    """Every touch of the store's files the hook recorded (``audit_env``)."""
+    log = folder / "audit.jsonl"
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def outside_sqlite(folder: Path) -> list[str]:
+    """The recorded touches no rule allows, as lines."""
+    return [
+        f"{t['event']} {t['path']} by {t['who']} in opstate {t['argv']}"
+        for t in touches(folder)
+        if (t["event"], t["who"]) not in ALLOWED_TOUCHES
+    ]
