@@ -256,3 +256,34 @@ def test_an_input_that_cannot_be_read_leaves_retry_unavailable_saying_why(
     assert (result["unavailable"], result["errors"]) == (1, 0)
     reason = ok(cli("get", name, "--json")).json()["retry"]["reason"]
     assert "cannot read" in reason and "gone.jsonl" in reason
+
+
+def test_a_pass_over_a_waiting_root_not_yet_due_writes_nothing(
+    cli, fake_gemini: FakeGemini, tmp_path: Path
+) -> None:
+    """opstate retry --once looks at every active root; one whose child still runs and whose
+    next look is not due yet keeps its state as it is (no write per pass: on DynamoDB each
+    would cost a write and a stream record)."""
+    from opstate.store.sqlite import SQLiteStore
+
+    keys = ["a", "b"]
+    source = write_input(tmp_path / "in.jsonl", keys)
+    root = ok(cli("submit", str(source), "--model", MODEL, "--retry-attempts", "1", "--json"))
+    name = root.json()["name"]
+    fake_gemini.run_batch(name, [failed("a", 503, "UNAVAILABLE"), answered("b")])
+    settle(cli, name)
+    assert retry(cli)["submitted"] == 1
+
+    def rev() -> int:
+        store = SQLiteStore(str(tmp_path / ".opstate" / "ops.db"))
+        try:
+            state = store.get_retry(name)
+            assert state is not None
+            return state.rev
+        finally:
+            store.close()
+
+    before = rev()
+    for _ in range(3):
+        assert retry(cli)["waiting"] == 1
+    assert rev() == before

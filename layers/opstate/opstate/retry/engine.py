@@ -187,7 +187,10 @@ class RetryRunner:
         return replace(written, rev=state.rev + 1)
 
     def _wait(self, root: OpRecord, state: RetryState, due_ns: int) -> None:
-        if state.due_ns != due_ns:
+        """Look at ``root`` again at ``due_ns``: written only when the stored due time has
+        passed or is later, so a pass over a root not yet due (``opstate retry --once``, a
+        bus trigger) writes nothing."""
+        if state.due_ns <= self.clock_ns() or due_ns < state.due_ns:
             self.write(root, state, state.doc, due_ns=due_ns)
 
     def _soonest_claim(self, doc: Mapping[str, Any], now: int) -> int:
