@@ -167,6 +167,7 @@ NOT_AT_INIT = (
     "opstate.outcomes",  # the first GET of a record (its results view)
     "opstate.retry",  # the first report with a "retry" object, the first view of a lineage
     "opstate.domain.retry",  # the same (the policy's reading and views)
+    "opstate.store.retry_state",  # the first retry read or write of a store
     "opstate.domain.events_polls",  # polled sources: the first Pub/Sub push (from_operation)
     "opstate.store.memory",  # memory:// only (tests)
     "opstate.signatures.jwt_tokens",

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opstate.config import DEFAULT_RETENTION_DAYS
 from opstate.domain.model import OpRecord
@@ -68,7 +68,9 @@ from opstate.store.port import (
     WriteOutcome,
     validate_record,
 )
-from opstate.store.retry_state import RetryState
+
+if TYPE_CHECKING:
+    from opstate.store.retry_state import RetryState
 
 _NAMES = {"#name": "name"}
 # What a replace never sets: the key, and the index keys it keeps (``replace_if_version``).

@@ -51,14 +51,16 @@ import time
 import zlib
 from collections.abc import Callable, Mapping
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opstate.config import DEFAULT_OPEN_INDEX_SHARDS, DEFAULT_RETENTION_DAYS
 from opstate.domain.model import OpRecord
 from opstate.domain.states import parse_state
 from opstate.domain.times import format_time
 from opstate.store.port import ArchiveState, PollState, expires_at, initial_due
-from opstate.store.retry_state import RetryState
+
+if TYPE_CHECKING:  # loaded by the first retry read: the webhook's init never needs it
+    from opstate.store.retry_state import RetryState
 
 DEFAULT_SHARDS = DEFAULT_OPEN_INDEX_SHARDS
 # The sparse GSIs (template.yaml names them the same): the open operations, the archive queue
@@ -286,6 +288,8 @@ def archive_from_item(item: Mapping[str, Any]) -> ArchiveState | None:
 
 def retry_from_item(item: Mapping[str, Any]) -> RetryState | None:
     """The retry state stored beside a record (deserialised item), or None."""
+    from opstate.store.retry_state import RetryState
+
     raw = item.get("retry")
     if not isinstance(raw, Mapping):
         return None

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from opstate.domain.details import InvalidDetailsError, check
 from opstate.domain.model import OpRecord
 from opstate.domain.times import NS_PER_SECOND
-from opstate.store.retry_state import RetryState, retry_json
+
+if TYPE_CHECKING:  # the retry state loads on first use: the webhook's init never needs it
+    from opstate.store.retry_state import RetryState
 
 SECONDS_PER_DAY = 86_400
 
@@ -46,6 +48,8 @@ def check_retry(state: RetryState) -> str:
     """The write hook of ``set_retry`` on every store: the stored JSON of ``state``, refused
     (``RecordRejectedError``) when it is larger than ``MAX_RETRY_STATE_BYTES`` or no JSON
     document, before the store is called."""
+    from opstate.store.retry_state import retry_json
+
     try:
         return retry_json(state)
     except ValueError as exc:
