@@ -148,7 +148,7 @@ def test_a_pass_stopped_at_any_step_then_run_again_makes_one_child(
 
     targets = {
         "upload": (children_module, "upload_jsonl"),
-        "create": (children_module, "create_batch"),
+        "create": (children_module, "create_or_delete"),
         "ingest": (children_module, "ingest"),
         "track": (children_module.Creator, "_track"),
     }

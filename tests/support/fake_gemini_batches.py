@@ -124,6 +124,7 @@ class _Submits:
     uploads: dict[str, _Upload] = field(default_factory=dict)  # upload id -> session
     files: dict[str, IO[bytes]] = field(default_factory=dict)  # files/<id> -> stored bytes
     created: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)  # files/<id> deleted (files.delete)
     inputs: dict[str, str] = field(default_factory=dict)  # batches/<id> -> files/<id>
     refusal: _Refusal | None = None
     on_create: Callable[[str], None] | None = None
@@ -154,6 +155,7 @@ class FakeBatches:
         def base_url(self) -> str: ...
         def put(self, name: str, body: Mapping[str, Any]) -> None: ...
         def resource(self, name: str) -> dict[str, Any] | None: ...
+        def remove(self, name: str) -> None: ...
         def put_file(self, file_id: str, *, body: bytes = ...) -> str: ...
 
     def _init_submits(self) -> None:
@@ -176,6 +178,15 @@ class FakeBatches:
             spool = self._submits.files[name]
             spool.seek(0)
             return spool.read()
+
+    def files_held(self) -> list[str]:
+        """The uploaded files Gemini still holds (uploaded, not deleted), in upload order."""
+        with self._lock:
+            return [n for n in self._submits.files if n not in self._submits.deleted]
+
+    def files_deleted(self) -> list[str]:
+        with self._lock:
+            return list(self._submits.deleted)
 
     def batches_created(self) -> list[str]:
         with self._lock:
@@ -253,6 +264,8 @@ class FakeBatches:
 
     def _submit_answer(self, request: Request) -> Response | None:
         """The submitting routes' answer to ``request``, None when it is not theirs."""
+        if request.method == "DELETE" and request.name.startswith("files/"):
+            return self._delete_file(request)
         if request.method != "POST":
             if request.method == "GET" and request.verb == "download":
                 with self._lock:
@@ -414,6 +427,21 @@ class FakeBatches:
             except Exception as exc:
                 raise DropConnection(str(exc)) from exc
         return 200, body
+
+    def _delete_file(self, request: Request) -> Response:
+        """``files.delete``: DELETE /v1beta/files/<id> answers 200 with an empty body; the
+        file's resource answers 404 from then on (its bytes stay readable to the test:
+        ``uploaded``). Real: https://ai.google.dev/api/rest/v1beta/files/delete: "DELETE
+        https://generativelanguage.googleapis.com/v1beta/{name=files/*}" ... "The request
+        body must be empty." ... "If successful, the response body is empty." """
+        with self._lock:
+            held = request.name in self._submits.files and request.name not in self._submits.deleted
+            if held:
+                self._submits.deleted.append(request.name)
+        if not held:
+            return 404, _error(404, f"{request.name} not found")
+        self.remove(request.name)
+        return 200, None
 
     def _cancel(self, request: Request) -> Response:
         body = self.resource(request.name)

@@ -20,7 +20,14 @@ from opstate.cli.common import (
     settings_for,
     time_arg,
 )
-from opstate.cli.retry import add_policy_flags, input_uri, policy_body
+from opstate.cli.retry import (
+    add_policy_flags,
+    check_file,
+    input_uri,
+    policy_body,
+    policy_sentence,
+    retry_bound,
+)
 from opstate.domain.events import EventError, from_report
 from opstate.domain.names import Kind, parse_name
 from opstate.domain.strict_json import InvalidJSONError, dumps, loads
@@ -104,9 +111,11 @@ def cmd_get(args: argparse.Namespace) -> int:
     if args.json:
         print_json(view)
         return EXIT_OK
+    if shown_state(record) != view["state"]:  # the text shows how it ended
+        view = {**view, "state": f"{view['state']} ({shown_state(record)})"}
     width = max(len(key) for key in view)
     for key, value in view.items():
-        shown = dumps(value, sort_keys=True) if isinstance(value, dict) else value
+        shown = dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
         out(f"{key:<{width}}  {'-' if shown is None else shown}")
     return EXIT_OK
 
@@ -121,6 +130,36 @@ def _marked(store: Any, *, lost: bool, overdue: bool) -> dict[str, PollState]:
         for entry in iter_marked()
         if (not lost or entry.poll.lost) and (not overdue or entry.poll.overdue_ns)
     }
+
+
+def shown_state(record: OpRecord) -> str:
+    """The state as the text views show it: an expired batch as EXPIRED (stored FAILED, its
+    details' ``reason`` "expired"; JSON views keep the stored state)."""
+    if str(record.state) == "FAILED" and record.details.get("reason") == "expired":
+        return "EXPIRED"
+    return str(record.state)
+
+
+def _retry_docs(store: Any, records: list[OpRecord]) -> dict[str, Mapping[str, Any]]:
+    """The retry state's doc of each listed record that has one (by name)."""
+    if not isinstance(store, RetryingStore):
+        return {}
+    docs = {}
+    for record in records:
+        state = store.get_retry(record.name)
+        if state is not None and state.created_ns == record.created_ns:
+            docs[record.name] = state.doc
+    return docs
+
+
+def _lineage_cells(doc: Mapping[str, Any] | None, name: str) -> tuple[str, str]:
+    if doc is None:
+        return "-", "-"
+    from opstate.domain.retry import lineage_of
+
+    found = lineage_of(doc, name)
+    attempt = found["attempt"]
+    return ("-" if attempt is None else str(attempt)), found["parent"] or "-"
 
 
 def _mark_json(poll: PollState) -> dict[str, Any]:
@@ -148,12 +187,14 @@ def cmd_list(args: argparse.Namespace) -> int:
             and (args.kind is None or r.kind == args.kind)
             and (marks is None or r.name in marks)
         ]
-    records.sort(key=lambda r: r.name)
+        records.sort(key=lambda r: r.name)
+        docs = _retry_docs(store, records)
     if args.json:
+        views = [record_to_json(r, retry=docs.get(r.name)) for r in records]
         if marks is None:
-            print_json([record_to_json(r) for r in records])
+            print_json(views)
         else:
-            print_json([{**record_to_json(r), **_mark_json(marks[r.name])} for r in records])
+            print_json([{**v, **_mark_json(marks[v["name"]])} for v in views])
         return EXIT_OK
     if not records:
         out("no operations")
@@ -162,13 +203,16 @@ def cmd_list(args: argparse.Namespace) -> int:
         (
             r.name,
             str(r.kind),
-            str(r.state),
+            shown_state(r),
             str(r.version),
             format_time(r.update_time_ns) if r.update_time_ns else "-",
         )
         for r in records
     ]
     header: tuple[str, ...] = ("NAME", "KIND", "STATE", "VERSION", "UPDATED")
+    if docs:  # a retry lineage in the list: each record's attempt and parent
+        header = (*header, "ATTEMPT", "PARENT")
+        rows = [(*row, *_lineage_cells(docs.get(row[0]), row[0])) for row in rows]
     if marks is not None:
         header = (*header, "LOST", "OVERDUE")
         rows = [
@@ -189,6 +233,7 @@ def _report(
     args: argparse.Namespace,
     body: Mapping[str, Any] | None,
     retry: Mapping[str, Any] | None = None,
+    rows: int | None = None,
 ) -> int:
     """Ingest the report ``body``; with ``retry`` (a ``"retry"`` object), keep that policy
     beside the record, checked before anything is written (as ``PUT /operations`` does)."""
@@ -209,15 +254,18 @@ def _report(
         decision = ingest_event(store, event, config)
         if policy is not None and decision.record is not None:
             shown = _attach(store, decision.record, policy)
+    bound = retry_bound(policy, rows, config) if policy is not None else 0
     if args.json:
         answer = decision_to_json(decision)
         if policy is not None:
             answer["retry"] = shown
+            answer["retryBatchesAtMost"] = bound
         print_json(answer)
     else:
         out(decision_line(decision))
-        if shown is not None:
+        if shown is not None and policy is not None:
             out(f"retry: {shown['status']}, policy {dumps(shown['policy'], sort_keys=True)}")
+            out(policy_sentence(policy, bound))
     return EXIT_OK
 
 
@@ -252,11 +300,15 @@ def _attach(store: Store, record: OpRecord, policy: RetryPolicy) -> dict[str, An
 
 
 def cmd_track(args: argparse.Namespace) -> int:
-    retry = policy_body(args)
+    retry = policy_body(args, settings_for(args).retry_max_attempts)
+    rows = None
     if args.input is not None:
         retry["input"] = input_uri(args.input, "--input ")
+        _policy({"input": retry["input"]}, settings_for(args))  # the URI's form first
+        # Checked as submit checks it, before anything is written (a bad line: exit 2).
+        rows = check_file(retry["input"], settings_for(args), "nothing written: --input")
     # No flag: plain tracking, no policy (the settings' default never attaches one alone).
-    return _report(args, None, retry or None)
+    return _report(args, None, retry or None, rows)
 
 
 def cmd_report(args: argparse.Namespace) -> int:

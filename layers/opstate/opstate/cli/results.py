@@ -1,8 +1,10 @@
-"""``opstate archive --once`` and ``opstate results NAME [--json] [--download DEST]``."""
+"""``opstate archive --once`` and ``opstate results NAME [--json] [--download DEST]`` (a retry
+root's download adds its ``final.jsonl`` and ``final.json`` once written)."""
 
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,10 @@ from opstate.cli.common import (
     store_error,
 )
 from opstate.config import ConfigError
+from opstate.domain.strict_json import dumps
+
+# What the retry runner writes beside final.jsonl (opstate.retry.finalize.FINAL_LEDGER_KEY).
+FINAL_LEDGER_NAME = "final.json"
 
 
 def add_parsers(
@@ -32,7 +38,11 @@ def add_parsers(
 
     p = sub.add_parser("results", parents=[store, as_json], help="an operation's archived results")
     p.add_argument("name", metavar="NAME")
-    p.add_argument("--download", metavar="DEST", help="copy the archived objects into DEST")
+    p.add_argument(
+        "--download",
+        metavar="DEST",
+        help="copy the archived objects (and a retry root's final.jsonl, final.json) into DEST",
+    )
     p.set_defaults(func=cmd_results)
 
 
@@ -42,11 +52,19 @@ def cmd_archive(args: argparse.Namespace) -> int:
             "archive runs one pass and needs --once (the archiver function repeats it)"
         )
     config = settings_for(args)
-    require_gemini_key(config)
-    from opstate.outcomes.wiring import archive_from_settings
+    from opstate.outcomes.run import ArchiveResult
+    from opstate.outcomes.wiring import archive_from_settings, archiving
 
     try:
-        result = archive_from_settings(config)
+        with open_store(config) as store:
+            # Nothing due: no key needed, no client made (google-genai never loaded).
+            if next(archiving(store).iter_archive_due(time.time_ns()), None) is None:
+                result = ArchiveResult()
+            else:
+                require_gemini_key(config)
+                result = archive_from_settings(config, store=store)
+    except CliError:
+        raise
     except (ValueError, ConfigError) as exc:
         raise UsageError(str(exc)) from None
     except Exception as exc:
@@ -75,6 +93,7 @@ def _download(config: Any, view: dict[str, Any], dest: Path, summary_location: s
     locations = [str(o["location"]) for o in view["objects"] if o.get("location")]
     if summary_location:
         locations.append(summary_location)
+    locations.extend(_final_locations(view))
     try:
         names = [PurePosixPath(sink.resolve(location)).name for location in locations]
     except SinkError as exc:
@@ -86,6 +105,16 @@ def _download(config: Any, view: dict[str, Any], dest: Path, summary_location: s
             raise CliError(f"cannot copy {location} to {dest / file_name}: {exc}") from None
         out(f"{location} -> {dest / file_name} ({size} bytes)")
     return EXIT_OK
+
+
+def _final_locations(view: dict[str, Any]) -> list[str]:
+    """A retry root's ``final.jsonl`` and, beside it, ``final.json``, once written."""
+    final = view.get("final")
+    location = final.get("location") if isinstance(final, dict) else None
+    if not isinstance(location, str) or final is None or final.get("status") != "final":
+        return []
+    folder, _, _ = location.rpartition("/")
+    return [location, f"{folder}/{FINAL_LEDGER_NAME}"]
 
 
 def cmd_results(args: argparse.Namespace) -> int:
@@ -110,7 +139,8 @@ def cmd_results(args: argparse.Namespace) -> int:
         return EXIT_OK
     width = max(len(key) for key in view)
     for key, value in view.items():
-        out(f"{key:<{width}}  {'-' if value is None else value}")
+        shown = dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
+        out(f"{key:<{width}}  {'-' if shown is None else shown}")
     if state.last_error:
         out(f"{'error':<{width}}  {state.last_error} (attempts: {state.attempts})")
     return EXIT_OK

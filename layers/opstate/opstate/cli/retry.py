@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opstate.cli.common import (
     EXIT_OK,
     CliError,
     UsageError,
+    err,
+    name_arg,
+    open_store,
     out,
     print_json,
     require_gemini_key,
@@ -17,6 +21,9 @@ from opstate.cli.common import (
     store_error,
 )
 from opstate.config import ConfigError, Settings
+
+if TYPE_CHECKING:
+    from opstate.domain.retry import RetryPolicy
 
 
 def add_parsers(
@@ -34,9 +41,24 @@ def add_parsers(
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser(
-        "retry", parents=[store], help="retry failed rows and write final results (one pass)"
+        "retry",
+        parents=[store],
+        help="retry failed rows and write final results (one pass)",
+        description="One retry pass over every active lineage (docs/retry.md): first the open "
+        "batches of each lineage are read from Gemini and those that ended are archived, then "
+        "the next attempt is planned and created from the rows that failed for a passing "
+        "reason, and a lineage with nothing left to plan gets its final result (final.jsonl). "
+        "Repeat it (or run opstate serve) until every lineage is final. Prints JSON counts. "
+        "--stop ROOT stops a lineage instead: nothing more is created for it, and its final "
+        "result is written from what its batches returned once they have ended.",
     )
-    p.add_argument("--once", action="store_true", help="run one pass and exit (required)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--once", action="store_true", help="run one pass and exit")
+    mode.add_argument(
+        "--stop",
+        metavar="ROOT",
+        help="stop the lineage of ROOT: no more retry batches; the final result follows",
+    )
     p.set_defaults(func=cmd_retry)
 
 
@@ -45,27 +67,37 @@ def add_policy_flags(p: argparse.ArgumentParser) -> None:
         "--retry-attempts",
         type=int,
         metavar="N",
-        help="retries of a request key that failed for a passing reason (0-10)",
+        help="retries of a request key that failed for a passing reason (0-10; default 0: "
+        "no row is retried unless this flag is given)",
     )
     p.add_argument(
         "--resubmit-expired",
         action="store_true",
         default=None,
-        help="resubmit the whole batch from the kept input when it ends EXPIRED",
+        help="resubmit the whole batch from the kept input when it ends EXPIRED (once; "
+        "no row retries unless --retry-attempts is given)",
     )
     p.add_argument(
         "--pending-timeout-hours",
         type=float,
         metavar="H",
-        help="cancel a batch still PENDING after H hours, then resubmit it",
+        help="cancel a batch still PENDING after H hours, then resubmit it (once; no row "
+        "retries unless --retry-attempts is given)",
     )
 
 
-def policy_body(args: argparse.Namespace) -> dict[str, Any]:
-    """The flags as a ``"retry"`` object (only the ones given)."""
+def policy_body(args: argparse.Namespace, default_attempts: int = 0) -> dict[str, Any]:
+    """The flags as a ``"retry"`` object (only the ones given). A flag means what it says:
+    without ``--retry-attempts``, rows are retried only as the deployment's default says
+    (``default_attempts``: ``OPSTATE_RETRY_MAX_ATTEMPTS``, 0 unless set), whatever the other
+    flags ask (a ``"retry"`` object over HTTP keeps its documented default)."""
     body: dict[str, Any] = {}
     if getattr(args, "retry_attempts", None) is not None:
         body["maxAttempts"] = args.retry_attempts
+    elif getattr(args, "resubmit_expired", None) or (
+        getattr(args, "pending_timeout_hours", None) is not None
+    ):
+        body["maxAttempts"] = default_attempts
     if getattr(args, "resubmit_expired", None):
         body["resubmitExpired"] = True
     if getattr(args, "pending_timeout_hours", None) is not None:
@@ -96,21 +128,69 @@ def _fail(config: Settings, exc: Exception) -> CliError:
     raise exc
 
 
+def check_file(source: str, config: Settings, said: str = "nothing submitted") -> int | None:
+    """A local input checked line by line as ``submit`` keeps it (``check_input``: the same
+    check), before any key, client or write: a usage error naming the first bad line; its
+    rows when good. An ``s3://`` input is checked where it is read (None: it needs AWS)."""
+    if not source.startswith("file://"):
+        return None
+    from opstate.retry.inputs import InputError, check_input, source_chunks
+
+    try:
+        return check_input(source_chunks(source)(), config.results_max_line_mib * 1024 * 1024).rows
+    except InputError as exc:
+        raise UsageError(f"{said}: {exc}") from None
+
+
+def retry_bound(policy: RetryPolicy, rows: int | None, config: Settings) -> int:
+    """The most retry batches a lineage of this policy may create: none when the policy
+    asks for nothing; one a retry attempt while the input fits in one batch
+    (``OPSTATE_RETRY_MAX_ROWS``); never more than ``OPSTATE_RETRY_MAX_BATCHES``."""
+    from opstate.domain.retry import enabled
+
+    if not enabled(policy):
+        return 0
+    # resubmitExpired / a pending timeout resubmit while the attempt is at most max(N, 1)
+    whole = policy.resubmit_expired or policy.pending_timeout_hours is not None
+    attempts = max(policy.max_attempts, 1 if whole else 0)
+    if rows is not None and rows <= config.retry_max_rows:
+        return min(config.retry_max_batches, attempts)
+    return config.retry_max_batches if attempts else 0
+
+
+def policy_sentence(policy: RetryPolicy, bound: int) -> str:
+    """``retry: ...`` as ``submit`` and ``track`` print the policy kept."""
+    timeout = policy.pending_timeout_hours
+    if bound == 0:
+        return "retry: off (no retry batch will be created; flags: --retry-attempts N ...)"
+    return (
+        f"retry: kept policy maxAttempts {policy.max_attempts}, resubmitExpired "
+        f"{'yes' if policy.resubmit_expired else 'no'}, pendingTimeoutHours "
+        f"{'-' if timeout is None else f'{timeout:g}'}; this lineage creates at most {bound} "
+        f"retry batch{'es' if bound != 1 else ''} (stop it: opstate retry --stop NAME)"
+    )
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     config = settings_for(args)
-    require_gemini_key(config)
     from opstate.domain.retry import InvalidRetryError, parse_retry
-    from opstate.retry.inputs import InputError
     from opstate.retry.policy import settings_policy
-    from opstate.retry.wiring import submit_from_settings
 
-    body = policy_body(args)
+    body = policy_body(args, config.retry_max_attempts)
     try:
         # No flag: the deployment's default as it is (0: off); a flag is the opt-in.
         policy = parse_retry(body, settings_policy(config)) if body else settings_policy(config)
     except InvalidRetryError as exc:
         raise UsageError(str(exc)) from None
+    if not args.model.strip():
+        raise UsageError("a model is required (--model)")
     source = input_uri(args.file)
+    check_file(source, config)  # before the key, google-genai and any write
+    require_gemini_key(config)
+    from opstate.retry.inputs import InputError
+    from opstate.retry.submit import PolicyChangedError
+    from opstate.retry.wiring import submit_from_settings
+
     try:
         done = submit_from_settings(
             config,
@@ -121,30 +201,71 @@ def cmd_submit(args: argparse.Namespace) -> int:
         )
     except (InputError, ConfigError) as exc:
         raise UsageError(f"nothing submitted: {exc}") from None
+    except PolicyChangedError as exc:
+        raise UsageError(str(exc)) from None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     except Exception as exc:
         raise _fail(config, exc) from None
+    bound = retry_bound(policy, done.input.rows, config)
     if args.json:
-        print_json(done.as_dict() | {"retry": policy.as_doc()})
+        print_json(done.as_dict() | {"retry": policy.as_doc(), "retryBatchesAtMost": bound})
     else:
         verb = "submitted" if done.created else "already submitted"
         out(f"{done.name}  {verb}, {done.input.rows} requests, input kept at {done.input.location}")
+        out(policy_sentence(policy, bound))
     return EXIT_OK
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
+    if args.stop is not None:
+        return cmd_stop(args)
     if not args.once:
-        raise UsageError("retry runs one pass and needs --once (serve and the archiver repeat it)")
+        raise UsageError(
+            "retry runs one pass and needs --once (serve and the archiver repeat it), "
+            "or --stop ROOT"
+        )
     config = settings_for(args)
-    require_gemini_key(config)
+    from opstate.retry.passes import RetryResult
     from opstate.retry.wiring import retry_from_settings
+    from opstate.wiring.lineages import MembersRead, open_members, read_members
 
     try:
-        result = retry_from_settings(config, every=True)
+        with open_store(config) as store:
+            if open_members(store).roots == 0:  # nothing to do for Gemini: no client, no key
+                result, members = RetryResult(), MembersRead()
+            else:
+                require_gemini_key(config)
+                members = read_members(store, config)
+                result = retry_from_settings(config, every=True, store=store)
     except (ValueError, ConfigError) as exc:
         raise UsageError(str(exc)) from None
+    except CliError:
+        raise
     except Exception as exc:
         raise _fail(config, exc) from None
-    print_json(result.as_dict())
+    if members.first_error is not None:
+        err(f"opstate: a lineage's batch could not be read from Gemini: {members.first_error}")
+    counts = result.as_dict()
+    counts["errors"] += members.errors
+    print_json(counts | {"read": members.read, "archived": members.archived})
+    return EXIT_OK
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    """``opstate retry --stop ROOT``: the lineage creates nothing more; its final result is
+    written (by the next passes) once the batches it has are settled."""
+    config = settings_for(args)
+    name = name_arg(args.stop)
+    from opstate.retry.policy import StopRefusedError, stop_lineage
+    from opstate.store.port import RetryingStore
+
+    with open_store(config) as store:
+        if not isinstance(store, RetryingStore):  # pragma: no cover - every store of ours is
+            raise CliError(f"the store {config.store_url} keeps no retry policies")
+        try:
+            shown = stop_lineage(store, name, time.time_ns())
+        except StopRefusedError as exc:
+            raise CliError(str(exc)) from None
+    out(f"{name}: retry stopped ({shown}); opstate retry --once (or serve) writes its final result")
     return EXIT_OK

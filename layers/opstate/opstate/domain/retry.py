@@ -256,9 +256,11 @@ def retry_view(doc: Mapping[str, Any]) -> dict[str, Any]:
     """A root's ``retry`` in its view: ``{"policy", "status", "reason", "children", "input"}``.
 
     ``status``: ``final`` (final.jsonl written), ``stopped`` (the lineage stopped: quota or
-    billing), ``unavailable`` (retry cannot run: ``reason`` says why), ``off`` (the policy asks
-    for nothing) or ``active``. ``children``: ``{"name", "attempt", "rows", "phase"}`` each
-    (``name`` null until Gemini created it); ``input``: where opstate keeps the input (or null).
+    billing, or ``opstate retry --stop``), ``unavailable`` (retry cannot run: ``reason`` says
+    why), ``off`` (the policy asks for nothing) or ``active``. ``children``: ``{"name",
+    "attempt", "rows", "phase"}`` each (``name`` null until Gemini created it; ``phase``
+    ``ended`` and ``state`` how it ended, EXPIRED for an expired batch, once the runner
+    saw it terminal); ``input``: where opstate keeps the input (or null).
     """
     policy = policy_of(doc)
     stopped = _text(doc.get("stopped"))
@@ -275,12 +277,7 @@ def retry_view(doc: Mapping[str, Any]) -> dict[str, Any]:
         status = "active"
     raw_children = doc.get("children")
     children = [
-        {
-            "name": _text(child.get("name")),
-            "attempt": _count(child.get("attempt")),
-            "rows": _count(child.get("rows")),
-            "phase": _text(child.get("phase")),
-        }
+        _child_view(child)
         for child in (raw_children if isinstance(raw_children, list) else [])
         if isinstance(child, Mapping)
     ]
@@ -293,19 +290,40 @@ def retry_view(doc: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _child_view(child: Mapping[str, Any]) -> dict[str, Any]:
+    view = {
+        "name": _text(child.get("name")),
+        "attempt": _count(child.get("attempt")),
+        "rows": _count(child.get("rows")),
+        "phase": _text(child.get("phase")),
+    }
+    ended = _text(child.get("state"))
+    if ended is not None:  # the runner saw the created child terminal: how it ended
+        view |= {"phase": "ended", "state": ended}
+    return view
+
+
 def final_view(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """A root's final result: ``{"status": "pending"|"final", "location", "rows", "errors",
-    "attempts"}`` (location, rows, errors and attempts null until known)."""
+    """A root's final result: ``{"status": "pending"|"final"|"unavailable", "location",
+    "rows", "errors", "attempts"}`` (location, rows and errors null until known), and
+    ``reason`` when ``unavailable`` (retry cannot run, so no final result will come: the
+    root's own results are its answer). ``attempts``: the batches of the lineage (the root
+    and its created children; the written count once final)."""
     final = _map(doc.get("final"))
     rows = final.get("rows")
     errors = final.get("errors")
-    return {
-        "status": "final" if final.get("status") == "final" else "pending",
+    written = final.get("status") == "final"
+    unavailable = _text(doc.get("unavailable"))
+    view: dict[str, Any] = {
+        "status": "final" if written else "unavailable" if unavailable else "pending",
         "location": _text(final.get("location")),
         "rows": dict(rows) if isinstance(rows, Mapping) else None,
         "errors": dict(errors) if isinstance(errors, Mapping) else None,
-        "attempts": _count(final.get("attempts")),
+        "attempts": _count(final.get("attempts")) if written else len(lineage_names(doc, "")),
     }
+    if unavailable and not written:
+        view["reason"] = unavailable
+    return view
 
 
 def lineage_names(doc: Mapping[str, Any], name: str) -> list[str]:

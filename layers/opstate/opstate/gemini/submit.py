@@ -6,7 +6,8 @@ one, and find the batches opstate created by the id carried in their display nam
   ``UPLOAD_CHUNK_BYTES`` per read (the SDK sends each read as one ``upload`` command), so no
   more than one chunk is ever held; the file's name (``files/<id>``) comes back;
 - ``create_batch``: ``client.batches.create(model, src=files/<id>, display_name)`` as the
-  created name and its first event (``from_batch_job``);
+  created name and its first event (``from_batch_job``); ``create_or_delete``: the same, the
+  upload deleted (``files.delete``) when Gemini refuses the create;
 - ``cancel_batch``, ``read_batch`` (the REST resource, as ``rest_batch`` reads it);
 - ``find_by_display_id``: every batch of the REST listing whose ``displayName`` holds a marker
   (the id opstate gave it) as one of its space-separated words. The listing is only a hint:
@@ -188,6 +189,29 @@ def create_batch(client: Any, model: str, file_name: str, display_name: str) -> 
     except Exception as exc:
         raise classify(exc) from exc
     return from_batch_job(job)
+
+
+def create_or_delete(client: Any, model: str, file_name: str, display_name: str) -> OpEvent:
+    """``create_batch``; when Gemini refuses it with a definite answer (a 4xx: no batch was
+    made), the uploaded ``file_name`` is deleted (``files.delete``, best effort) before the
+    refusal is raised, so a failed create leaves no upload behind. A timeout or a 5xx may
+    have created the batch: its input is kept (the batch would fail without it)."""
+    try:
+        return create_batch(client, model, file_name, display_name)
+    except GatewayError as exc:
+        if exc.status is not None and 400 <= exc.status < 500:
+            delete_file(client, file_name)
+        raise
+
+
+def delete_file(client: Any, name: str) -> bool:
+    """Delete the uploaded file ``name`` (``files.delete``); False when it could not be (a
+    404 counts as deleted: Gemini no longer holds it)."""
+    try:
+        client.files.delete(name=name)
+    except Exception as exc:
+        return classify(exc).status == 404
+    return True
 
 
 def cancel_batch(client: Any, name: str) -> None:

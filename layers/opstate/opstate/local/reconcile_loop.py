@@ -103,6 +103,7 @@ def local_archiver(
     from opstate.outcomes.wiring import archiving, results_url_for, sink_from_url
     from opstate.retry.engine import retry_once
     from opstate.retry.wiring import config_from
+    from opstate.wiring.lineages import read_members
 
     try:
         url = results_url_for(settings)
@@ -116,6 +117,9 @@ def local_archiver(
     def archive(remaining_s: Callable[[], float]) -> dict[str, int]:
         if not source_box:
             source_box.append(GenaiSource(make_client(settings)))
+        # The open batches of every active lineage, read now (not when their poll is due),
+        # so that a lineage moves one step a pass; the archive pass below takes those ended.
+        members = read_members(store, settings, remaining_s=remaining_s, archive=False)
         result = archive_once(
             archiving(store),
             source_box[0],
@@ -136,6 +140,7 @@ def local_archiver(
             on_final=on_final,
         ).as_dict()
         counts.update({f"retry_{k}": retried[k] for k in ("planned", "submitted", "final")})
+        counts["retry_read"] = members.changed
         return counts
 
     return archive

@@ -34,7 +34,7 @@ from opstate.gemini.errors import GatewayError, classify
 from opstate.gemini.submit import (
     batch_model,
     cancel_batch,
-    create_batch,
+    create_or_delete,
     find_by_display_id,
     is_quota_refusal,
     read_batch,
@@ -142,7 +142,7 @@ class Creator:
             file_name = upload_jsonl(
                 runner.client, chunks=chunks, size=size, display_name=str(entry["id"])
             )
-            return create_batch(runner.client, model, file_name, str(entry["id"]))
+            return create_or_delete(runner.client, model, file_name, str(entry["id"]))
         except GatewayError:
             raise
         except Exception as exc:

@@ -33,7 +33,7 @@ from itertools import islice
 from typing import Any
 
 from opstate.domain.model import OpRecord
-from opstate.domain.retry import policy_of
+from opstate.domain.retry import RetryPolicy, policy_of
 from opstate.domain.states import State
 from opstate.domain.times import NS_PER_SECOND
 from opstate.gemini.errors import GatewayError
@@ -143,6 +143,7 @@ class RetryRunner:
         refs = lineage.members(root.name, state.doc)
         records = {ref.name: self.store.get(ref.name) for ref in refs}
         archives = {ref.name: self.store.get_archive(ref.name) for ref in refs}
+        state = self._note_ended(root, state, records)
         state = self._pending_timeouts(root, state, refs, records)
         if any(not _settled(records[r.name], archives[r.name]) for r in refs):
             self.result.waiting += 1
@@ -173,6 +174,23 @@ class RetryRunner:
                 self._wait(root, state, self._soonest_claim(state.doc, self.clock_ns()))
                 return None
         return state
+
+    def _note_ended(
+        self, root: OpRecord, state: RetryState, records: Mapping[str, OpRecord | None]
+    ) -> RetryState:
+        """A created child that ended gets its state in the plan (``state``: the record's,
+        EXPIRED for an expired one), so the root's view shows it finished; written once."""
+        doc = lineage.mutable(state.doc)
+        changed = False
+        for entry in lineage.children(doc):
+            record = records.get(str(entry.get("name")))
+            if entry.get("phase") != lineage.CREATED or record is None or not record.terminal:
+                continue
+            shown = "EXPIRED" if _expired(record) else str(record.state)
+            if entry.get("state") != shown:
+                entry["state"] = shown
+                changed = True
+        return self.write(root, state, doc) if changed else state
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -303,7 +321,7 @@ class RetryRunner:
         """Plan the next attempt (None: nothing to plan, the lineage is complete)."""
         doc = lineage.mutable(state.doc)
         policy = policy_of(doc)
-        max_attempts, resubmit_expired = policy.max_attempts, policy.resubmit_expired
+        max_attempts = policy.max_attempts
         latest = max(ref.attempt for ref in refs)
         if lineage.highest_attempt(doc) > latest:
             return None  # planned children all refused (the lineage stopped)
@@ -318,8 +336,9 @@ class RetryRunner:
                 break
             record = records[ref.name]
             assert record is not None
-            if _whole_resubmit(record, ref.name in gone, resubmit_expired):
-                if attempt <= max(max_attempts, 1) and ref.input and ref.rows:
+            whole = _whole_case(record, ref, ref.name in gone, policy, attempt)
+            if whole is not None:
+                if whole and ref.input and ref.rows:
                     inputs.append((ref.input, ref.rows, ref.size or 0, True, ref.name))
                 continue
             output = output_location(archives.get(ref.name))
@@ -409,10 +428,33 @@ class RetryRunner:
 def _whole_resubmit(record: OpRecord, cancelled_by_us: bool, resubmit_expired: bool) -> bool:
     """An expired batch (``resubmitExpired``), or one opstate cancelled for its pending
     timeout that ended CANCELLED or EXPIRED, is resubmitted whole."""
-    expired = record.state is State.FAILED and record.details.get("reason") == "expired"
+    expired = _expired(record)
     if cancelled_by_us:
         return record.state is State.CANCELLED or expired
     return expired and resubmit_expired
+
+
+def _whole_case(
+    record: OpRecord,
+    ref: lineage.MemberRef,
+    cancelled_by_us: bool,
+    policy: RetryPolicy,
+    attempt: int,
+) -> bool | None:
+    """None when ``ref``'s batch is not resubmitted whole; else whether attempt ``attempt``
+    may resubmit it: an expired or cancelled one (``_whole_resubmit``) while the attempt is
+    at most ``max(maxAttempts, 1)``; a retry batch that FAILED as a whole while it is at most
+    ``maxAttempts``: every key it was given failed for a passing reason (its input is a
+    subset of one Gemini took; a root that fails whole is not retried: its input is suspect)."""
+    if _whole_resubmit(record, cancelled_by_us, policy.resubmit_expired):
+        return attempt <= max(policy.max_attempts, 1)
+    if ref.attempt >= 1 and record.state is State.FAILED and not _expired(record):
+        return attempt <= policy.max_attempts
+    return None
+
+
+def _expired(record: OpRecord) -> bool:
+    return record.state is State.FAILED and record.details.get("reason") == "expired"
 
 
 def _settled(record: OpRecord | None, archive: ArchiveState | None) -> bool:

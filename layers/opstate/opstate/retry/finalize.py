@@ -1,7 +1,9 @@
 """Step 6 of a retry pass (``opstate.retry.engine``): when nothing is left to plan,
 ``final.jsonl`` (one line per original key, ``opstate.retry.final``) and ``final.json`` (its
 ledger and the lineage) are written beside the root's results, then the root's retry state
-says ``final`` (which announces ``Operation Results Final``) and ``done``."""
+says ``final`` (which announces ``Operation Results Final``) and ``done``. A batch of the
+lineage that ended as a whole without an output (FAILED, EXPIRED, CANCELLED) stands in the
+merge for one failed row per key of its input (``ended_whole``)."""
 
 from __future__ import annotations
 
@@ -10,19 +12,21 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from opstate.domain.model import OpRecord
+from opstate.domain.states import State
 from opstate.observability import count, log_fields, logger
 from opstate.outcomes.plan import prefix_of
 from opstate.outcomes.sink import Sink
 from opstate.retry import lineage
 from opstate.retry.final import Member, write_final
 from opstate.retry.passes import Runner
-from opstate.retry.rules import lines
+from opstate.retry.rules import lines, parse_line
 from opstate.store.port import ArchiveState
 from opstate.store.retry_state import RETRY_DONE, RetryState
 
 OUTPUT_OBJECT = "output.jsonl"
 FINAL_KEY = "final.jsonl"
 FINAL_LEDGER_KEY = "final.json"
+MAX_MESSAGE_CHARS = 300
 
 
 def chunks_of(sink: Sink, location: str) -> Callable[[], Iterable[bytes]]:
@@ -46,6 +50,10 @@ def write_final_of(
         output = output_location(archives.get(ref.name))
         chunks = chunks_of(runner.sink, output) if output is not None else None
         held = chunks_of(runner.sink, ref.input) if ref.input else None
+        if chunks is None and held is not None:
+            record = runner.store.get(ref.name)
+            if record is not None and record.terminal and record.state is not State.SUCCEEDED:
+                chunks = ended_whole(record, held, cap)
         members.append(Member(attempt=ref.attempt, name=ref.name, output=chunks, input=held))
     digest = hashlib.sha256()
     prefix = prefix_of(root)
@@ -78,6 +86,29 @@ def write_final_of(
     log_fields(logger.info, "results final", {"name": root.name, **summary["rows"]})
     if runner.on_final is not None:
         runner.on_final(root.name)
+
+
+def ended_whole(
+    record: OpRecord, held: Callable[[], Iterable[bytes]], max_line_bytes: int
+) -> Callable[[], Iterable[bytes]]:
+    """The output a batch that ended FAILED, EXPIRED or CANCELLED as a whole (no output of
+    its own) stands for in the final merge: one failed row per key of its input, its code
+    the batch's end (``EXPIRED`` for an expired one) and the batch named in the message, so
+    that a key no later attempt answered shows what happened to it (not ``missing``)."""
+    ended = "EXPIRED" if record.details.get("reason") == "expired" else str(record.state)
+    said = record.details.get("error_message")
+    message = f"the batch {record.name} ended {ended} as a whole" + (
+        f": {said[:MAX_MESSAGE_CHARS]}" if isinstance(said, str) and said else ""
+    )
+
+    def chunks() -> Iterator[bytes]:
+        for line in lines_of(held(), max_line_bytes):
+            value = parse_line(line)
+            if isinstance(value, dict) and isinstance(value.get("key"), str):
+                row = {"key": value["key"], "error": {"code": ended, "message": message}}
+                yield json.dumps(row, ensure_ascii=False).encode("utf-8") + b"\n"
+
+    return chunks
 
 
 def output_location(archive: ArchiveState | None) -> str | None:

@@ -15,6 +15,7 @@ from typing import Any
 from opstate.config import RetrySettings
 from opstate.domain.model import OpRecord
 from opstate.domain.retry import InvalidRetryError, RetryPolicy, enabled, retry_view
+from opstate.retry import lineage
 from opstate.store.port import RetryingStore, Store, StoreUnavailableError
 from opstate.store.retry_state import RETRY_ACTIVE, RETRY_DONE, RETRY_MEMBER, RetryState
 
@@ -161,4 +162,44 @@ def _root_state(
         rev=0,
         due_ns=now_ns if on else 0,
         doc=doc,
+    )
+
+
+STOPPED_BY_OPERATOR = "stopped by the operator (opstate retry --stop)"
+
+
+class StopRefusedError(ValueError):
+    """``stop_lineage`` was asked for a record that has no lineage to stop."""
+
+
+def stop_lineage(store: RetryingStore, name: str, now_ns: int) -> str:
+    """Stop the lineage of the root ``name`` (``opstate retry --stop``): it creates nothing
+    more (its planned children become ``refused``; one a runner is creating right now is
+    left to it) and stays ``active``, due now, so the next pass writes its final result once
+    its batches are settled. Returns what became of it; ``StopRefusedError`` when ``name`` is
+    no root with a lineage (unknown, a child, off or already done). A lost race is re-read,
+    ``ATTACH_ATTEMPTS`` times at most."""
+    for _ in range(ATTACH_ATTEMPTS):
+        state = store.get_retry(name)
+        if state is None:
+            raise StopRefusedError(f"{name} has no retry policy: nothing to stop")
+        if state.status == RETRY_MEMBER:
+            root = state.doc.get("lineage")
+            found = root.get("root") if isinstance(root, Mapping) else None
+            raise StopRefusedError(f"{name} is a retry child: stop its root ({found})")
+        if state.status != RETRY_ACTIVE:
+            status = retry_view(state.doc)["status"]
+            raise StopRefusedError(f"{name}'s retry is {status}: nothing to stop")
+        if state.doc.get("stopped"):
+            return "it was stopped already"
+        doc = lineage.mutable(state.doc)
+        doc["stopped"] = STOPPED_BY_OPERATOR
+        for entry in lineage.children(doc):
+            if entry.get("phase") == lineage.PLANNED:
+                entry.update(phase=lineage.REFUSED, error="the lineage stopped", claimUntilNs=0)
+        written = replace(state, doc=doc, due_ns=now_ns)
+        if store.set_retry(name, state.rev, written):
+            return "no more retry batches"
+    raise StoreUnavailableError(
+        f"the retry state of {name} changed under {ATTACH_ATTEMPTS} writes in a row"
     )

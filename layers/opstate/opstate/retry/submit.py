@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from opstate.domain.model import OpEvent, OpRecord
-from opstate.domain.retry import RetryPolicy
+from opstate.domain.retry import RetryPolicy, policy_of
 from opstate.domain.times import format_time
 from opstate.gemini.errors import GatewayError, classify
-from opstate.gemini.submit import create_batch, find_by_display_id, read_batch, upload_jsonl
+from opstate.gemini.submit import create_or_delete, find_by_display_id, read_batch, upload_jsonl
 from opstate.ingest import ingest
 from opstate.observability import log_fields, logger
 from opstate.outcomes.sink import Sink
@@ -102,7 +102,7 @@ def submit(
                 size=kept.bytes,
                 display_name=marker_id,
             )
-            event = create_batch(client, model, file_name, shown)
+            event = create_or_delete(client, model, file_name, shown)
         except GatewayError:
             raise
         except Exception as exc:
@@ -110,6 +110,8 @@ def submit(
     decision = ingest(store, event)
     record = decision.record or store.get(event.name)
     assert record is not None
+    if not created:
+        _same_policy(store, record, policy)
     _keep_state(store, record, policy, model, kept, clock_ns())
     log_fields(
         logger.info,
@@ -117,6 +119,27 @@ def submit(
         {"name": record.name, "rows": kept.rows, "input": kept.location},
     )
     return Submitted(record.name, str(record.state), created, kept, shown)
+
+
+class PolicyChangedError(ValueError):
+    """The same input, model and display name submitted again with another retry policy:
+    nothing is changed (the kept policy changes only through ``opstate track``)."""
+
+
+def _same_policy(store: Any, record: OpRecord, policy: RetryPolicy) -> None:
+    """Refuse a submit found again whose policy differs from the one kept beside it."""
+    state = store.get_retry(record.name)
+    if state is None or state.created_ns != record.created_ns:
+        return  # the earlier call stopped before keeping it: this one keeps its policy
+    kept = policy_of(state.doc).as_doc()
+    if kept != policy.as_doc():
+        raise PolicyChangedError(
+            f"{record.name} was already submitted from this input with the retry policy "
+            f"{json.dumps(kept, sort_keys=True)}; nothing changed (this call asked "
+            f"{json.dumps(policy.as_doc(), sort_keys=True)}). To change the kept policy: "
+            f"opstate track {record.name} --retry-attempts N [--resubmit-expired] "
+            "[--pending-timeout-hours H]; to submit it again as another batch: --display-name"
+        )
 
 
 def _found(client: Any, marker_id: str) -> OpEvent | None:
