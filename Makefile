@@ -39,7 +39,7 @@ CFN_LINT := $(TOOLS_VENV)/bin/cfn-lint
 	lambda-base-image-if-docker samlocal
 
 help:
-	@echo "make run    - set up .venv if needed, then serve the app on http://127.0.0.1:3000"
+	@echo "make run    - set up .venv if needed (the runtime only), then serve the app on http://127.0.0.1:3000"
 	@echo "make test   - set up .venv (and .tools-venv, .rie-venv) if needed, then ruff, mypy,"
 	@echo "              the template checks, sam build and the whole pytest suite (incl. e2e)"
 	@echo "make unit   - the inner loop: the domain and unit tests only (tests/unit)"
@@ -72,6 +72,26 @@ $(STAMP): $(DEPS)
 	@echo "make: $(VENV) is ready"
 
 venv: $(STAMP)
+
+# What `make run` needs: the runtime extra (`opstate serve`'s HTTP server, google-genai for the
+# reconciler, archiver and retries) into the same .venv, with its own stamp; not the dev
+# toolchain (`make test` / `make venv` add that). A .venv that already has the dev install is
+# used as it is.
+RUN_STAMP := $(VENV)/.installed-run
+RUN_EXTRA := local,gemini
+$(RUN_STAMP): $(DEPS)
+	@echo "make: installing $(VENV) with what serving needs (.[$(RUN_EXTRA)], not the dev tools)" \
+		"from PyPI (first time: every dependency is downloaded; pip's progress follows)"
+	@if [ ! -x $(PY) ] || ! $(PY) -c 'import sys; sys.exit(0 if "%d.%d" % sys.version_info[:2] == "$(LAMBDA_MINOR)" else 1)'; then \
+		test -n "$(PYTHON)" || exit 1; \
+		rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); \
+	fi
+	$(PY) -m pip install $(PIP_FLAGS) --upgrade pip
+	$(PY) -m pip install $(PIP_PROGRESS_FLAGS) -c layers/opstate/requirements.txt \
+		-c functions/reconcile/requirements.txt -c functions/archiver/requirements.txt \
+		-e '.[$(RUN_EXTRA)]'
+	@touch $(RUN_STAMP)
+	@echo "make: $(VENV) is ready to serve"
 
 # A virtualenv (1) is (re)created with interpreter (4) when missing or, given a minor version
 # (5), built by another python; refreshed when its requirements (2) change.
@@ -146,10 +166,11 @@ lambda-base-image-if-docker:
 samlocal: $(STAMP) build lambda-base-image
 	$(PY) -m pytest -m samlocal tests/samlocal $(PYTEST_ARGS)
 
-run: $(STAMP)
+# The dev install (when present and current) holds the runtime extra too.
+run: $(if $(wildcard $(STAMP)),$(STAMP),$(RUN_STAMP))
 	@echo "make run: the opstate command is $(VENV)/bin/opstate; to type plain 'opstate' in another" \
 		"shell, run 'source $(VENV)/bin/activate' there first"
-	$(VENV)/bin/opstate serve
+	$(VENV)/bin/opstate serve $(SERVE_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
