@@ -288,6 +288,24 @@ def test_a_refused_create_deletes_its_upload(cli, fake_gemini, tmp_path) -> None
     assert fake_gemini.files_held() == [] and len(fake_gemini.files_deleted()) == 1
 
 
+# --- 13. what discovery takes in, said and chosen ------------------------------------------------
+
+
+@pytest.mark.parametrize(("choice", "found"), [("all", 1), ("tracked", 0)])
+def test_discovery_is_said_and_a_setting(cli, fake_gemini, choice, found) -> None:
+    fake_gemini.put_batch("batches/someone-elses", "BATCH_STATE_RUNNING")
+    env = {"OPSTATE_RECONCILE_MAX_PAGES": "5", "OPSTATE_DISCOVER": choice}
+    result = ok(cli("reconcile", "--once", env=env))
+    assert result.json()["discovered"] == found
+    assert f"discovery: {choice} - " in result.err  # said before the pass
+    assert (cli("get", "batches/someone-elses").code == 0) == bool(found)
+
+
+def test_a_bad_discover_setting_is_refused(cli) -> None:
+    result = cli("reconcile", "--once", env={"OPSTATE_DISCOVER": "some"})
+    assert result.code == 2 and "OPSTATE_DISCOVER must be all or tracked" in result.err
+
+
 # --- 11. refusing, or nothing to do, without google-genai
 
 PROBE = (

@@ -67,7 +67,11 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     config = replace(config, reconcile_safety_margin_s=margin_s)
     remaining_ms = budget_ms(args, margin_s)
     require_gemini_key(config)
+    from opstate.reconcile.discovery import discovery_sentence
     from opstate.wiring.reconcile import run_from_settings
+
+    if not config.store_url.startswith("dynamodb://"):  # a machine: say what it will take in
+        err(f"{PROG}: {discovery_sentence(config)}")
 
     try:
         result = run_from_settings(config, remaining_ms=remaining_ms)

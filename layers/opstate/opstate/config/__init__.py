@@ -151,6 +151,13 @@ class Settings(
     is flat: ``Settings(store_url="memory://", reconcile_workers=2)``.
     """
 
+    @property
+    def discovers_all(self) -> bool:
+        """Whether the reconciler lists every batch the Gemini API key can see, tracking
+        each and archiving its results (``OPSTATE_DISCOVER=all``, the default everywhere),
+        or follows only what was tracked, submitted or pushed (``tracked``)."""
+        return self.reconcile_discover != "tracked"
+
     @classmethod
     def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
         values: dict[str, Any] = {}

@@ -67,6 +67,19 @@ def _overdue(env: Mapping[str, str]) -> str | None:
     return raw
 
 
+DISCOVER_CHOICES = ("all", "tracked")
+
+
+def _discover(env: Mapping[str, str]) -> str | None:
+    raw = read_str(env, "OPSTATE_DISCOVER")
+    if raw is None:
+        return None
+    value = raw.strip().lower()
+    if value not in DISCOVER_CHOICES:
+        raise ConfigError(f"OPSTATE_DISCOVER must be all or tracked, got {raw[:40]!r}")
+    return value
+
+
 @settings_part
 class ReconcileSettings(Part):
     """The reconciler: the Gemini API key, its pacing, schedule and marks."""
@@ -75,6 +88,10 @@ class ReconcileSettings(Part):
     gemini_api_key: str | None = field(default=None, repr=False)
     reconcile_workers: int = 8
     reconcile_max_pages: int = 5
+    # OPSTATE_DISCOVER: "all" (every batch the Gemini API key can list is tracked, and its
+    # results archived; on AWS and locally, as before) or "tracked" (only what was tracked,
+    # submitted or pushed). Said at first use locally (issue 40).
+    reconcile_discover: str = "all"
     reconcile_open_limit: int = 5000
     reconcile_safety_margin_s: float = 10.0
     reconcile_http_timeout_s: float = 5.0
@@ -114,6 +131,7 @@ class ReconcileSettings(Part):
             gemini_api_key=read_str(env, "GEMINI_API_KEY"),
             reconcile_workers=read_int(env, "OPSTATE_RECONCILE_WORKERS", minimum=1),
             reconcile_max_pages=read_int(env, "OPSTATE_RECONCILE_MAX_PAGES", minimum=0),
+            reconcile_discover=_discover(env),
             reconcile_open_limit=read_int(env, "OPSTATE_RECONCILE_OPEN_LIMIT", minimum=1),
             reconcile_safety_margin_s=read_float(env, "OPSTATE_RECONCILE_SAFETY_MARGIN_SECONDS"),
             reconcile_http_timeout_s=read_float(

@@ -213,4 +213,7 @@ def start_reconciler(
     loop = ReconcileLoop(run_once, every_s, say, stop_event=stop_requested)
     loop.start()
     say(f"reconciler: every {every_s:g} s")
+    from opstate.reconcile.discovery import discovery_sentence
+
+    say(discovery_sentence(settings))
     return loop

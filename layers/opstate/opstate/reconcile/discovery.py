@@ -2,10 +2,12 @@
 
 - ``check_webhooks``: every webhook not ``enabled`` is an error line; their number is the
   ``WebhooksDisabled`` metric of every run whose listing succeeded (0 included).
-- ``discover``: up to ``reconcile_max_pages`` pages of batch jobs from the Gemini API, then as
-  many from each Google Cloud scope, every job ingested (a batch made by any tool gets a
-  record). What it read (name -> record after, and the progress listed) lets polling reschedule
-  those entries without another request. A refused Cloud lane stops the Cloud listing.
+- ``discover``: up to ``reconcile_max_pages`` pages of batch jobs from the Gemini API (when
+  ``Settings.discovers_all``: ``OPSTATE_DISCOVER``), then as many from each Google Cloud
+  scope, every job ingested (a batch made by any tool gets a record). What it read (name ->
+  record after, and the progress listed) lets polling reschedule those entries without
+  another request. A refused Cloud lane stops the Cloud listing.
+- ``discovery_sentence``: what a pass will discover, said before a local first pass.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
+from opstate.config import Settings
 from opstate.domain.events import EventError, UnsupportedEventError
 from opstate.domain.model import OpEvent
 from opstate.observability import count, logger
@@ -23,6 +26,23 @@ from opstate.reconcile.runner import Run
 
 # Batch jobs asked per discovery page (the API caps it; fewer may come back).
 DISCOVERY_PAGE_SIZE = 100
+
+
+def discovery_sentence(settings: Settings) -> str:
+    """What a reconcile pass will discover, as ``opstate serve`` and a local ``opstate
+    reconcile --once`` say it before their first pass (issue 40)."""
+    if settings.reconcile_max_pages <= 0:
+        return "discovery: off (OPSTATE_RECONCILE_MAX_PAGES=0): only what is tracked is followed"
+    if settings.discovers_all:
+        return (
+            "discovery: all - every batch this Gemini API key can list is tracked here and "
+            "its results archived, also batches this store never submitted "
+            "(OPSTATE_DISCOVER=tracked: only what you track, submit or is pushed)"
+        )
+    return (
+        "discovery: tracked - only batches tracked, submitted or pushed here are followed "
+        "(OPSTATE_DISCOVER=all: every batch the key can list)"
+    )
 
 
 def check_webhooks(run: Run) -> None:
@@ -58,7 +78,8 @@ def discover(run: Run, pool: ThreadPoolExecutor) -> dict[str, Discovered]:
     seen: dict[str, Discovered] = {}
     if run.settings.reconcile_max_pages <= 0:
         return seen
-    discover_pages(run, pool, partial(run.gateway.batch_pages, DISCOVERY_PAGE_SIZE), seen)
+    if run.settings.discovers_all:  # OPSTATE_DISCOVER (Google Cloud scopes are named ones)
+        discover_pages(run, pool, partial(run.gateway.batch_pages, DISCOVERY_PAGE_SIZE), seen)
     for scope in run.cloud.scopes:
         if run.stop_reason is not None or run.google_cloud.refused:
             break
