@@ -12,7 +12,8 @@ takes it one step further, by these rules (docs/retry.md):
    (due again after ``check_s``);
 5. when every member is settled, the next attempt is planned from the latest one: the
    transient failures (``opstate.retry.rules``) of each succeeded member, the whole input of an
-   expired member (``resubmitExpired``) or of one opstate cancelled; the child inputs are
+   expired member (``resubmitExpired``), of one opstate cancelled, or of a retry child that
+   FAILED as a whole (while attempts are left); the child inputs are
    written into the sink before the plan, the plan before any create;
 6. when nothing is left to plan (or the lineage stopped), ``final.jsonl`` and ``final.json``
    are written beside the root's results and the root is ``done``.

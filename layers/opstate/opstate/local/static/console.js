@@ -343,12 +343,13 @@
     for (const child of retry.children) {
       const li = document.createElement("li");
       li.append(child.name ? nameLink(child.name) : "(not created yet)");
-      li.append(" · attempt " + child.attempt + " · " + child.phase + (child.rows != null ? " · " + child.rows + " rows" : ""));
+      li.append(" · attempt " + child.attempt + " · " + child.phase + (child.state ? " " + child.state : "") + (child.rows != null ? " · " + child.rows + " rows" : ""));
       list.append(li);
     }
     add("Retry batches", retry.children.length ? list : "none yet");
     if (retry.input) add("Kept input", retry.input);
     if (!final) return;
+    if (final.status === "unavailable") { add("Final result", "unavailable: " + (final.reason || "")); return; }
     if (final.status !== "final") { add("Final result", "pending"); return; }
     const r = final.rows || {};
     add("Final rows", r.total + " total: " + r.answered + " answered (" + r.blocked + " blocked), " + r.failed + " failed");
