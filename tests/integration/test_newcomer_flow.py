@@ -297,7 +297,7 @@ def test_discovery_is_said_and_a_setting(cli, fake_gemini, choice, found) -> Non
     env = {"OPSTATE_RECONCILE_MAX_PAGES": "5", "OPSTATE_DISCOVER": choice}
     result = ok(cli("reconcile", "--once", env=env))
     assert result.json()["discovered"] == found
-    assert f"discovery: {choice} - " in result.err  # said before the pass
+    assert f"discovery: {choice} - " in result.err  # said on stderr
     assert (cli("get", "batches/someone-elses").code == 0) == bool(found)
 
 

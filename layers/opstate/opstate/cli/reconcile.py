@@ -70,9 +70,6 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     from opstate.reconcile.discovery import discovery_sentence
     from opstate.wiring.reconcile import run_from_settings
 
-    if not config.store_url.startswith("dynamodb://"):  # a machine: say what it will take in
-        err(f"{PROG}: {discovery_sentence(config)}")
-
     try:
         result = run_from_settings(config, remaining_ms=remaining_ms)
     except ValueError as exc:
@@ -83,6 +80,8 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
             raise
         raise error from None
     print_json(result.as_dict())
+    if not config.store_url.startswith("dynamodb://"):  # a machine: say what it takes in
+        err(f"{PROG}: {discovery_sentence(config)}")
     if result.first_error is None:
         return EXIT_OK
     # The reasons are in the JSON log lines too; the first one is said here as a sentence.
