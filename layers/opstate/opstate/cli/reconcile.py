@@ -80,7 +80,9 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
             raise
         raise error from None
     print_json(result.as_dict())
-    if not config.store_url.startswith("dynamodb://"):  # a machine: say what it takes in
+    local = not config.store_url.startswith("dynamodb://")
+    if local and result.discovered and result.first_error is None:
+        # a machine that just took in every batch the key lists: say so, and the setting
         err(f"{PROG}: {discovery_sentence(config)}")
     if result.first_error is None:
         return EXIT_OK
