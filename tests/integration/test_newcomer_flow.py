@@ -339,3 +339,24 @@ def test_a_bad_file_is_refused_without_key_or_google_genai(tmp_path) -> None:
 def test_nothing_to_do_loads_no_google_genai(tmp_path, argv) -> None:
     printed, said = probe(tmp_path, *argv)
     assert printed.endswith("NOT-LOADED 0"), said
+
+
+def test_serve_pass_reads_the_open_batches_of_a_lineage(cli, fake_gemini, tmp_path) -> None:
+    """``opstate serve``'s archive-and-retry pass (``local_archiver``) reads a lineage's open
+    batches first: the root, still PENDING in the store (its poll not due), is read, archived
+    and its failed row retried in one pass."""
+    from opstate.config import Settings
+    from opstate.local.reconcile_loop import local_archiver
+
+    keys = ["a", "b"]
+    root = submit(cli, tmp_path, keys, "--retry-attempts", "1")
+    fake_gemini.run_batch(root, [failed("a", 503, "UNAVAILABLE"), answered("b")])
+    config = Settings.from_env(os.environ)
+    store = SQLiteStore(tmp_path / ".opstate" / "ops.db")
+    try:
+        archive = local_archiver(store, config, lambda _line: None)
+        assert archive is not None
+        counts = archive(lambda: 100.0)
+    finally:
+        store.close()
+    assert (counts["retry_read"], counts["archived"], counts["retry_submitted"]) == (1, 1, 1)
