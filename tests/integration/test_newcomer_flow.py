@@ -249,6 +249,8 @@ def test_views_show_attempts_phases_lineage_columns_and_expired(cli, fake_gemini
     row = next(line.split() for line in table if line.startswith(child))
     assert row[2] == "EXPIRED" and row[-2:] == ["1", root]
     assert "FAILED (EXPIRED)" in ok(cli("get", child)).out
+    waited = cli("wait", child, "--timeout", "5")
+    assert waited.code == 1 and "FAILED (EXPIRED)" in waited.out
     text = ok(cli("results", root)).out
     assert "{'" not in text and '"status": "final"' in text  # JSON, not Python reprs
 

@@ -112,6 +112,10 @@ def _show(view: Mapping[str, Any], *, as_json: bool) -> None:
     if as_json:
         print_json(view)
         return
+    details = view.get("details")
+    expired = isinstance(details, Mapping) and details.get("reason") == "expired"
+    if view.get("state") == "FAILED" and expired:  # as get's text: how it ended
+        view = {**view, "state": "FAILED (EXPIRED)"}
     width = max(len(key) for key in view)
     for key, value in view.items():
         shown = dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
