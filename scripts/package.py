@@ -10,8 +10,9 @@
   at its zip (a path relative to the template), and the architecture parameter that the
   functions' ``Architectures`` name pinned to the one the code was built for (a zip of x86_64
   wheels must not be deployed as arm64);
-- ``OUT_DIR/LICENSE`` and ``OUT_DIR/README.md``: what the SAR metadata's LicenseUrl and
-  ReadmeUrl name.
+- ``OUT_DIR/LICENSE`` and ``OUT_DIR/README.md``: the files the SAR metadata's LicenseUrl and
+  ReadmeUrl name (``sam build`` wrote them relative to its own folder), named beside the
+  template instead.
 
 ``sam deploy --template-file OUT_DIR/template.yaml`` uploads the zips itself (``--resolve-s3``)
 and deploys; ``sam package`` turns the local paths into S3 URIs, which ``sam publish`` needs.
@@ -30,12 +31,13 @@ from typing import Any
 
 from cfn_flip import dump_yaml, load_yaml
 
-ROOT = Path(__file__).resolve().parents[1]
 CODE_PROPERTY = {
     "AWS::Serverless::Function": "CodeUri",
     "AWS::Serverless::LayerVersion": "ContentUri",
 }
 EPOCH = (1980, 1, 1, 0, 0, 0)
+METADATA_KEY = "AWS::ServerlessRepo::Application"
+METADATA_FILES = ("LicenseUrl", "ReadmeUrl")
 
 
 def zip_directory(source: Path, target: Path) -> None:
@@ -95,6 +97,21 @@ def pin_architecture(template: dict[str, Any], architecture: str) -> list[str]:
     return pinned
 
 
+def _copy_metadata_files(template: dict[str, Any], build_dir: Path, out_dir: Path) -> None:
+    """The SAR metadata's local files (``sam build`` rewrote them relative to its folder) copied
+    beside the packaged template and named by their file name there."""
+    meta = template.get("Metadata", {}).get(METADATA_KEY, {})
+    for field in METADATA_FILES:
+        location = meta.get(field)
+        if not isinstance(location, str) or "://" in location:
+            continue
+        source = (build_dir / location).resolve()
+        if not source.is_file():
+            raise SystemExit(f"package: {METADATA_KEY}.{field} names no file: {source}")
+        shutil.copyfile(source, out_dir / source.name)
+        meta[field] = source.name
+
+
 def package(build_dir: Path, out_dir: Path) -> dict[str, Any]:
     template: dict[str, Any] = load_yaml((build_dir / "template.yaml").read_text(encoding="utf-8"))
     if out_dir.exists():
@@ -115,8 +132,7 @@ def package(build_dir: Path, out_dir: Path) -> dict[str, Any]:
     architecture = built_architecture(template)
     if architecture is not None:
         pin_architecture(template, architecture)
-    for name in ("LICENSE", "README.md"):
-        shutil.copyfile(ROOT / name, out_dir / name)
+    _copy_metadata_files(template, build_dir, out_dir)
     (out_dir / "template.yaml").write_text(dump_yaml(template), encoding="utf-8")
     return template
 
