@@ -289,3 +289,18 @@ def test_the_variant_passes_cfn_lint(variant: dict[str, Any], tmp_path: Path) ->
         [str(CFN_LINT), "--", str(path)], capture_output=True, text=True, timeout=180
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_composite_alarm_is_dropped_from_the_variant_with_its_output(
+    template: dict[str, Any], supported: tuple[frozenset[str], frozenset[str]]
+) -> None:
+    odd = json.loads(json.dumps(template))
+    assert "AWS::CloudWatch::CompositeAlarm" not in supported[0]
+    odd["Resources"]["AnyAlarm"] = {
+        "Type": "AWS::CloudWatch::CompositeAlarm",
+        "Properties": {"AlarmRule": "ALARM(x)"},
+    }
+    odd["Outputs"]["AnyAlarmArn"] = {"Value": {"Fn::GetAtt": ["AnyAlarm", "Arn"]}}
+    out = sar_template.publishable(odd, supported[0])
+    assert "AnyAlarm" not in out["Resources"] and "AnyAlarmArn" not in out["Outputs"]
+    assert sar_template.blocking(out, supported[0]) == {}
