@@ -40,20 +40,6 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _LIMIT = re.compile(r"[0-9]{1,2}")
 
 
-# A failure that names a quota, a spending cap or billing is refused again on retry (a rate
-# limit is not). Every RESOURCE_EXHAUSTED Gemini answers says "Resource has been exhausted
-# (e.g. check quota)." — a generic hint, not a quota named: it is left out before the message
-# is read, so a plain rate limit stays retryable.
-_QUOTA_WORDS = re.compile(r"quota|spending cap|billing", re.IGNORECASE)
-_GENERIC_QUOTA_HINT = re.compile(r"\(?\s*e\.g\.,?\s*check\s+quota\s*\.?\s*\)?", re.IGNORECASE)
-
-
-def names_quota(message: str) -> bool:
-    """Whether ``message`` names a quota, a spending cap or billing (beyond Gemini's generic
-    "(e.g. check quota)" hint)."""
-    return _QUOTA_WORDS.search(_GENERIC_QUOTA_HINT.sub(" ", message)) is not None
-
-
 class InvalidRetryError(ValueError):
     """A retry policy (or a transient table) this system cannot use; the message says why."""
 
