@@ -241,8 +241,8 @@ def policy_of(doc: Mapping[str, Any]) -> RetryPolicy:
 def retry_view(doc: Mapping[str, Any]) -> dict[str, Any]:
     """A root's ``retry`` in its view: ``{"policy", "status", "reason", "children", "input"}``.
 
-    ``status``: ``final`` (final.jsonl written), ``stopped`` (the lineage stopped: quota or
-    billing, or ``opstate retry --stop``), ``unavailable`` (retry cannot run: ``reason`` says
+    ``status``: ``final`` (final.jsonl written), ``stopped`` (the lineage stopped: a money
+    refusal, or ``opstate retry --stop``), ``unavailable`` (retry cannot run: ``reason`` says
     why), ``off`` (the policy asks for nothing) or ``active``. ``children``: ``{"name",
     "attempt", "rows", "phase"}`` each (``name`` null until Gemini created it; ``phase``
     ``ended`` and ``state`` how it ended, EXPIRED for an expired batch, once the runner
