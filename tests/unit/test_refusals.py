@@ -136,6 +136,37 @@ def test_sanitize_is_bounded() -> None:
 # -- the verdict ------------------------------------------------------------------------------
 
 
+def test_sanitize_reads_no_more_entries_than_it_keeps() -> None:
+    class Trap(list[Any]):
+        """A details list whose entries past the cap must not be looked at."""
+
+        def __iter__(self) -> Any:
+            for index, item in enumerate(list.__iter__(self)):
+                if index > MAX_DETAILS:
+                    raise AssertionError("read past the cap")
+                yield item
+
+    assert len(sanitize_details(Trap([retry("1s")] * (MAX_DETAILS + 5)))) == MAX_DETAILS
+
+
+def test_a_verdict_is_a_value() -> None:
+    verdict = Verdict(r.Refusal.PASSING, 26.0)
+    assert verdict == Verdict(r.Refusal.PASSING, 26.0) and hash(verdict) == hash(
+        Verdict(r.Refusal.PASSING, 26.0)
+    )
+    with pytest.raises(AttributeError):
+        verdict.delay_s = 1.0  # type: ignore[misc]
+
+
+def test_only_a_retry_info_gives_a_delay() -> None:
+    # refusal_of reads what sanitize_details keeps; given more, a retryDelay elsewhere is no delay
+    stray = [{"@type": ERROR_INFO, "reason": "X", "retryDelay": "5s"}]
+    assert refusal_of(400, None, "", stray) == Verdict(r.Refusal.OTHER)
+    assert refusal_of(400, None, "", [{"@type": RETRY_INFO, "retryDelay": 5}]) == Verdict(
+        r.Refusal.OTHER
+    )
+
+
 def test_duration() -> None:
     assert duration_s("26s") == 26.0
     assert duration_s(" 20.04466179s ") == pytest.approx(20.04466179)

@@ -82,7 +82,7 @@ class Refusal(StrEnum):
     OTHER = OTHER
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True)  # slots=False: an equivalent mutant (only the memory)
 class Verdict:
     """What a refusal means: its ``kind`` and the delay Gemini asked for (seconds), if any."""
 
@@ -205,7 +205,7 @@ def refusal_of(
     name; ``message``; ``details`` as ``sanitize_details`` keeps them) means for a retry (see
     the module docstring). Money first (HTTP 402, then the details, then the words), then the
     details' quota and delay, then: a ``RESOURCE_EXHAUSTED`` (429 or gRPC 8) is passing."""
-    text = str(code).strip() if code is not None and not isinstance(code, bool) else ""
+    text = str(code).strip()  # None and a bool read "None", "True": no code of the rules
     if text == "402":
         return Verdict(Refusal.MONEY)
     verdict = _from_details(details)
@@ -234,6 +234,7 @@ def backoff_s(refusals: int, delay_s: float | None) -> float:
     ``BACKOFF_MAX_S`` either way, at least 1 s."""
     if delay_s is not None:
         return min(max(delay_s, 1.0), BACKOFF_MAX_S)
+    # 16 only keeps the power small: the cap is reached at 6 (16 -> 17 is an equivalent mutant)
     doublings = min(max(refusals - 1, 0), 16)
     return min(BACKOFF_BASE_S * float(2**doublings), BACKOFF_MAX_S)
 
@@ -272,6 +273,8 @@ def next_pacific_midnight_s(utc_s: float) -> float:
     per-day Gemini quota resets."""
     local = utc_s + pacific_offset_s(utc_s)
     midnight_local = (int(local // _DAY_S) + 1) * _DAY_S
-    # the offset at that midnight (a DST change happens at 02:00, never across midnight)
+    # The offset at that midnight: read at a UTC instant within a day before it (a DST change
+    # happens at 02:00 local, never between the day before's 08:00 and midnight), so
+    # ``+ 8 * _HOUR_S`` and ``- 8 * _HOUR_S`` agree: that mutant is equivalent.
     guess = midnight_local + 8 * _HOUR_S
     return float(midnight_local - pacific_offset_s(guess))
