@@ -251,7 +251,7 @@ _HOUR_S = 3600
 def _nth_sunday_s(year: int, month: int, nth: int) -> int:
     """Midnight UTC of the ``nth`` Sunday of ``month`` (seconds since the epoch)."""
     first = calendar.weekday(year, month, 1)  # Monday is 0, Sunday is 6
-    day = 1 + (6 - first) % 7 + 7 * (nth - 1)
+    day = 1 + (6 - first) + 7 * (nth - 1)  # 6 - first: the days to the first Sunday
     return calendar.timegm((year, month, day, 0, 0, 0))
 
 
