@@ -241,7 +241,7 @@ def row_of(value: object) -> Row | None:
 
 def parse_line(line: bytes) -> Any:
     """A line's JSON value, or None when it is blank, not UTF-8 or not JSON."""
-    if not line or line.isspace():
+    if not line or line.isspace():  # fast path; json.loads refuses these too (or/and: equivalent)
         return None
     try:
         return json.loads(line.decode("utf-8"))
