@@ -189,7 +189,7 @@ def test_a_quota_stop_while_another_runner_wrote_is_recorded_and_counted_once(
     monkeypatch.setattr(children_module, "count", lambda name, *a, **k: counted.append(name))
     keys = ["a", "b", "c"]
     root = failing_root(rig, keys)
-    rig.fake.fail_create(429, "Quota exceeded for quota metric 'Batch requests'", times=None)
+    rig.fake.fail_create(429, "Your prepayment credits are depleted.", times=None)
     now = time.time_ns()
     other: list[RetryResult] = []
 
@@ -207,7 +207,7 @@ def test_a_quota_stop_while_another_runner_wrote_is_recorded_and_counted_once(
         assert rig.run(later).as_dict() == RetryResult().as_dict()
     assert counted == ["RetryStopped"]
     assert rig.fake.batches_created() == [root]
-    assert "Quota exceeded" in rig.state(root).doc["stopped"]
+    assert "prepayment credits are depleted" in rig.state(root).doc["stopped"]
 
 
 # -- 5. store faults ----------------------------------------------------------------------------

@@ -83,6 +83,7 @@ class RetryRunner:
         self.on_final = on_final
         self.result = RetryResult()
         self.creator = Creator(self)
+        self.every = False  # an operator's pass: a create backing off is tried at once
 
     # -- the pass ----------------------------------------------------------------------------
 
@@ -93,6 +94,7 @@ class RetryRunner:
         names: list[str] | None = None,
         every: bool = False,
     ) -> None:
+        self.every = every
         try:
             entries: Iterator[tuple[OpRecord, RetryState]]
             if names is None:

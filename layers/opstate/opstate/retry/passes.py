@@ -69,6 +69,7 @@ class Runner(Protocol):
     clock_ns: Callable[[], int]
     result: RetryResult
     on_final: Callable[[str], None] | None
+    every: bool  # an operator's pass (``opstate retry --once``)
 
     def write(
         self, root: OpRecord, state: RetryState, doc: Mapping[str, Any], **change: Any
