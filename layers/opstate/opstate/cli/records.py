@@ -290,11 +290,12 @@ def _refuse_child(store: Store, name: str) -> None:
 
 
 def _attach(store: Store, record: OpRecord, policy: RetryPolicy) -> dict[str, Any] | None:
+    from opstate.retry.authority import VIA_CLI
     from opstate.retry.policy import keep_policy
 
     assert isinstance(store, RetryingStore)  # _refuse_child checked it
     try:
-        return keep_policy(store, record, policy, time.time_ns())
+        return keep_policy(store, record, policy, time.time_ns(), via=VIA_CLI)
     except ValueError as exc:  # it became a retry child since _refuse_child looked
         raise CliError(f"the report was written, the policy not: {exc}") from None
 
