@@ -48,7 +48,14 @@ from tests.support.cli import Result, in_process
 from tests.support.fake_gemini import FakeGemini
 from tests.support.retry_rows import write_input
 from tests.support.serve_process import TEST_API_TOKEN, http, start_serve
-from tests.support.webhooks import EVENT_TIMESTAMP, TEST_SECRET, operation_event
+from tests.support.webhooks import (
+    EVENT_TIMESTAMP,
+    TEST_SECRET,
+    compact,
+    operation_event,
+    signed_headers,
+    webhook_event,
+)
 
 NOW = 1_780_000_000_000_000_000
 RETRY_TOKEN = "opstate-test-retry-token-fedcba9876543210"
@@ -124,6 +131,25 @@ def test_repro1_the_operator_setting_grants_the_right_and_the_policy_says_so(
     assert status == 200 and body["retry"]["policy"]["maxAttempts"] == 10
     state = store.get_retry("batches/granted")
     assert state is not None and state.doc["via"] == "api"  # the engine can tell its origin
+
+
+def test_a_signed_webhook_never_attaches_a_policy_even_where_put_may(store: SQLiteStore) -> None:
+    """Actor b): a delivery (signed, or a sender's guess at one) carries no right at all: the
+    fields a PUT would use are ignored, whatever the deployment grants PUT callers."""
+    app = lambda_app(store, Settings(retry_over_api=True, retry_input_prefixes=(ALLOWED,)))
+    body = compact(
+        {
+            "type": "batch.expired",
+            "version": "v1",
+            "timestamp": "2026-05-10T09:59:58Z",
+            "data": {"id": "batches/pushed", **ATTACK, "user_metadata": {"retry": ATTACK["retry"]}},
+            "retry": ATTACK["retry"],
+        }
+    )
+    answer = app.resolve(webhook_event(body, signed_headers(body)), None)
+    assert answer["statusCode"] == 200, answer["body"]
+    assert store.get("batches/pushed") is not None  # the report is kept, as ever
+    assert store.get_retry("batches/pushed") is None  # but no policy
 
 
 def serve_env(tmp_path: Path, **extra: str) -> dict[str, str]:
