@@ -32,6 +32,10 @@ VIAS = (VIA_API, VIA_CLI, VIA_SUBMIT)
 # lambda:InvokeFunction): an input they name is read wherever it is.
 OPERATOR_VIAS = (VIA_CLI, VIA_SUBMIT)
 INPUT_UNUSABLE = "input unusable"
+NOT_UNDER = (
+    "is not under OPSTATE_RETRY_INPUT_PREFIXES (named over HTTP, or by a policy kept before its "
+    "provenance was): never read"
+)
 INCOMING = "incoming/"
 
 

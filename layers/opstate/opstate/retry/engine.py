@@ -43,7 +43,7 @@ from opstate.observability import count, log_fields, logger
 from opstate.outcomes.plan import prefix_of
 from opstate.outcomes.sink import Sink, SinkError
 from opstate.retry import lineage
-from opstate.retry.authority import INPUT_UNUSABLE, acting_policy, reads_input
+from opstate.retry.authority import INPUT_UNUSABLE, NOT_UNDER, acting_policy, reads_input
 from opstate.retry.children import Creator
 from opstate.retry.finalize import chunks_of, lines_of, output_location, write_final_of
 from opstate.retry.inputs import InputError, keep_input, keys_cover, source_chunks, subset
@@ -221,20 +221,16 @@ class RetryRunner:
         ]
         return min(later, default=now + int(self.config.check_s * NS_PER_SECOND))
 
-    def give_up(
-        self, root: OpRecord, state: RetryState, why: str, detail: str | None = None
-    ) -> RetryState:
-        """Retry is unavailable for ``root`` (said with ``why``, which every reader of the
-        record sees): nothing is resubmitted. ``detail``: what only the operator may read (the
-        log, and ``unavailableDetail`` in the store; never in a view)."""
+    def give_up(self, root: OpRecord, state: RetryState, why: str, detail: str = "") -> RetryState:
+        """Retry is unavailable for ``root`` (said with ``why``; ``detail`` only in the log and
+        ``unavailableDetail``, never in a view): nothing is resubmitted."""
         doc = lineage.mutable(state.doc)
         doc["unavailable"] = why[:MAX_ERROR_TEXT]
-        if detail is not None:
-            doc["unavailableDetail"] = detail[:MAX_ERROR_TEXT]
+        doc |= {"unavailableDetail": detail[:MAX_ERROR_TEXT]} if detail else {}
         self.result.unavailable += 1
         count("RetryUnavailable")
-        fields = {"name": root.name, "why": why} | ({"detail": detail} if detail else {})
-        log_fields(logger.warning, "retry unavailable", fields)
+        said = f"{why}: {detail}" if detail else why
+        log_fields(logger.warning, "retry unavailable", {"name": root.name, "why": said})
         return self.write(root, state, doc, status=RETRY_DONE, due_ns=0)
 
     # -- 1. the input ------------------------------------------------------------------------
@@ -245,13 +241,7 @@ class RetryRunner:
         chunks: Callable[[], Iterable[bytes]]
         if isinstance(source, str) and source:
             if not reads_input(doc, source, self.config.input_prefixes):
-                return self.give_up(
-                    root,
-                    state,
-                    INPUT_UNUSABLE,
-                    f"{source} is not under OPSTATE_RETRY_INPUT_PREFIXES (named over HTTP or "
-                    "before this release kept a policy's provenance): never read",
-                )
+                return self.give_up(root, state, INPUT_UNUSABLE, f"{source} {NOT_UNDER}")
             chunks = source_chunks(source)
         else:
             # Gemini gives a file input back never; inlined requests are in the job itself.
@@ -268,14 +258,11 @@ class RetryRunner:
             chunks = lambda: iter((data,))  # noqa: E731
         try:
             facts = keep_input(chunks, self.sink, self.config.max_line_bytes)
-        except (InputError, ValueError) as exc:
-            # Whether the object exists, its format, its keys: the operator's to read only.
-            why = INPUT_UNUSABLE
-            return self.give_up(root, state, why, f"the input {source} cannot be used: {exc}")
+        except (InputError, ValueError) as exc:  # exists? its format, its keys: the log's only
+            return self.give_up(root, state, INPUT_UNUSABLE, f"{source} cannot be used: {exc}")
         except SinkError as exc:
             if not exc.transient:
-                why = INPUT_UNUSABLE
-                return self.give_up(root, state, why, f"the input {source} cannot be kept: {exc}")
+                return self.give_up(root, state, INPUT_UNUSABLE, f"{source} cannot be kept: {exc}")
             raise RetryableError(str(exc)) from exc
         kept.update(source=source, **facts.as_dict())
         doc["input"] = kept
