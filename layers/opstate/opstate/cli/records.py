@@ -108,6 +108,10 @@ def cmd_get(args: argparse.Namespace) -> int:
         raise CliError(f"no record for {name} in {config.store_url}")
     # parent/root/attempt and retry only for a record with a retry state (docs/retry.md)
     view = record_to_json(record, results, progress, retry.doc if retry is not None else None)
+    detail = retry.doc.get("unavailableDetail") if retry is not None else None
+    if isinstance(detail, str) and isinstance(view.get("retry"), dict):
+        # The operator reads the store: what no API view shows (docs/security.md, "Acting").
+        view["retry"] = {**view["retry"], "detail": detail}
     if args.json:
         print_json(view)
         return EXIT_OK
