@@ -397,8 +397,11 @@ def test_an_input_with_a_bad_line_is_unavailable_naming_the_line(rig: Rig) -> No
     result = rig.run()
     assert (result.unavailable, result.errors) == (1, 0)
     state = rig.state("batches/elsewhere")
-    assert state.status == RETRY_DONE and "line 3" in state.doc["unavailable"]
-    assert "request" in state.doc["unavailable"]
+    # The operator reads the line in the store and the log; every reader of the record sees
+    # only "input unusable" (issue 38: nothing about the object's format or keys).
+    assert state.status == RETRY_DONE and state.doc["unavailable"] == "input unusable"
+    assert "line 3" in state.doc["unavailableDetail"]
+    assert "request" in state.doc["unavailableDetail"]
     assert not (rig.tmp_path / "results" / "inputs").exists()
 
 

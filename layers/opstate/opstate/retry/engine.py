@@ -34,7 +34,7 @@ from itertools import islice
 from typing import Any
 
 from opstate.domain.model import OpRecord
-from opstate.domain.retry import RetryPolicy, policy_of
+from opstate.domain.retry import RetryPolicy
 from opstate.domain.states import State
 from opstate.domain.times import NS_PER_SECOND
 from opstate.gemini.errors import GatewayError
@@ -43,6 +43,7 @@ from opstate.observability import count, log_fields, logger
 from opstate.outcomes.plan import prefix_of
 from opstate.outcomes.sink import Sink, SinkError
 from opstate.retry import lineage
+from opstate.retry.authority import INPUT_UNUSABLE, NOT_UNDER, acting_policy, reads_input
 from opstate.retry.children import Creator
 from opstate.retry.finalize import chunks_of, lines_of, output_location, write_final_of
 from opstate.retry.inputs import InputError, keep_input, keys_cover, source_chunks, subset
@@ -222,13 +223,16 @@ class RetryRunner:
         ]
         return min(later, default=now + int(self.config.check_s * NS_PER_SECOND))
 
-    def give_up(self, root: OpRecord, state: RetryState, why: str) -> RetryState:
-        """Retry is unavailable for ``root`` (said with ``why``): nothing is resubmitted."""
+    def give_up(self, root: OpRecord, state: RetryState, why: str, detail: str = "") -> RetryState:
+        """Retry is unavailable for ``root`` (said with ``why``; ``detail`` only in the log and
+        ``unavailableDetail``, never in a view): nothing is resubmitted."""
         doc = lineage.mutable(state.doc)
         doc["unavailable"] = why[:MAX_ERROR_TEXT]
+        doc |= {"unavailableDetail": detail[:MAX_ERROR_TEXT]} if detail else {}
         self.result.unavailable += 1
         count("RetryUnavailable")
-        log_fields(logger.warning, "retry unavailable", {"name": root.name, "why": why})
+        said = f"{why}: {detail}" if detail else why
+        log_fields(logger.warning, "retry unavailable", {"name": root.name, "why": said})
         return self.write(root, state, doc, status=RETRY_DONE, due_ns=0)
 
     # -- 1. the input ------------------------------------------------------------------------
@@ -238,6 +242,8 @@ class RetryRunner:
         source = kept.get("source")
         chunks: Callable[[], Iterable[bytes]]
         if isinstance(source, str) and source:
+            if not reads_input(doc, source, self.config.input_prefixes):
+                return self.give_up(root, state, INPUT_UNUSABLE, f"{source} {NOT_UNDER}")
             chunks = source_chunks(source)
         else:
             # Gemini gives a file input back never; inlined requests are in the job itself.
@@ -254,11 +260,11 @@ class RetryRunner:
             chunks = lambda: iter((data,))  # noqa: E731
         try:
             facts = keep_input(chunks, self.sink, self.config.max_line_bytes)
-        except (InputError, ValueError) as exc:
-            return self.give_up(root, state, f"the input {source} cannot be used: {exc}")
+        except (InputError, ValueError) as exc:  # exists? its format, its keys: the log's only
+            return self.give_up(root, state, INPUT_UNUSABLE, f"{source} cannot be used: {exc}")
         except SinkError as exc:
             if not exc.transient:
-                return self.give_up(root, state, f"the input {source} cannot be kept: {exc}")
+                return self.give_up(root, state, INPUT_UNUSABLE, f"{source} cannot be kept: {exc}")
             raise RetryableError(str(exc)) from exc
         kept.update(source=source, **facts.as_dict())
         doc["input"] = kept
@@ -291,7 +297,7 @@ class RetryRunner:
         refs: list[lineage.MemberRef],
         records: Mapping[str, OpRecord | None],
     ) -> RetryState:
-        hours = policy_of(state.doc).pending_timeout_hours
+        hours = acting_policy(state.doc).pending_timeout_hours
         if hours is None:
             return state
         now = self.clock_ns()
@@ -323,7 +329,7 @@ class RetryRunner:
     ) -> RetryState | None:
         """Plan the next attempt (None: nothing to plan, the lineage is complete)."""
         doc = lineage.mutable(state.doc)
-        policy = policy_of(doc)
+        policy = acting_policy(doc)  # a policy of unknown origin resubmits nothing whole
         max_attempts = policy.max_attempts
         latest = max(ref.attempt for ref in refs)
         if lineage.highest_attempt(doc) > latest:

@@ -16,6 +16,7 @@ from opstate.config import RetrySettings
 from opstate.domain.model import OpRecord
 from opstate.domain.retry import InvalidRetryError, RetryPolicy, enabled, retry_view
 from opstate.retry import lineage
+from opstate.retry.authority import VIAS
 from opstate.store.port import RetryingStore, Store, StoreUnavailableError
 from opstate.store.retry_state import RETRY_ACTIVE, RETRY_DONE, RETRY_MEMBER, RetryState
 
@@ -60,12 +61,12 @@ def check_keepable(store: Store, name: str) -> RetryingStore:
 
 
 def keep_policy(
-    store: RetryingStore, record: OpRecord, policy: RetryPolicy, now_ns: int
+    store: RetryingStore, record: OpRecord, policy: RetryPolicy, now_ns: int, *, via: str
 ) -> dict[str, Any] | None:
     """``attach_policy`` for the record a report left (its model from its details), and the
     ``retry`` view of what was written (None: nothing was). ``ValueError`` when the record
     became a retry child since ``check_keepable``."""
-    state = attach_policy(store, record, policy, model=model_of(record), now_ns=now_ns)
+    state = attach_policy(store, record, policy, model=model_of(record), now_ns=now_ns, via=via)
     return None if state is None else retry_view(state.doc)
 
 
@@ -85,9 +86,11 @@ def attach_policy(
     *,
     model: str | None,
     now_ns: int,
+    via: str,
     kept_input: Mapping[str, Any] | None = None,
 ) -> RetryState | None:
-    """Keep ``policy`` as the retry state of the root ``record`` and return the state written.
+    """Keep ``policy`` as the retry state of the root ``record`` and return the state written,
+    with how it came (``via``: ``opstate.retry.authority.VIAS``; the last attach's).
 
     Enabled: the state is ``active``, due at ``now_ns``; an existing state of the same record
     incarnation keeps its children, final result and input (``input.source`` becomes
@@ -99,6 +102,8 @@ def attach_policy(
     refused (``ValueError``): it takes its root's policy. The write is conditional on the
     state's ``rev``; a lost race is re-read and retried, ``ATTACH_ATTEMPTS`` times at most
     (then ``StoreUnavailableError``, a retryable store fault)."""
+    if via not in VIAS:
+        raise ValueError(f"unknown provenance {via!r}")
     created_ns = record.created_ns
     for _ in range(ATTACH_ATTEMPTS):
         current = store.get_retry(record.name)
@@ -114,6 +119,7 @@ def attach_policy(
             created_ns=created_ns,
             now_ns=now_ns,
             kept_input=kept_input,
+            via=via,
         )
         expected = current.rev if current is not None else 0
         if store.set_retry(record.name, expected, state):
@@ -135,10 +141,12 @@ def _root_state(
     created_ns: int,
     now_ns: int,
     kept_input: Mapping[str, Any] | None,
+    via: str,
 ) -> RetryState:
     doc: dict[str, Any] = dict(old)
     doc.pop("lineage", None)
     doc["policy"] = policy.as_doc()
+    doc["via"] = via
     if model is not None or "model" not in doc:
         doc["model"] = model
     old_input = old.get("input")

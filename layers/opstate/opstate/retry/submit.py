@@ -33,6 +33,7 @@ from opstate.gemini.submit import create_or_delete, find_by_display_id, read_bat
 from opstate.ingest import ingest
 from opstate.observability import log_fields, logger
 from opstate.outcomes.sink import Sink
+from opstate.retry.authority import VIA_SUBMIT
 from opstate.retry.inputs import KeptInput, keep_input, source_chunks
 from opstate.retry.policy import attach_policy
 
@@ -168,4 +169,12 @@ def _keep_state(
     """The policy and the input beside the record: an active root when the policy asks for
     anything, else a ``done`` state that still names the input (a later ``opstate track
     --retry-attempts N`` uses it)."""
-    attach_policy(store, record, policy, model=model, now_ns=now_ns, kept_input=kept.as_dict())
+    attach_policy(
+        store,
+        record,
+        policy,
+        model=model,
+        now_ns=now_ns,
+        via=VIA_SUBMIT,
+        kept_input=kept.as_dict(),
+    )
