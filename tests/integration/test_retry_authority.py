@@ -17,8 +17,10 @@ upload inputs, create batches and cancel them with the user's key) is a right of
   nor resubmit whole until an operator attaches them again (``opstate track``), tested on the
   previous release's SQLite file (tests/fixtures/previous_release/).
 
-Repro 6 (the submit function's own role and prefix) is in tests/unit/test_retry_submit_request.py
-and tests/e2e/test_template_roles.py.
+- repro 6: the submit path refuses an input outside ``incoming/`` of the results bucket (an
+  object that exists and holds good requests) before anything is read, uploaded or created; the
+  submit function's own role is checked in tests/e2e/test_template_roles.py and
+  tests/e2e/test_template_contract.py, its request in tests/unit/test_retry_submit_request.py.
 """
 
 from __future__ import annotations
@@ -471,3 +473,45 @@ def test_a_policy_the_previous_release_kept_retries_rows_but_never_cancels_or_re
     assert fake_gemini.batches_created() == []
     view = old_cli("get", PENDING, "--json").json()
     assert view["state"] == "FAILED" and view["retry"]["children"] == []
+
+
+# -- repro 6: the submit function's inputs ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "results/inputs/" + "ab" * 32 + "/input.jsonl",  # someone's kept prompts
+        "results/batches/x/1/output.jsonl",
+        "incoming/../results/inputs/kept.jsonl",
+        "incoming-other/in.jsonl",
+    ],
+)
+def test_repro6_the_submit_path_refuses_an_input_outside_incoming(
+    tmp_path: Path,
+    aws: Any,
+    fake_gemini: FakeGemini,
+    monkeypatch: pytest.MonkeyPatch,
+    key: str,
+) -> None:
+    """Checked in code as well as in the submit function's role: an object that exists and
+    holds good requests, anywhere but under incoming/ of the results bucket, is never read,
+    uploaded or created."""
+    from opstate.retry.wiring import SubmitRefusedError, submit_event
+
+    aws.put_object(Bucket="in-bucket", Key=key, Body=b'{"key": "a", "request": {}}\n')
+    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", fake_gemini.base_url)
+    fake_gemini.api_key = "test-key"
+    config = Settings.from_env(
+        {
+            "OPSTATE_STORE": f"sqlite:///{tmp_path / 'ops.db'}",
+            "OPSTATE_RESULTS_URL": "s3://in-bucket/results",
+            "GEMINI_API_KEY": "test-key",
+        }
+    )
+    request = {"input": f"s3://in-bucket/{key}", "model": "gemini-2.5-flash"}
+    with pytest.raises(SubmitRefusedError, match="under s3://in-bucket/incoming/"):
+        submit_event(config, request)
+    assert fake_gemini.batches_created() == [] and fake_gemini.requests == []
+    listed = aws.list_objects_v2(Bucket="in-bucket").get("Contents", [])
+    assert [o["Key"] for o in listed] == [key]  # nothing kept
