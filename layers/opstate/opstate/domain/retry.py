@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from opstate.domain.costs import final_cost_view
+
 MAX_ATTEMPTS_LIMIT = 10
 # Retries per key of a policy that leaves ``maxAttempts`` out while the deployment's default
 # is 0 (off): giving a ``retry`` object (or a flag) is the opt-in (issue 33: "default when
@@ -323,6 +325,9 @@ def final_view(doc: Mapping[str, Any]) -> dict[str, Any]:
     }
     if unavailable and not written:
         view["reason"] = unavailable
+    if written:
+        view["cost"] = final_cost_view(final.get("cost"))
+        view["stopped"] = _text(doc.get("stopped"))
     return view
 
 

@@ -19,6 +19,13 @@ that cap, never by the file or its longest line:
   codes a new one counts under ``"other"``);
 - ``usage``: the sum over succeeded rows of ``response.usageMetadata``'s six token counts
   (``USAGE_FIELDS``; a missing or non-integer field counts 0);
+- ``bands``: the same sums, and how many rows made them, per price band (issue 41): the row's
+  ``response.modelVersion`` (None when it names none; at most ``MAX_BAND_MODELS`` different
+  ones, then ``OTHER_MODEL``) and how many of ``PRICE_TIER_STARTS`` its prompt
+  (``promptTokenCount`` + ``toolUsePromptTokenCount``, what a tiered price is chosen by) is
+  over. A tiered Gemini price applies to a whole request by its prompt size, so one row above
+  200k tokens costs more per token than one below; every row of a band pays the same rates, so
+  a band's sums are priced at once (``opstate.outcomes.price``), never row by row;
 - ``size`` (bytes) and ``sha256`` of everything fed.
 
 ``VideoLedger`` is the same for one video (bytes and sha256 only).
@@ -64,6 +71,15 @@ USAGE_FIELDS = (
     "totalTokenCount",
 )
 UNKNOWN_CODE = "unknown"
+# The prompt sizes (tokens) above which a tiered Gemini price changes, every one genai-prices
+# 0.2.5 lists for Google's models (a model whose tiers start elsewhere is not priced:
+# ``opstate.outcomes.price`` checks). Band n: the prompt is over n of them.
+PRICE_TIER_STARTS = (100_000, 128_000, 200_000)
+# Different ``modelVersion``s kept apart; rows of any further one count under OTHER_MODEL.
+MAX_BAND_MODELS = 8
+MAX_MODEL_CHARS = 128
+OTHER_MODEL = "other"
+type BandKey = tuple[str | None, int]
 # The longest line counted (bytes, without its newline); a longer one is an unreadable row
 # (``OPSTATE_RESULTS_MAX_LINE_MIB``).
 DEFAULT_MAX_LINE_BYTES = 32 * 1024 * 1024
@@ -87,6 +103,11 @@ def _count(value: object) -> int:
     if isinstance(value, str) and value.isdigit():
         return int(value)
     return 0
+
+
+def band_of(prompt: int) -> int:
+    """How many of ``PRICE_TIER_STARTS`` a row's prompt size is over (its price band)."""
+    return sum(prompt > start for start in PRICE_TIER_STARTS)
 
 
 def _code(code: object) -> str:
@@ -184,6 +205,8 @@ class BatchLedger(Digest):
     rows: Rows = field(default_factory=Rows)
     errors: dict[str, int] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_FIELDS, 0))
+    # (modelVersion, band) -> [rows, then the six sums in USAGE_FIELDS order]
+    bands: dict[BandKey, list[int]] = field(default_factory=dict)
     # A line longer than this (bytes, without its newline) is one unreadable row.
     max_line_bytes: int = field(default=DEFAULT_MAX_LINE_BYTES, repr=False)
     _rest: bytearray = field(default_factory=bytearray, repr=False)
@@ -334,11 +357,14 @@ class BatchLedger(Digest):
         self.rows.total += len(rows)
         self.rows.succeeded += len(responses)
         self.rows.blocked += sum(map(struct_is_blocked, responses))
-        usages = [u for r in responses if (u := r.usage_metadata) is not None]
-        if usages:
+        priced = [r for r in responses if r.usage_metadata is not None]
+        if priced:
+            usages = [r.usage_metadata for r in priced]
             sums = self.usage
-            for key, get in USAGE_GETTERS:
-                sums[key] += sum(map(get, usages))
+            block = [sum(map(get, usages)) for _key, get in USAGE_GETTERS]
+            for (key, _get), total in zip(USAGE_GETTERS, block, strict=True):
+                sums[key] += total
+            self._band_structs(priced, block)
         if len(responses) == len(rows):
             return
         for row in rows:
@@ -348,6 +374,45 @@ class BatchLedger(Digest):
                     self._add_failed(status.code)
                 else:
                     self.rows.unreadable += 1
+
+    def _band_structs(self, priced: list[Any], block: list[int]) -> None:
+        """``bands`` of rows msgspec read, each with its usage (``block``: their sums): at once
+        when they name one model and every prompt is under the lowest tier start (the usual
+        block), else row by row."""
+        models = {r.model_version for r in priced}
+        if len(models) == 1:
+            usages = [r.usage_metadata for r in priced]
+            top = max(map(_PROMPT_AND_TOOL, usages))
+            if top <= PRICE_TIER_STARTS[0]:
+                band = self._band(models.pop(), 0)
+                band[0] += len(priced)
+                for i, total in enumerate(block, 1):
+                    band[i] += total
+                return
+        for row in priced:
+            usage = row.usage_metadata
+            self._add_band(row.model_version, [get(usage) for _key, get in USAGE_GETTERS])
+
+    def _band(self, model: object, band: int) -> list[int]:
+        """The sums of a (model, band), made when new (a model past ``MAX_BAND_MODELS``
+        counts as ``OTHER_MODEL``)."""
+        name = model[:MAX_MODEL_CHARS] if isinstance(model, str) else None
+        bands = self.bands
+        found = bands.get((name, band))
+        if found is not None:
+            return found
+        known = {m for m, _ in bands if m is not None}
+        if name is not None and name not in known and len(known) >= MAX_BAND_MODELS:
+            name = OTHER_MODEL
+        return bands.setdefault((name, band), [0] * (1 + len(USAGE_FIELDS)))
+
+    def _add_band(self, model: object, counts: Sequence[int]) -> None:
+        """One row's counts (``USAGE_FIELDS`` order) into its band."""
+        prompt = counts[_PROMPT_AT] + counts[_TOOL_AT]
+        band = self._band(model, band_of(prompt))
+        band[0] += 1
+        for i, value in enumerate(counts, 1):
+            band[i] += value
 
     def _scan(self, text: str) -> None:
         """The stdlib way: json's scanner (the one ``json.loads`` runs) on each line of a
@@ -400,7 +465,8 @@ class BatchLedger(Digest):
                 self.rows.blocked += 1
             usage = response.get("usageMetadata")
             if isinstance(usage, dict):
-                self._add_usage([usage.get(key) for key in USAGE_FIELDS])
+                counts = self._add_usage([usage.get(key) for key in USAGE_FIELDS])
+                self._add_band(response.get("modelVersion"), counts)
             return
         status = row.get("status")
         if not isinstance(status, dict):
@@ -410,14 +476,19 @@ class BatchLedger(Digest):
             return
         self.rows.unreadable += 1
 
-    def _add_usage(self, values: Sequence[object]) -> None:
-        """Add a succeeded row's six counts (``USAGE_FIELDS`` order) to the sums."""
+    def _add_usage(self, values: Sequence[object]) -> list[int]:
+        """Add a succeeded row's six counts (``USAGE_FIELDS`` order) to the sums; returns
+        them as counted."""
         sums = self.usage
+        counts = []
         for key, value in zip(USAGE_FIELDS, values, strict=True):
             if type(value) is int and value >= 0:  # the usual case, as _count says
-                sums[key] += value
-            elif value is not None:
-                sums[key] += _count(value)
+                n = value
+            else:
+                n = 0 if value is None else _count(value)
+            sums[key] += n
+            counts.append(n)
+        return counts
 
     def _add_failed(self, code: object) -> None:
         self.rows.failed += 1
@@ -425,6 +496,18 @@ class BatchLedger(Digest):
         if key not in errors and len(errors) >= MAX_COUNTED_CODES:
             key = OTHER_CODES
         errors[key] = errors.get(key, 0) + 1
+
+
+_PROMPT_AT = USAGE_FIELDS.index("promptTokenCount")
+_TOOL_AT = USAGE_FIELDS.index("toolUsePromptTokenCount")
+
+
+def _prompt_and_tool(usage: Any) -> int:
+    """A msgspec usage's prompt size as a tiered price reads it (prompt + tool-use prompt)."""
+    return int(usage.prompt_token_count + usage.tool_use_prompt_token_count)
+
+
+_PROMPT_AND_TOOL = _prompt_and_tool
 
 
 def _text(data: bytes | memoryview) -> str | None:
