@@ -50,8 +50,10 @@ class Expected:
     usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_FIELDS, 0))
 
 
-def ok_line(key: str, prompt: int, candidates: int, text: str = "hello") -> dict[str, Any]:
-    return {
+def ok_line(
+    key: str, prompt: int, candidates: int, text: str = "hello", model: str | None = None
+) -> dict[str, Any]:
+    line = {
         "key": key,
         "response": {
             "candidates": [{"content": {"parts": [{"text": text}], "role": "model"}}],
@@ -62,6 +64,13 @@ def ok_line(key: str, prompt: int, candidates: int, text: str = "hello") -> dict
             },
         },
     }
+    return _with_model(line, model)
+
+
+def _with_model(line: dict[str, Any], model: str | None) -> dict[str, Any]:
+    if model is not None:
+        line["response"]["modelVersion"] = model
+    return line
 
 
 def failed_line(key: str, code: int, message: str = "quota") -> dict[str, Any]:
@@ -80,14 +89,19 @@ def blocked_line(key: str, i: int) -> dict[str, Any]:
 
 
 def batch_output(
-    ok: int, failed: dict[int, int], unreadable: int = 0, blocked: int = 0
+    ok: int,
+    failed: dict[int, int],
+    unreadable: int = 0,
+    blocked: int = 0,
+    model: str | None = None,
 ) -> tuple[bytes, Expected]:
     """``ok`` succeeded rows with an answer, ``blocked`` succeeded rows without one,
-    ``failed[code]`` failed rows per code, then broken lines."""
+    ``failed[code]`` failed rows per code, then broken lines (``model``: the answered rows'
+    ``modelVersion``)."""
     expected = Expected()
     lines = []
     for i in range(ok):
-        lines.append(json.dumps(ok_line(f"ok-{i}", 10 + i, 5)))
+        lines.append(json.dumps(ok_line(f"ok-{i}", 10 + i, 5, model=model)))
         expected.usage["promptTokenCount"] += 10 + i
         expected.usage["candidatesTokenCount"] += 5
         expected.usage["totalTokenCount"] += 15 + i
