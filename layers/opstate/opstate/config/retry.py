@@ -3,6 +3,7 @@ the retry runner (``opstate.retry``)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,6 +45,28 @@ def _transient(env: Mapping[str, str], key: str) -> str | None:
     return raw
 
 
+# The largest spending cap taken (US dollars): far above any batch bill, and exact in the
+# nano-dollars a counter keeps (``store.counters``: an int64).
+MAX_COST_USD = 1_000_000_000.0
+
+
+def _dollars(env: Mapping[str, str], key: str) -> float | None:
+    """A spending cap in US dollars: a positive finite number (unset or empty: no cap)."""
+    raw = read_str(env, key)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{key} must be a number of US dollars, got {raw!r}") from None
+    if not math.isfinite(value) or not 0 < value <= MAX_COST_USD:
+        raise ConfigError(
+            f"{key} must be more than 0 and at most {MAX_COST_USD:.0f} US dollars "
+            f"(unset it for no cap), got {raw!r}"
+        )
+    return value
+
+
 @settings_part
 class RetrySettings(Part):
     """Retries of failed rows and resubmits (docs/retry.md): the default policy of an operation
@@ -63,6 +86,10 @@ class RetrySettings(Part):
     # off other runners (seconds).
     retry_check_s: float = 60.0
     retry_lease_s: float = 900.0
+    # What retries may spend (US dollars; issue 41): the default policy's cap per lineage
+    # (``maxCostUSD``) and the deployment's cap per UTC day over every lineage. None: no cap.
+    retry_max_cost_usd: float | None = None
+    retry_daily_budget_usd: float | None = None
 
     @classmethod
     def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
@@ -74,4 +101,6 @@ class RetrySettings(Part):
             retry_transient=_transient(env, "OPSTATE_RETRY_TRANSIENT"),
             retry_check_s=read_float(env, "OPSTATE_RETRY_CHECK_SECONDS", 1.0, 86_400.0),
             retry_lease_s=read_float(env, "OPSTATE_RETRY_LEASE_SECONDS", 1.0, MAX_SECONDS),
+            retry_max_cost_usd=_dollars(env, "OPSTATE_RETRY_MAX_COST_USD"),
+            retry_daily_budget_usd=_dollars(env, "OPSTATE_RETRY_DAILY_BUDGET_USD"),
         )

@@ -18,6 +18,7 @@ from opstate.domain.model import OpRecord
 from opstate.domain.strict_json import dumps
 from opstate.domain.times import format_time
 from opstate.outcomes.plan import record_results, results_view
+from opstate.store.counters import is_counter
 from opstate.store.dynamodb import plain, record_from_item
 
 if TYPE_CHECKING:
@@ -289,7 +290,8 @@ def build_entry(record: DynamoDBRecord, bus_name: str) -> PutEventsRequestEntryT
     if stream is None:
         raise InvalidStreamRecordError("record has no 'dynamodb' section")
     event_name = record.event_name
-    if event_name is DynamoDBRecordEventName.REMOVE:
+    # A counter's item (store.counters) is no operation: nothing to announce.
+    if event_name is DynamoDBRecordEventName.REMOVE or is_counter((stream.keys or {}).get("name")):
         return None
     if event_name is DynamoDBRecordEventName.INSERT:
         old_image = None

@@ -23,6 +23,8 @@ class RetryConfig:
     check_s: float = 60.0
     lease_s: float = 900.0
     max_line_bytes: int = 32 * 1024 * 1024
+    # What retries may spend over every lineage in a UTC day (US dollars; None: no cap).
+    daily_budget_usd: float | None = None
 
 
 @dataclass

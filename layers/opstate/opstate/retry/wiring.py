@@ -26,6 +26,7 @@ def config_from(settings: Settings) -> RetryConfig:
         check_s=settings.retry_check_s,
         lease_s=settings.retry_lease_s,
         max_line_bytes=settings.results_max_line_mib * MiB,
+        daily_budget_usd=settings.retry_daily_budget_usd,
     )
 
 
