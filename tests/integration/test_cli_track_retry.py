@@ -13,6 +13,7 @@ import pytest
 
 from opstate.cli.common import EXIT_OK, EXIT_USAGE
 from opstate.config import settings
+from opstate.domain.costs import REASON_FINAL_PREVIOUS_RELEASE
 from opstate.store.port import ArchiveState
 from opstate.store.retry_state import RETRY_ACTIVE, RETRY_DONE, RETRY_MEMBER, RetryState
 from opstate.store.sqlite import SQLiteStore
@@ -208,6 +209,15 @@ def test_results_json_of_a_root_adds_lineage_and_final(
         "rows": {"total": 6, "answered": 5, "blocked": 1, "failed": 1},
         "errors": {"400": 1},
         "attempts": 3,
+        "cost": {
+            "usd": None,
+            "retries_usd": None,
+            "model": None,
+            "prices": None,
+            "batch_discount": None,
+            "reason": REASON_FINAL_PREVIOUS_RELEASE,
+        },
+        "stopped": None,
     }
     # the rest of the document is the archive's, as before
     assert {k: v for k, v in after.items() if k not in ("lineage", "final")} == before

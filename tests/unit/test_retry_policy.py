@@ -15,6 +15,7 @@ from opstate.config import (
     RetrySettings,
     Settings,
 )
+from opstate.domain.costs import REASON_FINAL_PREVIOUS_RELEASE
 from opstate.domain.model import OpRecord
 from opstate.domain.retry import (
     DEFAULT_ENABLED_ATTEMPTS,
@@ -266,6 +267,16 @@ def test_the_views_of_a_root() -> None:
         "rows": {"total": 10, "answered": 9, "blocked": 0, "failed": 1},
         "errors": {"400": 1},
         "attempts": 3,
+        # a final result written without a cost (an earlier release's): unknown, never 0
+        "cost": {
+            "usd": None,
+            "retries_usd": None,
+            "model": None,
+            "prices": None,
+            "batch_discount": None,
+            "reason": REASON_FINAL_PREVIOUS_RELEASE,
+        },
+        "stopped": None,
     }
     assert lineage_names(ROOT_DOC, "batches/root") == ["batches/root", "batches/c1", "batches/c2"]
 

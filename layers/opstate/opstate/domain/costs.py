@@ -20,6 +20,7 @@ REASON_PREVIOUS_RELEASE = "archived by an earlier release, which did not price r
 REASON_NO_USAGE = "no row reports its token usage"
 REASON_NOT_BATCH = "only a batch's output rows are priced"
 REASON_NOT_ARCHIVED = "its results are not archived"
+REASON_FINAL_PREVIOUS_RELEASE = "written by an earlier release, which did not price results"
 
 
 def decimal_of(cost: Mapping[str, Any] | None) -> Decimal | None:
@@ -159,7 +160,7 @@ def final_cost_view(cost: object) -> dict[str, Any]:
     batch_discount}`` (numbers), and ``reason`` when ``usd`` is null (a final result an
     earlier release wrote carries none: unknown)."""
     if not isinstance(cost, Mapping):
-        view = _unknown("written by an earlier release, which did not price results")
+        view = _unknown(REASON_FINAL_PREVIOUS_RELEASE)
     else:
         view = dict(cost_view(cost))
         if view["usd"] is None:
