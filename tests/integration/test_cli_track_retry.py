@@ -63,6 +63,8 @@ def _open(db: Path) -> SQLiteStore:
         (["--input", "gs://bucket/in.jsonl"], "s3://BUCKET/KEY or file:///ABS/PATH"),
         (["--input", "missing.jsonl"], "no such file"),
         (["--input", "file:///data/../in.jsonl"], "no '..'"),
+        (["--max-cost-usd", "0"], "'retry.maxCostUSD' must be more than 0"),
+        (["--max-cost-usd", "inf"], "'retry.maxCostUSD' must be more than 0"),
     ],
 )
 def test_bad_flags_write_nothing(
@@ -114,6 +116,10 @@ def test_track_with_flags_keeps_the_policy_and_get_shows_it(
     # the text answer of track names the status and the policy
     text = cli("track", NAME, "--retry-attempts", "1")
     assert text.code == EXIT_OK and "retry: active" in text.out
+    # a spending cap (issue 41) is kept with the policy and shown
+    capped = cli("track", NAME, "--retry-attempts", "1", "--max-cost-usd", "2.5")
+    assert capped.code == EXIT_OK and "maxCostUSD 2.5" in capped.out
+    assert cli("get", NAME, "--json").json()["retry"]["policy"]["maxCostUSD"] == 2.5
 
 
 def test_plain_track_attaches_no_policy_whatever_the_default(
