@@ -302,9 +302,14 @@ class Archiver:
     def _priced(self, record: OpRecord, summary: dict[str, Any]) -> dict[str, Any]:
         """``summary`` with its ``cost`` (``price.cost_of``; a batch output only)."""
         if summary.get("rows") is not None:
-            summary["cost"] = cost_of(
+            cost = cost_of(
                 summary, record.details.get("model"), record.update_time_ns, self.clock_ns()
             )
+            summary["cost"] = cost
+            if cost["usd"] is None:
+                count("ResultsUnpriced")
+            else:
+                count("ResultsCostUSD", float(cost["usd"]))
         return summary
 
     def _write_summary(self, record: OpRecord, summary: dict[str, Any]) -> None:

@@ -91,6 +91,8 @@ def write_final_of(
     runner.write(root, state, doc, status=RETRY_DONE, due_ns=0)
     runner.result.final += 1
     count("ResultsFinal")
+    if summary["cost"]["retries_usd"] is not None:
+        count("RetryCostUSD", float(summary["cost"]["retries_usd"]))
     log_fields(logger.info, "results final", {"name": root.name, **summary["rows"]})
     if runner.on_final is not None:
         runner.on_final(root.name)
