@@ -45,6 +45,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from opstate.outcomes.plan import (
@@ -357,14 +358,15 @@ class BatchLedger(Digest):
         self.rows.total += len(rows)
         self.rows.succeeded += len(responses)
         self.rows.blocked += sum(map(struct_is_blocked, responses))
-        priced = [r for r in responses if r.usage_metadata is not None]
-        if priced:
-            usages = [r.usage_metadata for r in priced]
+        usages = [u for r in responses if (u := r.usage_metadata) is not None]
+        if usages:
             sums = self.usage
             block = [sum(map(get, usages)) for _key, get in USAGE_GETTERS]
             for (key, _get), total in zip(USAGE_GETTERS, block, strict=True):
                 sums[key] += total
-            self._band_structs(priced, block)
+            if len(usages) < len(responses):
+                responses = [r for r in responses if r.usage_metadata is not None]
+            self._band_structs(responses, usages, block)
         if len(responses) == len(rows):
             return
         for row in rows:
@@ -375,22 +377,21 @@ class BatchLedger(Digest):
                 else:
                     self.rows.unreadable += 1
 
-    def _band_structs(self, priced: list[Any], block: list[int]) -> None:
-        """``bands`` of rows msgspec read, each with its usage (``block``: their sums): at once
-        when they name one model and every prompt is under the lowest tier start (the usual
-        block), else row by row."""
-        models = {r.model_version for r in priced}
+    def _band_structs(self, priced: list[Any], usages: list[Any], block: list[int]) -> None:
+        """``bands`` of rows msgspec read, each with its usage (``usages``; ``block``: their
+        sums): at once when they name one model and no prompt can be over the lowest tier
+        start (the largest prompt plus the largest tool-use prompt is not: the usual block),
+        else row by row."""
+        models = set(map(_MODEL_OF, priced))
         if len(models) == 1:
-            usages = [r.usage_metadata for r in priced]
-            top = max(map(_PROMPT_AND_TOOL, usages))
+            top = max(map(_PROMPT_OF, usages)) + max(map(_TOOL_OF, usages))
             if top <= PRICE_TIER_STARTS[0]:
                 band = self._band(models.pop(), 0)
-                band[0] += len(priced)
+                band[0] += len(usages)
                 for i, total in enumerate(block, 1):
                     band[i] += total
                 return
-        for row in priced:
-            usage = row.usage_metadata
+        for row, usage in zip(priced, usages, strict=True):
             self._add_band(row.model_version, [get(usage) for _key, get in USAGE_GETTERS])
 
     def _band(self, model: object, band: int) -> list[int]:
@@ -500,14 +501,10 @@ class BatchLedger(Digest):
 
 _PROMPT_AT = USAGE_FIELDS.index("promptTokenCount")
 _TOOL_AT = USAGE_FIELDS.index("toolUsePromptTokenCount")
-
-
-def _prompt_and_tool(usage: Any) -> int:
-    """A msgspec usage's prompt size as a tiered price reads it (prompt + tool-use prompt)."""
-    return int(usage.prompt_token_count + usage.tool_use_prompt_token_count)
-
-
-_PROMPT_AND_TOOL = _prompt_and_tool
+# A msgspec row's model, and its usage's prompt and tool-use prompt counts.
+_MODEL_OF = attrgetter("model_version")
+_PROMPT_OF = attrgetter("prompt_token_count")
+_TOOL_OF = attrgetter("tool_use_prompt_token_count")
 
 
 def _text(data: bytes | memoryview) -> str | None:
