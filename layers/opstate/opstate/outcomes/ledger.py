@@ -206,8 +206,13 @@ class BatchLedger(Digest):
     rows: Rows = field(default_factory=Rows)
     errors: dict[str, int] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_FIELDS, 0))
-    # (modelVersion, band) -> [rows, then the six sums in USAGE_FIELDS order]
-    bands: dict[BandKey, list[int]] = field(default_factory=dict)
+    # (modelVersion, band) -> [rows, then the six sums in USAGE_FIELDS order], for every band
+    # but the usual one (``_usual``: the first model seen in band 0), whose sums are the
+    # totals less these (``bands``): a row of the usual band costs one comparison.
+    _bands: dict[BandKey, list[int]] = field(default_factory=dict, repr=False)
+    _usual: str | None = field(default=None, repr=False)
+    _has_usual: bool = field(default=False, repr=False)
+    _usage_rows: int = field(default=0, repr=False)  # rows that reported their usage
     # A line longer than this (bytes, without its newline) is one unreadable row.
     max_line_bytes: int = field(default=DEFAULT_MAX_LINE_BYTES, repr=False)
     _rest: bytearray = field(default_factory=bytearray, repr=False)
@@ -377,43 +382,63 @@ class BatchLedger(Digest):
                 else:
                     self.rows.unreadable += 1
 
+    @property
+    def bands(self) -> dict[BandKey, list[int]]:
+        """(modelVersion, band) -> [rows, then the six sums in ``USAGE_FIELDS`` order]."""
+        found = {key: list(sums) for key, sums in self._bands.items()}
+        if self._has_usual:
+            usual = [self._usage_rows, *(self.usage[k] for k in USAGE_FIELDS)]
+            for sums in self._bands.values():
+                for i, value in enumerate(sums):
+                    usual[i] -= value
+            if usual[0]:
+                found[(self._usual, 0)] = usual
+        return found
+
+    def _is_usual(self, name: str | None, prompt: int) -> bool:
+        """Whether a row of model ``name`` (cut) and prompt size ``prompt`` is of the usual
+        band (the first row in band 0 makes its model the usual one)."""
+        if prompt > PRICE_TIER_STARTS[0]:
+            return False
+        if not self._has_usual:
+            self._usual, self._has_usual = name, True
+            return True
+        return name == self._usual
+
     def _band_structs(self, priced: list[Any], usages: list[Any], block: list[int]) -> None:
         """``bands`` of rows msgspec read, each with its usage (``usages``; ``block``: their
-        sums): at once when they name one model and no prompt can be over the lowest tier
-        start (the largest prompt plus the largest tool-use prompt is not: the usual block),
-        else row by row."""
+        sums): nothing more to do when they all name one model and no prompt can be over the
+        lowest tier start (the largest prompt plus the largest tool-use prompt is not: the
+        usual block), else row by row."""
+        self._usage_rows += len(usages)
         models = set(map(_MODEL_OF, priced))
         if len(models) == 1:
             top = max(map(_PROMPT_OF, usages)) + max(map(_TOOL_OF, usages))
-            if top <= PRICE_TIER_STARTS[0]:
-                band = self._band(models.pop(), 0)
-                band[0] += len(usages)
-                for i, total in enumerate(block, 1):
-                    band[i] += total
+            if self._is_usual(_cut(models.pop()), top):
                 return
         for row, usage in zip(priced, usages, strict=True):
             self._add_band(row.model_version, [get(usage) for _key, get in USAGE_GETTERS])
 
-    def _band(self, model: object, band: int) -> list[int]:
-        """The sums of a (model, band), made when new (a model past ``MAX_BAND_MODELS``
-        counts as ``OTHER_MODEL``)."""
-        name = model[:MAX_MODEL_CHARS] if isinstance(model, str) else None
-        bands = self.bands
-        found = bands.get((name, band))
-        if found is not None:
-            return found
-        known = {m for m, _ in bands if m is not None}
-        if name is not None and name not in known and len(known) >= MAX_BAND_MODELS:
-            name = OTHER_MODEL
-        return bands.setdefault((name, band), [0] * (1 + len(USAGE_FIELDS)))
-
     def _add_band(self, model: object, counts: Sequence[int]) -> None:
-        """One row's counts (``USAGE_FIELDS`` order) into its band."""
+        """One row's counts (``USAGE_FIELDS`` order) into its band (the usual one's sums are
+        the totals'; a model past ``MAX_BAND_MODELS`` counts as ``OTHER_MODEL``)."""
         prompt = counts[_PROMPT_AT] + counts[_TOOL_AT]
-        band = self._band(model, band_of(prompt))
-        band[0] += 1
+        name = _cut(model)
+        if self._is_usual(name, prompt):
+            return
+        bands = self._bands
+        key = (name, band_of(prompt))
+        sums = bands.get(key)
+        if sums is None:
+            known = {m for m, _ in bands if m is not None}
+            if self._usual is not None:
+                known.add(self._usual)
+            if name is not None and name not in known and len(known) >= MAX_BAND_MODELS:
+                key = (OTHER_MODEL, key[1])
+            sums = bands.setdefault(key, [0] * (1 + len(USAGE_FIELDS)))
+        sums[0] += 1
         for i, value in enumerate(counts, 1):
-            band[i] += value
+            sums[i] += value
 
     def _scan(self, text: str) -> None:
         """The stdlib way: json's scanner (the one ``json.loads`` runs) on each line of a
@@ -467,6 +492,7 @@ class BatchLedger(Digest):
             usage = response.get("usageMetadata")
             if isinstance(usage, dict):
                 counts = self._add_usage([usage.get(key) for key in USAGE_FIELDS])
+                self._usage_rows += 1
                 self._add_band(response.get("modelVersion"), counts)
             return
         status = row.get("status")
@@ -505,6 +531,11 @@ _TOOL_AT = USAGE_FIELDS.index("toolUsePromptTokenCount")
 _MODEL_OF = attrgetter("model_version")
 _PROMPT_OF = attrgetter("prompt_token_count")
 _TOOL_OF = attrgetter("tool_use_prompt_token_count")
+
+
+def _cut(model: object) -> str | None:
+    """A row's ``modelVersion`` as its band names it (None: not a string)."""
+    return model[:MAX_MODEL_CHARS] if isinstance(model, str) else None
 
 
 def _text(data: bytes | memoryview) -> str | None:
