@@ -21,7 +21,14 @@ import genai_prices
 import pytest
 
 from opstate.domain.costs import BATCH_FACTOR, shown_usd
-from opstate.notify.entries import RESULTS_FINAL_DETAIL_TYPE, results_final_detail
+from opstate.notify.entries import (
+    RESULTS_ARCHIVED_DETAIL_TYPE,
+    RESULTS_FINAL_DETAIL_TYPE,
+    results_detail,
+    results_final_detail,
+)
+from opstate.outcomes import run as run_module
+from opstate.retry import finalize as finalize_module
 from opstate.retry import spend
 from opstate.store.sqlite import SQLiteStore
 from tests.integration.test_retry_engine import Rig, make_rig
@@ -97,9 +104,25 @@ def final_event(rig: Rig, root: str) -> dict[str, Any]:
     return detail
 
 
+def archived_event(rig: Rig, name: str) -> dict[str, Any]:
+    """The ``Operation Results Archived`` detail the notifier builds from the stored archive."""
+    store = SQLiteStore(str(rig.db))
+    try:
+        record, archive = store.get(name), store.get_archive(name)
+    finally:
+        store.close()
+    assert record is not None and archive is not None
+    detail = results_detail(record, {"archive": archive.as_dict()}, RESULTS_ARCHIVED_DETAIL_TYPE)
+    assert problems(RESULTS_ARCHIVED_DETAIL_TYPE, detail) == []
+    return detail
+
+
 def test_a_finished_lineage_costs_every_batch_at_batch_prices_on_every_surface(
-    rig: Rig,
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    metrics: list[tuple[str, float]] = []
+    for module in (run_module, finalize_module):
+        monkeypatch.setattr(module, "count", lambda n, v=1, **k: metrics.append((n, v)))
     keys = [f"k{i}" for i in range(6)]
     root = rig.submit(keys, "--retry-attempts", "2")
     rig.finish(
@@ -110,6 +133,8 @@ def test_a_finished_lineage_costs_every_batch_at_batch_prices_on_every_surface(
     assert root_cost["model"] == PRICED_MODEL
     assert root_cost["batch_discount"] == {"by": "opstate", "factor": "0.5"}
     assert root_cost["prices"] == f"genai-prices {genai_prices.__version__}"
+    assert archived_event(rig, root)["cost"] == root_cost
+    assert ("ResultsCostUSD", float(batch_price(4))) in metrics
     assert rig.run().submitted == 1
     child = rig.fake.batches_created()[1]
     rig.finish(child, [answered(k) for k in keys[:2]])
@@ -125,6 +150,7 @@ def test_a_finished_lineage_costs_every_batch_at_batch_prices_on_every_surface(
     assert Decimal(document["cost"]["retries_usd"]) == retries
     event = final_event(rig, root)
     assert event["cost"]["usd"] == shown_usd(total) and event["stopped"] is None
+    assert ("RetryCostUSD", float(retries)) in metrics
 
 
 def test_a_cap_below_what_the_root_cost_creates_nothing_and_the_final_says_why(
