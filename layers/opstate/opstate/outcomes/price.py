@@ -120,6 +120,8 @@ def price_bands(bands: list[Band], fallback_model: str | None, when: datetime) -
     """The batch price of ``bands`` (``UnpricedError`` when it cannot be known)."""
     if not bands:
         raise UnpricedError(REASON_NO_USAGE)
+    if fallback_model is None and any(b.model is None for b in bands):
+        raise UnpricedError("no model named: the rows carry no modelVersion")
     try:
         import genai_prices
     except ImportError as exc:  # pragma: no cover - every function that archives installs it
