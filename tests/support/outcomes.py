@@ -12,7 +12,14 @@ from typing import Any
 from opstate.domain.model import OpRecord
 from opstate.domain.states import State
 from opstate.domain.times import NS_PER_SECOND, format_time
-from opstate.outcomes.ledger import USAGE_FIELDS, BatchLedger
+from opstate.outcomes.ledger import (
+    MAX_BAND_MODELS,
+    MAX_MODEL_CHARS,
+    OTHER_MODEL,
+    PRICE_TIER_STARTS,
+    USAGE_FIELDS,
+    BatchLedger,
+)
 from opstate.outcomes.plan import MAX_CODE_CHARS
 from opstate.outcomes.sink import StoredObject
 from opstate.outcomes.source import VIDEO, Output, Outputs
@@ -174,6 +181,14 @@ def worst_case() -> tuple[OpRecord, ArchiveState]:
     codes = ((f"{i:04d}" + "c" * MAX_CODE_CHARS)[:MAX_CODE_CHARS] for i in range(1000))
     ledger.errors = dict.fromkeys(codes, MAX_COUNT)  # as many as the ledger tells apart
     ledger.usage = dict.fromkeys(ledger.usage, 10**30)  # a sum past any int64
+    # every band the ledger keeps apart: MAX_BAND_MODELS models named as long as kept, "other"
+    # and none, each in every band, every sum past any int64
+    models = [(f"{i}" + "m" * MAX_MODEL_CHARS)[:MAX_MODEL_CHARS] for i in range(MAX_BAND_MODELS)]
+    ledger._bands = {
+        (model, band): [10**30] * (1 + len(USAGE_FIELDS))
+        for model in [*models, OTHER_MODEL, None]
+        for band in range(len(PRICE_TIER_STARTS) + 1)
+    }
     outputs = Outputs(
         tuple(Output(f"video-{i}.mp4", VIDEO, file=f"files/v{i}") for i in range(MAX_OBJECTS)),
         requests=10**40,
@@ -181,6 +196,14 @@ def worst_case() -> tuple[OpRecord, ArchiveState]:
         filtered_reasons=tuple("r" * 10_000 for _ in range(1000)),
     )
     summary = summary_of(record, outputs, objects, ledger)
+    summary["cost"] = {  # an unknown cost with the longest reason kept
+        "usd": None,
+        "model": None,
+        "priced_at": format_time(2**62),
+        "prices": "genai-prices 0.2.5",
+        "batch_discount": None,
+        "reason": "r" * 300,
+    }
     state = ArchiveState(
         ARCHIVE_ARCHIVED,
         created_ns=2**62,
