@@ -369,9 +369,10 @@ class BatchLedger(Digest):
             block = [sum(map(get, usages)) for _key, get in USAGE_GETTERS]
             for (key, _get), total in zip(USAGE_GETTERS, block, strict=True):
                 sums[key] += total
+            priced = responses
             if len(usages) < len(responses):
-                responses = [r for r in responses if r.usage_metadata is not None]
-            self._band_structs(responses, usages, block)
+                priced = [r for r in responses if r.usage_metadata is not None]
+            self._band_structs(priced, usages, block)
         if len(responses) == len(rows):
             return
         for row in rows:
