@@ -23,7 +23,13 @@ from opstate.domain.costs import (
     cost_view,
     lineage_cost,
 )
-from opstate.outcomes.ledger import MAX_BAND_MODELS, OTHER_MODEL, BatchLedger, band_of
+from opstate.outcomes.ledger import (
+    MAX_BAND_MODELS,
+    OTHER_MODEL,
+    USAGE_FIELDS,
+    BatchLedger,
+    band_of,
+)
 from opstate.outcomes.price import bands_of, cost_of
 
 WHEN = datetime(2026, 12, 1, tzinfo=UTC)
@@ -224,3 +230,42 @@ def test_genai_prices_is_imported_only_when_a_price_is_computed() -> None:
 @pytest.mark.parametrize("prompt", [0, 100_000, 100_001, 128_000, 128_001, 200_000, 200_001])
 def test_a_band_is_how_many_tier_starts_the_prompt_is_over(prompt: int) -> None:
     assert band_of(prompt) == sum(prompt > s for s in (100_000, 128_000, 200_000))
+
+
+band_rows = st.lists(
+    st.tuples(
+        st.sampled_from(["gemini-2.0-flash", "gemini-2.5-pro", None, 7, "x" * 200]),
+        st.integers(0, 300_000),
+        st.integers(0, 50),
+        st.booleans(),  # with usageMetadata
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(rows=band_rows, cut=st.integers(1, 4000))
+def test_both_ledger_ways_band_alike_and_the_bands_add_up_to_the_usage(
+    rows: list[tuple[object, int, int, bool]], cut: int
+) -> None:
+    lines = []
+    for model, prompt, out, has_usage in rows:
+        response: dict[str, Any] = {"candidates": [{"finishReason": "STOP"}]}
+        if model is not None:
+            response["modelVersion"] = model
+        if has_usage:
+            response["usageMetadata"] = {"promptTokenCount": prompt, "candidatesTokenCount": out}
+        lines.append(json.dumps({"key": "k", "response": response}).encode())
+    data = b"\n".join(lines) + b"\n"
+    found = []
+    for use_msgspec in (True, False):
+        ledger = BatchLedger(use_msgspec=use_msgspec)
+        for i in range(0, len(data), cut):
+            ledger.feed(data[i : i + cut])
+        ledger.finish()
+        bands = ledger.bands
+        assert sum(b[0] for b in bands.values()) == sum(1 for r in rows if r[3])
+        for i, name in enumerate(USAGE_FIELDS, 1):
+            assert sum(b[i] for b in bands.values()) == ledger.usage[name]
+        found.append(bands)
+    assert found[0] == found[1]
