@@ -198,3 +198,35 @@ def test_a_lineage_cap_needs_no_counter(tmp_path: Path, monkeypatch: pytest.Monk
         assert store.get_counter(spend.DAILY_COUNTER.format(day="2026-06-01")) == 0
     finally:
         store.close()
+
+
+def test_a_priced_archive_reads_back_on_every_store(harness: Harness) -> None:
+    """The summary's bands (a null model among them) and its cost (exact decimal text, a
+    nested map, a null) round-trip through every store into ``results --json``'s cost."""
+    from opstate.domain.costs import cost_view
+    from opstate.outcomes.results import results_json
+
+    name = "batches/priced"
+    ingest(harness.store, OpEvent(name, State.SUCCEEDED, T0, "report", {}), clock_ns=lambda: NOW_NS)
+    record = harness.store.get(name)
+    assert record is not None
+    cost = {
+        "usd": "0.000360000000000000000000000001",
+        "model": "gemini-2.0-flash",
+        "priced_at": "2026-06-01T11:00:00.000000000Z",
+        "prices": "genai-prices 0.2.5",
+        "batch_discount": {"by": "opstate", "factor": "0.5"},
+    }
+    bands = [
+        {"model": None, "band": 0, "rows": 3, "usage": {"promptTokenCount": 3600}},
+        {"model": "gemini-2.0-flash", "band": 3, "rows": 1, "usage": {"promptTokenCount": 2**62}},
+    ]
+    summary = {"rows": {"total": 4}, "usageBands": bands, "cost": cost}
+    state = ArchiveState("archived", created_ns=record.created_ns, summary=summary)
+    store: Any = harness.store
+    assert store.set_archive(name, 0, state)
+    stored = store.get_archive(name)
+    assert stored.summary["usageBands"] == bands and stored.summary["cost"] == cost
+    view = results_json(harness.store, name)
+    assert view is not None and view["cost"] == cost_view(cost)
+    assert view["cost"]["usd"] == 0.00036
