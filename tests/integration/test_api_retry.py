@@ -68,6 +68,8 @@ def _get(app: Any, name: str = NAME) -> tuple[int, Any]:
         ({"resubmitExpired": "no"}, "'retry.resubmitExpired' must be true or false"),
         ({"pendingTimeoutHours": 0}, "more than 0 and at most 720"),
         ({"pendingTimeoutHours": 721}, "more than 0 and at most 720"),
+        ({"maxCostUSD": 0}, "'retry.maxCostUSD' must be more than 0"),
+        ({"maxCostUSD": "5"}, "'retry.maxCostUSD' must be a number of US dollars or null"),
         ({"input": "gs://bucket/in.jsonl"}, "s3://BUCKET/KEY or file:///ABS/PATH"),
         ({"input": "s3://B/in.jsonl"}, "must be s3://BUCKET/KEY"),
         # a local file would be read from this host and uploaded: the CLI's, never an HTTP body's

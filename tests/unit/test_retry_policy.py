@@ -15,6 +15,7 @@ from opstate.config import (
     RetrySettings,
     Settings,
 )
+from opstate.domain.costs import REASON_FINAL_PREVIOUS_RELEASE
 from opstate.domain.model import OpRecord
 from opstate.domain.retry import (
     DEFAULT_ENABLED_ATTEMPTS,
@@ -27,6 +28,7 @@ from opstate.domain.retry import (
     lineage_of,
     parse_retry,
     parse_transient,
+    policy_of,
     retry_view,
 )
 from opstate.domain.states import State
@@ -65,6 +67,13 @@ NOW = 1_700_000_000_000_000_000
         ({"pendingTimeoutHours": 720.5}, "more than 0 and at most 720"),
         ({"pendingTimeoutHours": float("nan")}, "more than 0 and at most 720"),
         ({"pendingTimeoutHours": float("inf")}, "more than 0 and at most 720"),
+        ({"maxCostUSD": True}, "maxCostUSD' must be a number of US dollars or null"),
+        ({"maxCostUSD": "1.5"}, "maxCostUSD' must be a number of US dollars or null"),
+        ({"maxCostUSD": 0}, "maxCostUSD' must be more than 0"),
+        ({"maxCostUSD": -0.01}, "maxCostUSD' must be more than 0"),
+        ({"maxCostUSD": float("nan")}, "maxCostUSD' must be more than 0"),
+        ({"maxCostUSD": float("inf")}, "maxCostUSD' must be more than 0"),
+        ({"maxCostUSD": 1e10}, "maxCostUSD' must be more than 0"),
         ({"input": 7}, "input' must be a string or null"),
         ({"input": "https://example.com/in.jsonl"}, "s3://BUCKET/KEY or file:///ABS/PATH"),
         ({"input": "file://relative/in.jsonl"}, "s3://BUCKET/KEY or file:///ABS/PATH"),
@@ -212,11 +221,30 @@ def test_the_retry_settings_and_their_default_policy() -> None:
         ("OPSTATE_RETRY_TRANSIENT", "NOT_FOUND"),
         ("OPSTATE_RETRY_CHECK_SECONDS", "0"),
         ("OPSTATE_RETRY_LEASE_SECONDS", "901"),
+        ("OPSTATE_RETRY_MAX_COST_USD", "0"),
+        ("OPSTATE_RETRY_MAX_COST_USD", "-1"),
+        ("OPSTATE_RETRY_MAX_COST_USD", "nan"),
+        ("OPSTATE_RETRY_MAX_COST_USD", "five"),
+        ("OPSTATE_RETRY_DAILY_BUDGET_USD", "inf"),
+        ("OPSTATE_RETRY_DAILY_BUDGET_USD", "0"),
     ],
 )
 def test_a_bad_retry_setting_names_its_variable(key: str, value: str) -> None:
     with pytest.raises(ConfigError, match=key):
         Settings.from_env({key: value})
+
+
+def test_max_cost_usd_is_kept_only_when_given_and_the_deployment_default_fills_it() -> None:
+    plain = parse_retry({"maxAttempts": 2}, RetryPolicy())
+    assert plain.max_cost_usd is None and "maxCostUSD" not in plain.as_doc()
+    capped = parse_retry({"maxAttempts": 2, "maxCostUSD": 12.5}, RetryPolicy())
+    assert capped.as_doc()["maxCostUSD"] == 12.5
+    assert policy_of({"policy": capped.as_doc()}).max_cost_usd == 12.5
+    config = Settings.from_env({"OPSTATE_RETRY_MAX_COST_USD": "3"})
+    assert config.retry_max_cost_usd == 3.0 and config.retry_daily_budget_usd is None
+    assert parse_retry({}, settings_policy(config)).max_cost_usd == 3.0
+    assert parse_retry({"maxCostUSD": None}, settings_policy(config)).max_cost_usd is None
+    assert Settings.from_env({}).retry_max_cost_usd is None  # unset by default
 
 
 # -- views ---------------------------------------------------------------------------------------
@@ -267,6 +295,16 @@ def test_the_views_of_a_root() -> None:
         "rows": {"total": 10, "answered": 9, "blocked": 0, "failed": 1},
         "errors": {"400": 1},
         "attempts": 3,
+        # a final result written without a cost (an earlier release's): unknown, never 0
+        "cost": {
+            "usd": None,
+            "retries_usd": None,
+            "model": None,
+            "prices": None,
+            "batch_discount": None,
+            "reason": REASON_FINAL_PREVIOUS_RELEASE,
+        },
+        "stopped": None,
     }
     assert lineage_names(ROOT_DOC, "batches/root") == ["batches/root", "batches/c1", "batches/c2"]
 

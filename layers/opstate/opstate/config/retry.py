@@ -3,6 +3,7 @@ the retry runner (``opstate.retry``)."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import field
@@ -87,6 +88,28 @@ def _transient(env: Mapping[str, str], key: str) -> str | None:
     return raw
 
 
+# The largest spending cap taken (US dollars): far above any batch bill, and exact in the
+# nano-dollars a counter keeps (``store.counters``: an int64).
+MAX_COST_USD = 1_000_000_000.0
+
+
+def _dollars(env: Mapping[str, str], key: str) -> float | None:
+    """A spending cap in US dollars: a positive finite number (unset or empty: no cap)."""
+    raw = read_str(env, key)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{key} must be a number of US dollars, got {raw!r}") from None
+    if not math.isfinite(value) or not 0 < value <= MAX_COST_USD:
+        raise ConfigError(
+            f"{key} must be more than 0 and at most {MAX_COST_USD:.0f} US dollars "
+            f"(unset it for no cap), got {raw!r}"
+        )
+    return value
+
+
 @settings_part
 class RetrySettings(Part):
     """Retries of failed rows and resubmits (docs/retry.md): the default policy of an operation
@@ -114,6 +137,10 @@ class RetrySettings(Part):
     # The s3:// prefixes a "retry.input" given over HTTP must be under (none: every one is
     # refused). On AWS the template sets the results bucket's incoming/.
     retry_input_prefixes: tuple[str, ...] = ()
+    # What retries may spend (US dollars; issue 41): the default policy's cap per lineage
+    # (``maxCostUSD``) and the deployment's cap per UTC day over every lineage. None: no cap.
+    retry_max_cost_usd: float | None = None
+    retry_daily_budget_usd: float | None = None
 
     @classmethod
     def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
@@ -128,4 +155,6 @@ class RetrySettings(Part):
             retry_api_token=_retry_token(env, "OPSTATE_RETRY_API_TOKEN"),
             retry_over_api=read_bool(env, "OPSTATE_RETRY_OVER_API"),
             retry_input_prefixes=_input_prefixes(env, "OPSTATE_RETRY_INPUT_PREFIXES"),
+            retry_max_cost_usd=_dollars(env, "OPSTATE_RETRY_MAX_COST_USD"),
+            retry_daily_budget_usd=_dollars(env, "OPSTATE_RETRY_DAILY_BUDGET_USD"),
         )

@@ -8,6 +8,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from opstate.domain.costs import archive_cost
 from opstate.domain.model import OpRecord
 from opstate.domain.names import GOOGLE_CLOUD, backend_of
 from opstate.domain.times import NS_PER_SECOND, format_time
@@ -111,8 +112,8 @@ def rows_view(rows: object) -> object:
 
 def results_view(name: str, archive: Mapping[str, Any]) -> dict[str, Any]:
     """The ``opstate results --json`` document of an archive state (``ArchiveState.as_dict``):
-    exactly ``name, status, expiresAt, archivedAt, objects, rows, errors, usage, requests``
-    (``rows`` as ``rows_view`` shows them)."""
+    exactly ``name, status, expiresAt, archivedAt, objects, rows, errors, usage, requests,
+    cost`` (``rows`` as ``rows_view`` shows them; ``cost``: ``costs.archive_cost``)."""
     summary = archive.get("summary")
     summary = summary if isinstance(summary, Mapping) else {}
     objects = summary.get("objects")
@@ -130,6 +131,7 @@ def results_view(name: str, archive: Mapping[str, Any]) -> dict[str, Any]:
         "errors": summary.get("errors"),
         "usage": summary.get("usage"),
         "requests": summary.get("requests"),
+        "cost": archive_cost(archive),
     }
 
 

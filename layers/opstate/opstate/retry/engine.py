@@ -42,7 +42,7 @@ from opstate.gemini.submit import inlined_requests
 from opstate.observability import count, log_fields, logger
 from opstate.outcomes.plan import prefix_of
 from opstate.outcomes.sink import Sink, SinkError
-from opstate.retry import lineage
+from opstate.retry import lineage, spend
 from opstate.retry.authority import INPUT_UNUSABLE, NOT_UNDER, acting_policy, reads_input
 from opstate.retry.children import Creator
 from opstate.retry.finalize import chunks_of, lines_of, output_location, write_final_of
@@ -369,6 +369,7 @@ class RetryRunner:
             "retry planned",
             {"name": root.name, "attempt": attempt, "children": [c["id"] for c in planned]},
         )
+        spend.check(self, root, doc, refs, archives, planned)  # over budget: stopped (issue 41)
         return self.write(root, state, doc, due_ns=self.clock_ns())
 
     def _retry_keys(

@@ -1,9 +1,10 @@
 """Step 6 of a retry pass (``opstate.retry.engine``): when nothing is left to plan,
 ``final.jsonl`` (one line per original key, ``opstate.retry.final``) and ``final.json`` (its
-ledger and the lineage) are written beside the root's results, then the root's retry state
-says ``final`` (which announces ``Operation Results Final``) and ``done``. A batch of the
-lineage that ended as a whole without an output (FAILED, EXPIRED, CANCELLED) stands in the
-merge for one failed row per key of its input (``ended_whole``)."""
+ledger, the lineage, its cost, why it stopped if it did) are written beside the root's
+results, then the root's retry state says ``final`` (which announces ``Operation Results
+Final``) and ``done``. A batch of the lineage that ended as a whole without an output
+(FAILED, EXPIRED, CANCELLED) stands in the merge for one failed row per key of its input
+(``ended_whole``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
+from opstate.domain.costs import lineage_cost
 from opstate.domain.model import OpRecord
 from opstate.domain.states import State
 from opstate.observability import count, log_fields, logger
@@ -66,12 +68,18 @@ def write_final_of(
         ledger = write_final(members, chunks_of(runner.sink, location), write, cap)
         stored = out.commit(digest.hexdigest())
     summary = ledger.as_dict()
+    summary["cost"] = lineage_cost(
+        [r.name for r in refs],
+        {name: (a.as_dict() if a is not None else None) for name, a in archives.items()},
+    )
+    stopped = doc.get("stopped")
     document = json.dumps(
         {
             "name": root.name,
             "lineage": [r.name for r in refs],
             **summary,
             "location": stored.location,
+            "stopped": stopped if isinstance(stopped, str) else None,
         },
         sort_keys=True,
         indent=1,
@@ -83,6 +91,8 @@ def write_final_of(
     runner.write(root, state, doc, status=RETRY_DONE, due_ns=0)
     runner.result.final += 1
     count("ResultsFinal")
+    if summary["cost"]["retries_usd"] is not None:
+        count("RetryCostUSD", float(summary["cost"]["retries_usd"]))
     log_fields(logger.info, "results final", {"name": root.name, **summary["rows"]})
     if runner.on_final is not None:
         runner.on_final(root.name)

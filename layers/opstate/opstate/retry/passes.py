@@ -26,6 +26,8 @@ class RetryConfig:
     # Where an input named over HTTP (or by a policy of unknown origin) may be read from
     # (``OPSTATE_RETRY_INPUT_PREFIXES``; ``opstate.retry.authority.reads_input``).
     input_prefixes: tuple[str, ...] = ()
+    # What retries may spend over every lineage in a UTC day (US dollars; None: no cap).
+    daily_budget_usd: float | None = None
 
 
 @dataclass

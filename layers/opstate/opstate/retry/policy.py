@@ -72,10 +72,12 @@ def keep_policy(
 
 def settings_policy(settings: RetrySettings) -> RetryPolicy:
     """The deployment's default policy (``OPSTATE_RETRY_MAX_ATTEMPTS``,
-    ``OPSTATE_RETRY_RESUBMIT_EXPIRED``): what a ``"retry"`` object's missing keys take."""
+    ``OPSTATE_RETRY_RESUBMIT_EXPIRED``, ``OPSTATE_RETRY_MAX_COST_USD``): what a ``"retry"``
+    object's missing keys take."""
     return RetryPolicy(
         max_attempts=settings.retry_max_attempts,
         resubmit_expired=settings.retry_resubmit_expired,
+        max_cost_usd=settings.retry_max_cost_usd,
     )
 
 

@@ -27,6 +27,7 @@ def config_from(settings: Settings) -> RetryConfig:
         lease_s=settings.retry_lease_s,
         max_line_bytes=settings.results_max_line_mib * MiB,
         input_prefixes=settings.retry_input_prefixes,
+        daily_budget_usd=settings.retry_daily_budget_usd,
     )
 
 
