@@ -16,6 +16,7 @@ from opstate.domain.retry import (
     final_view,
     lineage_of,
     parse_retry,
+    parse_transient,
     policy_of,
 )
 
@@ -39,6 +40,53 @@ def test_the_input_uri_may_be_2048_characters_not_more() -> None:
         (
             lambda: check_input_uri("http://x/y"),
             "'retry.input' must be s3://BUCKET/KEY or file:///ABS/PATH, got 'http://x/y'",
+        ),
+        (
+            lambda: parse_retry({"x": 1, "maxAttempts": 1}, RetryPolicy()),
+            "'retry' has unknown keys ['x']; known: maxAttempts, resubmitExpired, "
+            "pendingTimeoutHours, input",
+        ),
+        (
+            lambda: parse_retry({"resubmitExpired": 1}, RetryPolicy()),
+            "'retry.resubmitExpired' must be true or false, not 1",
+        ),
+        (
+            lambda: parse_retry({"maxAttempts": "2"}, RetryPolicy()),
+            "'retry.maxAttempts' must be an integer, not '2'",
+        ),
+        (
+            lambda: parse_retry({"maxAttempts": 11}, RetryPolicy()),
+            "'retry.maxAttempts' must be between 0 and 10, got 11",
+        ),
+        (
+            lambda: parse_retry({"pendingTimeoutHours": "1"}, RetryPolicy()),
+            "'retry.pendingTimeoutHours' must be a number of hours or null, not '1'",
+        ),
+        (
+            lambda: parse_retry({"pendingTimeoutHours": 0}, RetryPolicy()),
+            "'retry.pendingTimeoutHours' must be more than 0 and at most 720, got 0",
+        ),
+        (lambda: check_input_uri(3), "'retry.input' must be a string or null, not 3"),
+        (
+            lambda: check_input_uri("s3://B/k"),
+            "'retry.input' must be s3://BUCKET/KEY (bucket: 3-63 of a-z0-9.-), got 's3://B/k'",
+        ),
+        (
+            lambda: check_input_uri("file:///a/../b"),
+            "'retry.input' must be file:///ABS/PATH of a file (no '..'), got 'file:///a/../b'",
+        ),
+        (
+            lambda: parse_transient("NOPE"),
+            "unknown transient reason 'NOPE'; known: RESOURCE_EXHAUSTED, UNAVAILABLE, "
+            "INTERNAL, DEADLINE_EXCEEDED, ABORTED",
+        ),
+        (
+            lambda: parse_transient("INTERNAL,internal"),
+            "transient reason INTERNAL is named twice",
+        ),
+        (
+            lambda: parse_transient("INTERNAL:11"),
+            "INTERNAL:N needs N between 0 and 10, got '11'",
         ),
     ],
 )
