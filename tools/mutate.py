@@ -83,9 +83,17 @@ TARGETS: dict[str, list[str]] = {
     "domain.details": ["tests/unit/test_details.py", "tests/unit/test_reducer.py"],
     # The retry room's pure modules (issue 39). retry.final's own mutant-killing tests are
     # apart (test_retry_final_mutants.py) from its behaviour tests.
-    "domain.retry": ["tests/unit/test_retry_policy.py", "tests/unit/test_waiters_final.py"],
+    "domain.retry": [
+        "tests/unit/test_retry_policy.py",
+        "tests/unit/test_retry_policy_mutants.py",
+        "tests/unit/test_waiters_final.py",
+    ],
     "domain.refusals": ["tests/unit/test_refusals.py", "tests/unit/test_gemini_errors.py"],
-    "retry.rules": ["tests/unit/test_retry_rules.py", "tests/unit/test_gemini_errors.py"],
+    "retry.rules": [
+        "tests/unit/test_retry_rules.py",
+        "tests/unit/test_retry_rules_mutants.py",
+        "tests/unit/test_gemini_errors.py",
+    ],
     "retry.final": [
         "tests/unit/test_retry_final.py",
         "tests/unit/test_retry_final_mutants.py",

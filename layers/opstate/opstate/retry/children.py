@@ -265,7 +265,7 @@ class Creator:
         entry = lineage.find_child(state.doc, child) or {}
         refusals = int(entry.get("refusals") or 0) + 1
         if kind == DAILY:
-            retry_at = int(next_pacific_midnight_s(now / NS_PER_SECOND) * NS_PER_SECOND)
+            retry_at = int(next_pacific_midnight_s(now / NS_PER_SECOND)) * NS_PER_SECOND
         else:
             retry_at = now + int(backoff_s(refusals, delay_s) * NS_PER_SECOND)
 

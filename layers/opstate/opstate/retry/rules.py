@@ -106,7 +106,7 @@ class _LineCut:
         last = parts.pop()  # what follows the chunk's last newline (maybe b"")
         if parts and self.skipping:  # the end of a long line read past
             self.skipping = False
-            self.number += 1
+            self.number += 1  # only skip_long skips, and then no number is said: += 2 equivalent
             parts = parts[1:]
         elif parts and self.carry:
             self.carry += parts[0]
@@ -151,7 +151,7 @@ def lines(
     yield from cut.end()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True)  # slots=False: an equivalent mutant (only the memory)
 class TransientTable:
     """The reasons retried, each with its per-key limit of retries (None: no limit of its
     own)."""
@@ -188,7 +188,7 @@ def parse_table(text: str) -> TransientTable:
 DEFAULT_TABLE = parse_table(DEFAULT_TRANSIENT)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True)  # slots=False: an equivalent mutant (only the memory)
 class Row:
     """One output line, as much of it as retries need. ``answered``: it has a ``response``
     object (``blocked`` when that carries no answer); otherwise it failed, with the ``code``
