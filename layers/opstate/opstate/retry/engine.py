@@ -7,14 +7,19 @@ takes it one step further, by these rules (docs/retry.md):
    and nothing is ever resubmitted for it;
 2. children planned but not known to exist are created (``opstate.retry.children``: claimed
    under the revision, found again by their id after a crash, at most one per plan);
-3. a member still PENDING past ``pendingTimeoutHours`` is read (the job itself) and cancelled;
+3. a member still PENDING past ``pendingTimeoutHours`` is read (the job itself) and cancelled
+   when opstate created it and Gemini's ``createTime`` is that long ago (at least an hour;
+   ``opstate.retry.acting``), at most ``MAX_CANCELS_PER_LINEAGE`` times a lineage;
 4. while any member is open, or terminal with its results not settled, the root waits
    (due again after ``check_s``);
 5. when every member is settled, the next attempt is planned from the latest one: the
    transient failures (``opstate.retry.rules``) of each succeeded member, the whole input of an
    expired member (``resubmitExpired``), of one opstate cancelled, or of a retry child that
-   FAILED as a whole (while attempts are left); the child inputs are
-   written into the sink before the plan, the plan before any create;
+   FAILED as a whole (while attempts are left), each only when Gemini, read right then, says
+   so too (a name Gemini answers 404 for makes retry ``unavailable``: nothing is planned, the
+   final result is written with what is known), on the model Gemini says that batch runs on;
+   the child inputs are cut from the kept input's verified bytes and written into the sink
+   with their own sha256 before the plan, the plan before any create;
 6. when nothing is left to plan (or the lineage stopped), ``final.jsonl`` and ``final.json``
    are written beside the root's results and the root is ``done``.
 
@@ -39,13 +44,22 @@ from opstate.domain.states import State
 from opstate.domain.times import NS_PER_SECOND
 from opstate.gemini.errors import GatewayError
 from opstate.gemini.submit import inlined_requests
+from opstate.ingest import ingest
 from opstate.observability import count, log_fields, logger
 from opstate.outcomes.plan import prefix_of
 from opstate.outcomes.sink import Sink, SinkError
-from opstate.retry import lineage
+from opstate.retry import acting, lineage
 from opstate.retry.children import Creator
 from opstate.retry.finalize import chunks_of, lines_of, output_location, write_final_of
-from opstate.retry.inputs import InputError, keep_input, keys_cover, source_chunks, subset
+from opstate.retry.inputs import (
+    InputError,
+    IntegrityError,
+    keep_input,
+    keys_cover,
+    source_chunks,
+    subset,
+    verified,
+)
 from opstate.retry.passes import LostRace, RetryConfig, RetryResult
 from opstate.retry.rules import (
     reason_history,
@@ -150,13 +164,21 @@ class RetryRunner:
             self.result.waiting += 1
             self._wait(root, state, self.clock_ns() + int(self.config.check_s * NS_PER_SECOND))
             return
-        stopped = bool(state.doc.get("stopped"))
+        # ``unavailable`` on an active root: Gemini knew a member not (404); final follows.
+        stopped = bool(state.doc.get("stopped") or state.doc.get("unavailable"))
         if not stopped and not state.doc.get("covered"):
             state = self._check_cover(root, state, archives)
             if state.status != RETRY_ACTIVE:
                 return
         if not stopped:
-            planned = self._plan(root, state, refs, records, archives)
+            try:
+                planned = self._plan(root, state, refs, records, archives)
+            except _Unknown as gone:
+                planned = None
+                state = self._mark_unknown(root, state, gone.name)
+            except IntegrityError as exc:
+                self.give_up(root, state, str(exc))
+                return
             if planned is not None:
                 self.one(root, planned)  # create what was planned in the same pass
                 return
@@ -290,23 +312,76 @@ class RetryRunner:
         records: Mapping[str, OpRecord | None],
     ) -> RetryState:
         hours = policy_of(state.doc).pending_timeout_hours
-        if hours is None:
+        if hours is None or state.doc.get("stopped"):
             return state
         now = self.clock_ns()
-        limit = int(hours * 3600 * NS_PER_SECOND)
-        done = set(lineage.cancelled(state.doc))
+        limit = acting.pending_limit_ns(hours)
+        skip = {*lineage.cancelled(state.doc), *lineage.names_of(state.doc, "notOurs")}
         for ref in refs:
             record = records.get(ref.name)
-            if record is None or record.state is not State.PENDING or ref.name in done:
+            if record is None or record.state is not State.PENDING or ref.name in skip:
                 continue
             since = record.created_ns or record.update_time_ns
             if not since or now - since < limit:
-                continue
-            if self.creator.cancel_if_pending(ref.name):
-                doc = lineage.mutable(state.doc)
-                doc["cancelled"] = [*lineage.cancelled(doc), ref.name]
-                state = self.write(root, state, doc)
-                self.result.cancelled += 1
+                continue  # not even in the store's view: no read
+            if len(lineage.cancelled(state.doc)) >= acting.MAX_CANCELS_PER_LINEAGE:
+                return self._stop_cancelling(root, state)
+            state = self._timeout(root, state, ref, now, limit)
+        return state
+
+    def _timeout(
+        self, root: OpRecord, state: RetryState, ref: lineage.MemberRef, now: int, limit: int
+    ) -> RetryState:
+        """Member ``ref`` looks pending past its timeout: read it; cancel it only when Gemini
+        says PENDING, opstate created it and Gemini's ``createTime`` is ``limit`` ago."""
+        try:
+            job = acting.read_job(self.client, ref.name)
+        except GatewayError as exc:
+            log_fields(
+                logger.warning, "pending job not read", {"name": ref.name, "error": exc.message}
+            )
+            return state
+        if job.event is None:
+            log_fields(logger.warning, "pending job unknown to Gemini", {"name": ref.name})
+            return state
+        if job.state is not State.PENDING:
+            ingest(self.store, job.event)
+            return state
+        if not acting.ours(state.doc, ref, job, self.sink):
+            log_fields(
+                logger.warning,
+                "pending timeout: not cancelled, opstate did not create this batch",
+                {"name": ref.name, "root": root.name},
+            )
+            doc = lineage.mutable(state.doc)
+            doc["notOurs"] = [*lineage.names_of(doc, "notOurs"), ref.name]
+            return self.write(root, state, doc)
+        if not acting.old_enough(job, now, limit):
+            return state
+        if not self.creator.cancel(ref.name):
+            return state
+        doc = lineage.mutable(state.doc)
+        doc["cancelled"] = [*lineage.cancelled(doc), ref.name]
+        self.result.cancelled += 1
+        return self.write(root, state, doc)
+
+    def _stop_cancelling(self, root: OpRecord, state: RetryState) -> RetryState:
+        """A member is due for a cancel after the lineage sent ``MAX_CANCELS_PER_LINEAGE``:
+        nothing is cancelled, the lineage stops (it creates nothing more) and says so once."""
+        most = acting.MAX_CANCELS_PER_LINEAGE
+        why = (
+            f"this lineage cancelled {most} batches for their pending timeout, the most one "
+            "lineage may: it cancels and creates nothing more"
+        )
+        doc = lineage.mutable(state.doc)
+        doc["stopped"] = why
+        for entry in lineage.unfinished(doc):
+            if entry.get("phase") == lineage.PLANNED:
+                entry.update(phase=lineage.REFUSED, error="the lineage stopped", claimUntilNs=0)
+        state = self.write(root, state, doc)
+        self.result.stopped += 1
+        count("RetryStopped")
+        log_fields(logger.error, "retry lineage stopped", {"name": root.name, "why": why})
         return state
 
     # -- 5. planning -------------------------------------------------------------------------
@@ -328,7 +403,7 @@ class RetryRunner:
             return None  # planned children all refused (the lineage stopped)
         attempt = latest + 1
         room = self.config.max_batches - len(lineage.children(doc))
-        inputs: list[tuple[str, int, int, bool, str]] = []
+        inputs: list[lineage.ChildInput] = []
         generation = [ref for ref in refs if ref.attempt == latest]
         earlier = [ref for ref in refs if ref.attempt < latest]
         gone = set(lineage.cancelled(doc))
@@ -340,21 +415,25 @@ class RetryRunner:
             whole = _whole_case(record, ref, ref.name in gone, policy, attempt)
             if whole is not None:
                 if whole and ref.input and ref.rows:
-                    inputs.append((ref.input, ref.rows, ref.size or 0, True, ref.name))
+                    inputs.extend(self._whole_input(root, ref, ref.name in gone, policy))
                 continue
             output = output_location(archives.get(ref.name))
             if record.state is not State.SUCCEEDED or output is None:
                 continue
             keys = self._retry_keys(output, earlier, archives, attempt, max_attempts)
             if keys:
+                job = self._evidence(ref.name)
+                if job.state is not State.SUCCEEDED:
+                    self._not_said(root, job)
+                    continue
                 inputs.extend(
-                    self._write_inputs(root, doc, keys, attempt, ref.name, room - len(inputs))
+                    self._write_inputs(
+                        root, doc, keys, attempt, ref.name, room - len(inputs), job.model
+                    )
                 )
         if not inputs:
             return None
-        planned = lineage.plan_children(
-            doc, root=root.name, root_created_ns=root.created_ns, attempt=attempt, inputs=inputs
-        )
+        planned = lineage.plan_children(doc, attempt=attempt, inputs=inputs)
         self.result.planned += len(planned)
         log_fields(
             logger.info,
@@ -362,6 +441,56 @@ class RetryRunner:
             {"name": root.name, "attempt": attempt, "children": [c["id"] for c in planned]},
         )
         return self.write(root, state, doc, due_ns=self.clock_ns())
+
+    def _whole_input(
+        self, root: OpRecord, ref: lineage.MemberRef, cancelled_by_us: bool, policy: RetryPolicy
+    ) -> list[lineage.ChildInput]:
+        """Member ``ref``'s whole input as a child, when Gemini, read now, says it ended so
+        (not the record: a report may have said it), on the model Gemini says it ran on."""
+        assert ref.input is not None and ref.rows is not None
+        job = self._evidence(ref.name)
+        if not acting.whole_evidence(job, ref.attempt, cancelled_by_us, policy.resubmit_expired):
+            self._not_said(root, job)
+            return []
+        return [
+            lineage.ChildInput(
+                ref.input, ref.rows, ref.size or 0, True, ref.name, ref.sha256, job.model
+            )
+        ]
+
+    def _evidence(self, name: str) -> acting.Job:
+        """Batch ``name`` as Gemini says now (``_Unknown`` for a 404; a failed read ends the
+        root's step: it is due again)."""
+        try:
+            job = acting.read_job(self.client, name)
+        except GatewayError as exc:
+            raise RetryableError(f"{name} could not be read: {exc.message}") from exc
+        if job.event is None:
+            raise _Unknown(name)
+        return job
+
+    def _not_said(self, root: OpRecord, job: acting.Job) -> None:
+        """Gemini's word on ``job`` does not allow what the record suggested: nothing is
+        planned from it; what Gemini said is ingested (the record follows it when it may)."""
+        assert job.event is not None
+        log_fields(
+            logger.warning,
+            "retry not planned: Gemini does not say so",
+            {"name": job.name, "root": root.name, "gemini": str(job.state)},
+        )
+        ingest(self.store, job.event)
+
+    def _mark_unknown(self, root: OpRecord, state: RetryState, name: str) -> RetryState:
+        """Gemini answered 404 for member ``name``: retry is ``unavailable`` (never "expired"),
+        nothing more is planned; the final result is written with what is known."""
+        why = acting.gone_reason(name)
+        doc = lineage.mutable(state.doc)
+        doc["unavailable"] = why
+        doc["unknown"] = [*lineage.unknown(doc), name]
+        self.result.unavailable += 1
+        count("RetryUnavailable")
+        log_fields(logger.warning, "retry unavailable", {"name": root.name, "why": why})
+        return self.write(root, state, doc)
 
     def _retry_keys(
         self,
@@ -393,27 +522,39 @@ class RetryRunner:
         attempt: int,
         parent: str,
         room: int,
-    ) -> list[tuple[str, int, int, bool, str]]:
+        model: str | None,
+    ) -> list[lineage.ChildInput]:
         """The retry batches of ``keys``: the root input's original lines, in input order, at
-        most ``max_rows`` per file and ``room`` files, written before the plan names them."""
-        location = lineage.input_of(doc).get("location")
+        most ``max_rows`` per file and ``room`` files, written before the plan names them. They
+        are cut from the kept input's bytes as they are hashed: when those do not match its
+        sha256 (the copy was swapped or changed), ``IntegrityError`` and nothing is planned."""
+        kept = lineage.input_of(doc)
+        location = kept.get("location")
         assert isinstance(location, str)
-        picked = (
-            line for _, line in subset(self.sink.chunks(location), keys, self.config.max_line_bytes)
+        sha256 = kept.get("sha256")
+        stream = verified(
+            self.sink.chunks(location),
+            sha256 if isinstance(sha256, str) else None,
+            f"the kept input {location}",
         )
-        written: list[tuple[str, int, int, bool, str]] = []
+        picked = (line for _, line in subset(stream, keys, self.config.max_line_bytes))
+        written: list[lineage.ChildInput] = []
         index = len(lineage.children(doc))
         while len(written) < room:
             batch = list(islice(picked, self.config.max_rows))
             if not batch:
                 break
-            child = lineage.child_id(root.name, root.created_ns, attempt, index + len(written))
+            child, _ = lineage.new_child_id(attempt, index + len(written))
             key = f"{prefix_of(root)}/retry/{child}.jsonl"
-            stored, size = self._put(key, root.name, batch)
-            written.append((stored, len(batch), size, False, parent))
+            stored, size, digest = self._put(key, root.name, batch)
+            written.append(
+                lineage.ChildInput(stored, len(batch), size, False, parent, digest, model, child)
+            )
+        for _ in picked:  # the rest is read too: the whole input's hash is checked
+            pass
         return written
 
-    def _put(self, key: str, name: str, lines: Iterable[bytes]) -> tuple[str, int]:
+    def _put(self, key: str, name: str, lines: Iterable[bytes]) -> tuple[str, int, str]:
         digest = hashlib.sha256()
         size = 0
         with self.sink.open(key, name=name) as out:
@@ -423,7 +564,15 @@ class RetryRunner:
                 digest.update(data)
                 size += len(data)
             stored = out.commit(digest.hexdigest())
-        return stored.location, size
+        return stored.location, size, digest.hexdigest()
+
+
+class _Unknown(Exception):
+    """Gemini answered 404 for a member read before acting on it."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
 
 
 def _whole_resubmit(record: OpRecord, cancelled_by_us: bool, resubmit_expired: bool) -> bool:

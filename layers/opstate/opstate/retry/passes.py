@@ -23,6 +23,9 @@ class RetryConfig:
     check_s: float = 60.0
     lease_s: float = 900.0
     max_line_bytes: int = 32 * 1024 * 1024
+    # The deployment's budget (``opstate.retry.budget``).
+    max_active_lineages: int = 20
+    max_batches_per_hour: int = 60
 
 
 @dataclass

@@ -112,7 +112,7 @@ def submit(
     assert record is not None
     if not created:
         _same_policy(store, record, policy)
-    _keep_state(store, record, policy, model, kept, clock_ns())
+    _keep_state(store, record, policy, model, kept, clock_ns(), marker_id)
     log_fields(
         logger.info,
         "batch submitted" if created else "submitted batch found again",
@@ -163,9 +163,23 @@ def _write_marker(sink: Sink, key: str, model: str, shown: str, now_ns: int) -> 
 
 
 def _keep_state(
-    store: Any, record: OpRecord, policy: RetryPolicy, model: str, kept: KeptInput, now_ns: int
+    store: Any,
+    record: OpRecord,
+    policy: RetryPolicy,
+    model: str,
+    kept: KeptInput,
+    now_ns: int,
+    marker_id: str,
 ) -> None:
     """The policy and the input beside the record: an active root when the policy asks for
     anything, else a ``done`` state that still names the input (a later ``opstate track
     --retry-attempts N`` uses it)."""
-    attach_policy(store, record, policy, model=model, now_ns=now_ns, kept_input=kept.as_dict())
+    attach_policy(
+        store,
+        record,
+        policy,
+        model=model,
+        now_ns=now_ns,
+        kept_input=kept.as_dict(),
+        submit_id=marker_id,
+    )
