@@ -290,13 +290,18 @@ class RetryRunner:
         """Once, when the root's output is archived: its input must hold every output key."""
         doc = lineage.mutable(state.doc)
         output = output_location(archives.get(root.name))
-        location = lineage.input_of(doc).get("location")
+        kept = lineage.input_of(doc)
+        location, sha256 = kept.get("location"), kept.get("sha256")
         if output is not None and isinstance(location, str):
-            missing = keys_cover(
-                chunks_of(self.sink, location),
-                chunks_of(self.sink, output),
-                self.config.max_line_bytes,
+            held = verified(
+                self.sink.chunks(location),
+                sha256 if isinstance(sha256, str) else None,
+                f"the kept input {location}",
             )
+            try:
+                missing = keys_cover(held, chunks_of(self.sink, output), self.config.max_line_bytes)
+            except IntegrityError as exc:
+                return self.give_up(root, state, str(exc))
             if missing:
                 return self.give_up(root, state, f"the input lacks {missing} of the output's keys")
         doc["covered"] = True
