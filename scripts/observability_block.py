@@ -187,6 +187,7 @@ PANELS: list[Panel] = [
             custom("ResultsFinal", label="final"),
             custom("RetryStopped", label="stopped (quota)"),
             custom("RetryUnavailable", label="unavailable"),
+            custom("RetryBudgetReached", label="over budget"),
         ],
     ),
     Panel(
