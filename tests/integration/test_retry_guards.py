@@ -283,6 +283,44 @@ def test_a_pending_timeout_below_an_hour_is_refused_and_a_stored_one_clamped(
     assert [r.name for r in cancels(rig)] == [root]
 
 
+def test_a_root_the_previous_release_submitted_is_still_ours_by_its_marker(rig: Rig) -> None:
+    """No ``submitId`` in its state (the previous release kept none): the submit id in its
+    display name is opstate's when its marker lies beside the kept input."""
+    root = rig.submit(["a", "b"], "--pending-timeout-hours", "1")
+    store = rig.store()
+    try:
+        state = store.get_retry(root)
+        assert state is not None and "submitId" in state.doc
+        doc = {k: v for k, v in state.doc.items() if k != "submitId"}
+        assert store.set_retry(root, state.rev, replace(state, doc=doc))
+    finally:
+        store.close()
+    rig.fake.reset_requests()
+    assert rig.run(time.time_ns() + 2 * HOUR).cancelled == 1
+    assert [r.name for r in cancels(rig)] == [root]
+
+
+def test_a_display_name_with_a_submit_id_but_no_marker_is_not_ours(
+    rig: Rig, tmp_path: Path
+) -> None:
+    source = write_input(tmp_path / "in.jsonl", ["a"])
+    theirs = "batches/looks-submitted"
+    shown = "nightly opstate-s-0123456789abcdef"
+    rig.fake.put_batch(
+        theirs, "PENDING", display_name=shown, create_time=rfc3339(time.time_ns() - 3 * HOUR)
+    )
+    reported(
+        rig,
+        theirs,
+        State.PENDING,
+        {},
+        RetryPolicy(max_attempts=1, pending_timeout_hours=1.0, input=source.as_uri()),
+    )
+    rig.fake.reset_requests()
+    assert rig.run(time.time_ns() + 2 * HOUR).cancelled == 0
+    assert cancels(rig) == []
+
+
 def test_a_create_cancel_loop_stops_after_three_cancels(rig: Rig) -> None:
     keys = ["a", "b", "c"]
     root = rig.submit(keys, "--pending-timeout-hours", "1", "--retry-attempts", "10")

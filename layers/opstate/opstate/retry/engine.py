@@ -321,7 +321,11 @@ class RetryRunner:
             return state
         now = self.clock_ns()
         limit = acting.pending_limit_ns(hours)
-        skip = {*lineage.cancelled(state.doc), *lineage.names_of(state.doc, "notOurs")}
+        skip = {
+            *lineage.cancelled(state.doc),
+            *lineage.unknown(state.doc),
+            *lineage.names_of(state.doc, "notOurs"),
+        }
         for ref in refs:
             record = records.get(ref.name)
             if record is None or record.state is not State.PENDING or ref.name in skip:
@@ -346,9 +350,11 @@ class RetryRunner:
                 logger.warning, "pending job not read", {"name": ref.name, "error": exc.message}
             )
             return state
-        if job.event is None:
+        if job.event is None:  # never cancelled; not read again for its timeout
             log_fields(logger.warning, "pending job unknown to Gemini", {"name": ref.name})
-            return state
+            doc = lineage.mutable(state.doc)
+            doc["unknown"] = [*lineage.unknown(doc), ref.name]
+            return self.write(root, state, doc)
         if job.state is not State.PENDING:
             ingest(self.store, job.event)
             return state
