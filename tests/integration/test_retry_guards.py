@@ -11,6 +11,7 @@ in-process); each fails on the release before the guard.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 import time
@@ -583,3 +584,28 @@ def test_the_active_lineages_budget_lets_a_new_lineage_start_once_one_ended(
     assert (result.final, result.submitted) == (1, 1)  # the first ended: the second starts
     assert rig.state(first).status == RETRY_DONE
     assert [c["phase"] for c in rig.state(second).doc["children"]] == [lineage.CREATED]
+
+
+def test_an_s3_object_planted_with_the_right_sha256_metadata_is_not_reused() -> None:
+    """S3's metadata says what the writer said: an object planted under the kept input's key
+    with the true sha256 in its metadata (and the true size) is read and rewritten, not reused."""
+    import boto3
+    from moto import mock_aws
+
+    from opstate.outcomes.s3_sink import S3Sink
+    from opstate.retry.inputs import keep_input
+
+    good = b"".join(
+        json.dumps({"key": k, "request": {"contents": [{"parts": [{"text": k}]}]}}).encode() + b"\n"
+        for k in ("a", "b")
+    )
+    forged = good.replace(b'"text": "a"', b'"text": "z"')
+    sha = hashlib.sha256(good).hexdigest()
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="results")
+        key = f"pre/{input_key(sha)}"
+        s3.put_object(Bucket="results", Key=key, Body=forged, Metadata={"sha256": sha})
+        kept = keep_input(lambda: iter((good,)), S3Sink("results", "pre", client=s3), 4096)
+        assert kept.sha256 == sha
+        assert s3.get_object(Bucket="results", Key=key)["Body"].read() == good
