@@ -10,9 +10,12 @@ in-process); each fails on the release before the guard.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
+import shutil
+import sqlite3
 import stat
 import time
 from collections.abc import Iterator
@@ -609,3 +612,62 @@ def test_an_s3_object_planted_with_the_right_sha256_metadata_is_not_reused() -> 
         kept = keep_input(lambda: iter((good,)), S3Sink("results", "pre", client=s3), 4096)
         assert kept.sha256 == sha
         assert s3.get_object(Bucket="results", Key=key)["Body"].read() == good
+
+
+# -- retry states the previous release wrote (tests/fixtures/previous_release) ----------------
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "previous_release"
+FIXTURE_DIR = "/tmp/opstate-previous-release-retry"  # make_retry_fixture.RETRY_DIR
+
+
+def test_retry_states_of_the_previous_release_are_carried_on_safely(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``retry_ops.db`` as the release before issue 38 left it (make_retry_fixture.py), its
+    results folder moved under this test's: a child it left ``creating`` under a derived id is
+    searched for under both ids and created under a nonce id on the model Gemini says; a
+    report's 1e-9 h pending timeout on a batch opstate did not create cancels nothing."""
+    moved = rig.tmp_path / "previous"
+    for relative, data in json.loads((FIXTURE / "retry_results.json").read_text()).items():
+        path = moved / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(data))
+    shutil.copyfile(FIXTURE / "retry_ops.db", rig.db)
+    conn = sqlite3.connect(rig.db)
+    with conn:
+        for column in ("retry", "archive"):
+            conn.execute(
+                f"UPDATE operations SET {column} = replace({column}, ?, ?)",
+                (FIXTURE_DIR, str(moved)),
+            )
+    conn.close()
+    monkeypatch.setenv("OPSTATE_RESULTS_URL", (moved / "results").as_uri())
+    gemini = json.loads((FIXTURE / "retry_gemini.json").read_text())
+    for name, body in gemini["batches"].items():
+        rig.fake.put(name, body)
+    rig.fake._submits.count = 1000  # this fake names its batches from 1: not the fixture's
+    submitted, reported = gemini["submitted"], gemini["reported"]
+    (old,) = rig.state(submitted).doc["children"]
+    assert (old["phase"], old["claims"], "nonce" in old) == (lineage.CREATING, 1, False)
+    assert rig.state(reported).doc["model"] == "gemini-2.5-pro"
+
+    rig.fake.reset_requests()
+    result = rig.run(time.time_ns() + 2 * HOUR)
+    assert (result.submitted, result.cancelled, result.errors) == (1, 0, 0)
+    (entry,) = rig.state(submitted).doc["children"]
+    assert entry["legacyId"] == old["id"] and len(entry["nonce"]) == 32
+    assert entry["id"] == f"opstate-{entry['nonce']}-a1-0" and entry["phase"] == lineage.CREATED
+    searched = [r for r in rig.requests() if r.method == "GET" and r.name == "batches"]
+    assert len(searched) >= 2  # under its new id, then its old one
+    child = entry["name"]
+    assert child not in (submitted, reported)
+    shown = (rig.fake.resource(child) or {})["metadata"]
+    assert shown["displayName"] == entry["id"] and shown["model"] == f"models/{MODEL}"
+    assert rig.child_keys(child) == ["a", "b"]
+    assert cancels(rig) == [] and rig.state(reported).doc["notOurs"] == [reported]
+
+    rig.finish(child, [answered("a"), answered("b")])
+    assert rig.run(time.time_ns() + 2 * HOUR).final == 1
+    final, by_key = rig.final(submitted)
+    assert final["rows"] == {"total": 3, "answered": 3, "blocked": 0, "failed": 0}
+    assert {key: row["attempt"] for key, row in by_key.items()} == {"a": 1, "b": 1, "c": 0}
