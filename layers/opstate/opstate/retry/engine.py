@@ -30,12 +30,10 @@ failure of one root is logged and counted, never the end of the pass.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
-from itertools import islice
 from typing import Any
 
 from opstate.domain.model import OpRecord
@@ -44,12 +42,11 @@ from opstate.domain.states import State
 from opstate.domain.times import NS_PER_SECOND
 from opstate.gemini.errors import GatewayError
 from opstate.gemini.submit import inlined_requests
-from opstate.ingest import ingest
 from opstate.observability import count, log_fields, logger
-from opstate.outcomes.plan import prefix_of
 from opstate.outcomes.sink import Sink, SinkError
-from opstate.retry import acting, lineage
+from opstate.retry import evidence, lineage
 from opstate.retry.children import Creator
+from opstate.retry.cutting import write_inputs
 from opstate.retry.finalize import chunks_of, lines_of, output_location, write_final_of
 from opstate.retry.inputs import (
     InputError,
@@ -57,7 +54,6 @@ from opstate.retry.inputs import (
     keep_input,
     keys_cover,
     source_chunks,
-    subset,
     verified,
 )
 from opstate.retry.passes import LostRace, RetryConfig, RetryResult
@@ -66,6 +62,7 @@ from opstate.retry.rules import (
     select_retry,
     transient_failures,
 )
+from opstate.retry.timeouts import pending_timeouts
 from opstate.store.port import ArchiveState, RetryableError
 from opstate.store.retry_state import RETRY_ACTIVE, RETRY_DONE, RetryState
 
@@ -159,7 +156,7 @@ class RetryRunner:
         records = {ref.name: self.store.get(ref.name) for ref in refs}
         archives = {ref.name: self.store.get_archive(ref.name) for ref in refs}
         state = self._note_ended(root, state, records)
-        state = self._pending_timeouts(root, state, refs, records)
+        state = pending_timeouts(self, self.creator.cancel, root, state, refs, records)
         if any(not _settled(records[r.name], archives[r.name]) for r in refs):
             self.result.waiting += 1
             self._wait(root, state, self.clock_ns() + int(self.config.check_s * NS_PER_SECOND))
@@ -173,9 +170,9 @@ class RetryRunner:
         if not stopped:
             try:
                 planned = self._plan(root, state, refs, records, archives)
-            except _Unknown as gone:
+            except evidence.Unknown as gone:
                 planned = None
-                state = self._mark_unknown(root, state, gone.name)
+                state = evidence.mark_unknown(self, root, state, gone.name)
             except IntegrityError as exc:
                 self.give_up(root, state, str(exc))
                 return
@@ -309,92 +306,6 @@ class RetryRunner:
 
     # -- 3. pending timeouts -----------------------------------------------------------------
 
-    def _pending_timeouts(
-        self,
-        root: OpRecord,
-        state: RetryState,
-        refs: list[lineage.MemberRef],
-        records: Mapping[str, OpRecord | None],
-    ) -> RetryState:
-        hours = policy_of(state.doc).pending_timeout_hours
-        if hours is None or state.doc.get("stopped"):
-            return state
-        now = self.clock_ns()
-        limit = acting.pending_limit_ns(hours)
-        skip = {
-            *lineage.cancelled(state.doc),
-            *lineage.unknown(state.doc),
-            *lineage.names_of(state.doc, "notOurs"),
-        }
-        for ref in refs:
-            record = records.get(ref.name)
-            if record is None or record.state is not State.PENDING or ref.name in skip:
-                continue
-            since = record.created_ns or record.update_time_ns
-            if not since or now - since < limit:
-                continue  # not even in the store's view: no read
-            if len(lineage.cancelled(state.doc)) >= acting.MAX_CANCELS_PER_LINEAGE:
-                return self._stop_cancelling(root, state)
-            state = self._timeout(root, state, ref, now, limit)
-        return state
-
-    def _timeout(
-        self, root: OpRecord, state: RetryState, ref: lineage.MemberRef, now: int, limit: int
-    ) -> RetryState:
-        """Member ``ref`` looks pending past its timeout: read it; cancel it only when Gemini
-        says PENDING, opstate created it and Gemini's ``createTime`` is ``limit`` ago."""
-        try:
-            job = acting.read_job(self.client, ref.name)
-        except GatewayError as exc:
-            log_fields(
-                logger.warning, "pending job not read", {"name": ref.name, "error": exc.message}
-            )
-            return state
-        if job.event is None:  # never cancelled; not read again for its timeout
-            log_fields(logger.warning, "pending job unknown to Gemini", {"name": ref.name})
-            doc = lineage.mutable(state.doc)
-            doc["unknown"] = [*lineage.unknown(doc), ref.name]
-            return self.write(root, state, doc)
-        if job.state is not State.PENDING:
-            ingest(self.store, job.event)
-            return state
-        if not acting.ours(state.doc, ref, job, self.sink):
-            log_fields(
-                logger.warning,
-                "pending timeout: not cancelled, opstate did not create this batch",
-                {"name": ref.name, "root": root.name},
-            )
-            doc = lineage.mutable(state.doc)
-            doc["notOurs"] = [*lineage.names_of(doc, "notOurs"), ref.name]
-            return self.write(root, state, doc)
-        if not acting.old_enough(job, now, limit):
-            return state
-        if not self.creator.cancel(ref.name):
-            return state
-        doc = lineage.mutable(state.doc)
-        doc["cancelled"] = [*lineage.cancelled(doc), ref.name]
-        self.result.cancelled += 1
-        return self.write(root, state, doc)
-
-    def _stop_cancelling(self, root: OpRecord, state: RetryState) -> RetryState:
-        """A member is due for a cancel after the lineage sent ``MAX_CANCELS_PER_LINEAGE``:
-        nothing is cancelled, the lineage stops (it creates nothing more) and says so once."""
-        most = acting.MAX_CANCELS_PER_LINEAGE
-        why = (
-            f"this lineage cancelled {most} batches for their pending timeout, the most one "
-            "lineage may: it cancels and creates nothing more"
-        )
-        doc = lineage.mutable(state.doc)
-        doc["stopped"] = why
-        for entry in lineage.unfinished(doc):
-            if entry.get("phase") == lineage.PLANNED:
-                entry.update(phase=lineage.REFUSED, error="the lineage stopped", claimUntilNs=0)
-        state = self.write(root, state, doc)
-        self.result.stopped += 1
-        count("RetryStopped")
-        log_fields(logger.error, "retry lineage stopped", {"name": root.name, "why": why})
-        return state
-
     # -- 5. planning -------------------------------------------------------------------------
 
     def _plan(
@@ -426,20 +337,20 @@ class RetryRunner:
             whole = _whole_case(record, ref, ref.name in gone, policy, attempt)
             if whole is not None:
                 if whole and ref.input and ref.rows:
-                    inputs.extend(self._whole_input(root, ref, ref.name in gone, policy))
+                    inputs.extend(evidence.whole_input(self, root, ref, ref.name in gone, policy))
                 continue
             output = output_location(archives.get(ref.name))
             if record.state is not State.SUCCEEDED or output is None:
                 continue
             keys = self._retry_keys(output, earlier, archives, attempt, max_attempts)
             if keys:
-                job = self._evidence(ref.name)
+                job = evidence.read(self, ref.name)
                 if job.state is not State.SUCCEEDED:
-                    self._not_said(root, job)
+                    evidence.not_said(self, root, job)
                     continue
                 inputs.extend(
-                    self._write_inputs(
-                        root, doc, keys, attempt, ref.name, room - len(inputs), job.model
+                    write_inputs(
+                        self, root, doc, keys, attempt, ref.name, room - len(inputs), job.model
                     )
                 )
         if not inputs:
@@ -452,56 +363,6 @@ class RetryRunner:
             {"name": root.name, "attempt": attempt, "children": [c["id"] for c in planned]},
         )
         return self.write(root, state, doc, due_ns=self.clock_ns())
-
-    def _whole_input(
-        self, root: OpRecord, ref: lineage.MemberRef, cancelled_by_us: bool, policy: RetryPolicy
-    ) -> list[lineage.ChildInput]:
-        """Member ``ref``'s whole input as a child, when Gemini, read now, says it ended so
-        (not the record: a report may have said it), on the model Gemini says it ran on."""
-        assert ref.input is not None and ref.rows is not None
-        job = self._evidence(ref.name)
-        if not acting.whole_evidence(job, ref.attempt, cancelled_by_us, policy.resubmit_expired):
-            self._not_said(root, job)
-            return []
-        return [
-            lineage.ChildInput(
-                ref.input, ref.rows, ref.size or 0, True, ref.name, ref.sha256, job.model
-            )
-        ]
-
-    def _evidence(self, name: str) -> acting.Job:
-        """Batch ``name`` as Gemini says now (``_Unknown`` for a 404; a failed read ends the
-        root's step: it is due again)."""
-        try:
-            job = acting.read_job(self.client, name)
-        except GatewayError as exc:
-            raise RetryableError(f"{name} could not be read: {exc.message}") from exc
-        if job.event is None:
-            raise _Unknown(name)
-        return job
-
-    def _not_said(self, root: OpRecord, job: acting.Job) -> None:
-        """Gemini's word on ``job`` does not allow what the record suggested: nothing is
-        planned from it; what Gemini said is ingested (the record follows it when it may)."""
-        assert job.event is not None
-        log_fields(
-            logger.warning,
-            "retry not planned: Gemini does not say so",
-            {"name": job.name, "root": root.name, "gemini": str(job.state)},
-        )
-        ingest(self.store, job.event)
-
-    def _mark_unknown(self, root: OpRecord, state: RetryState, name: str) -> RetryState:
-        """Gemini answered 404 for member ``name``: retry is ``unavailable`` (never "expired"),
-        nothing more is planned; the final result is written with what is known."""
-        why = acting.gone_reason(name)
-        doc = lineage.mutable(state.doc)
-        doc["unavailable"] = why
-        doc["unknown"] = [*lineage.unknown(doc), name]
-        self.result.unavailable += 1
-        count("RetryUnavailable")
-        log_fields(logger.warning, "retry unavailable", {"name": root.name, "why": why})
-        return self.write(root, state, doc)
 
     def _retry_keys(
         self,
@@ -524,66 +385,6 @@ class RetryRunner:
             for key, reasons in seen.items():
                 history.setdefault(key, Counter()).update(reasons)
         return select_retry(candidates, history, table, attempt, max_attempts)
-
-    def _write_inputs(
-        self,
-        root: OpRecord,
-        doc: Mapping[str, Any],
-        keys: set[str],
-        attempt: int,
-        parent: str,
-        room: int,
-        model: str | None,
-    ) -> list[lineage.ChildInput]:
-        """The retry batches of ``keys``: the root input's original lines, in input order, at
-        most ``max_rows`` per file and ``room`` files, written before the plan names them. They
-        are cut from the kept input's bytes as they are hashed: when those do not match its
-        sha256 (the copy was swapped or changed), ``IntegrityError`` and nothing is planned."""
-        kept = lineage.input_of(doc)
-        location = kept.get("location")
-        assert isinstance(location, str)
-        sha256 = kept.get("sha256")
-        stream = verified(
-            self.sink.chunks(location),
-            sha256 if isinstance(sha256, str) else None,
-            f"the kept input {location}",
-        )
-        picked = (line for _, line in subset(stream, keys, self.config.max_line_bytes))
-        written: list[lineage.ChildInput] = []
-        index = len(lineage.children(doc))
-        while len(written) < room:
-            batch = list(islice(picked, self.config.max_rows))
-            if not batch:
-                break
-            child, _ = lineage.new_child_id(attempt, index + len(written))
-            key = f"{prefix_of(root)}/retry/{child}.jsonl"
-            stored, size, digest = self._put(key, root.name, batch)
-            written.append(
-                lineage.ChildInput(stored, len(batch), size, False, parent, digest, model, child)
-            )
-        for _ in picked:  # the rest is read too: the whole input's hash is checked
-            pass
-        return written
-
-    def _put(self, key: str, name: str, lines: Iterable[bytes]) -> tuple[str, int, str]:
-        digest = hashlib.sha256()
-        size = 0
-        with self.sink.open(key, name=name) as out:
-            for line in lines:
-                data = line + b"\n"
-                out.write(data)
-                digest.update(data)
-                size += len(data)
-            stored = out.commit(digest.hexdigest())
-        return stored.location, size, digest.hexdigest()
-
-
-class _Unknown(Exception):
-    """Gemini answered 404 for a member read before acting on it."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.name = name
 
 
 def _whole_resubmit(record: OpRecord, cancelled_by_us: bool, resubmit_expired: bool) -> bool:
