@@ -255,6 +255,25 @@ def test_a_tiny_pending_timeout_on_a_batch_opstate_did_not_create_never_cancels_
     assert sum(1 for r in rig.requests() if r.name == theirs) == 1
 
 
+def test_a_pending_member_gemini_does_not_know_is_never_cancelled_nor_read_again(
+    rig: Rig, tmp_path: Path
+) -> None:
+    source = write_input(tmp_path / "in.jsonl", ["a"])
+    made_up = "batches/reported-pending"
+    reported(
+        rig,
+        made_up,
+        State.PENDING,
+        {},
+        RetryPolicy(max_attempts=1, pending_timeout_hours=1.0, input=source.as_uri()),
+    )
+    rig.fake.reset_requests()
+    for later in (2 * HOUR, 3 * HOUR):
+        assert rig.run(time.time_ns() + later).cancelled == 0
+    assert cancels(rig) == [] and rig.state(made_up).doc["unknown"] == [made_up]
+    assert sum(1 for r in rig.requests() if r.name == made_up) == 1  # read once: 404
+
+
 def test_a_pending_timeout_below_an_hour_is_refused_and_a_stored_one_clamped(
     rig: Rig, tmp_path: Path
 ) -> None:
