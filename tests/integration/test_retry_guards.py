@@ -36,6 +36,7 @@ from opstate.outcomes import file_sink as file_sink_module
 from opstate.outcomes.file_sink import FileSink
 from opstate.retry import budget as budget_module
 from opstate.retry import lineage
+from opstate.retry.authority import VIA_CLI
 from opstate.retry.inputs import input_key
 from opstate.retry.passes import RetryResult
 from opstate.retry.policy import keep_policy
@@ -132,14 +133,15 @@ def rig(
 def reported(
     rig: Rig, name: str, state: State, details: dict[str, Any], policy: RetryPolicy
 ) -> None:
-    """What a ``PUT /operations/{name}`` with ``retry`` left before this release: a report's
-    record (its state and details as the caller said) and the policy kept beside it."""
+    """A report's record (its state and details as the caller said, as a ``PUT /operations``
+    left it) and a policy kept beside it by the operator (``via`` cli: a policy that may act
+    and read a local input): the engine's guards hold whoever attached the policy."""
     store = rig.store()
     try:
         ingest(store, OpEvent(name, state, time.time_ns(), Source.REPORT, details))
         record = store.get(name)
         assert record is not None
-        keep_policy(store, record, policy, time.time_ns())
+        keep_policy(store, record, policy, time.time_ns(), via=VIA_CLI)
     finally:
         store.close()
 
@@ -518,7 +520,9 @@ def test_a_swapped_kept_input_is_detected_before_rows_are_cut_from_it(rig: Rig) 
     result = rig.run()
     assert (result.submitted, result.unavailable) == (0, 1)
     assert rig.fake.batches_created() == [root] and uploads(rig) == []
-    assert "no longer has its recorded sha256" in rig.state(root).doc["unavailable"]
+    doc = rig.state(root).doc
+    assert doc["unavailable"] == "input unusable"  # the detail is the log's and the operator's
+    assert "no longer has its recorded sha256" in doc["unavailableDetail"]
 
 
 def test_a_swapped_input_is_never_uploaded_whole(rig: Rig) -> None:
@@ -683,7 +687,8 @@ def test_retry_states_of_the_previous_release_are_carried_on_safely(
     shown = (rig.fake.resource(child) or {})["metadata"]
     assert shown["displayName"] == entry["id"] and shown["model"] == f"models/{MODEL}"
     assert rig.child_keys(child) == ["a", "b"]
-    assert cancels(rig) == [] and rig.state(reported).doc["notOurs"] == [reported]
+    # Its policy came without a provenance (docs/security.md, "Acting"): no timeout acted on.
+    assert cancels(rig) == [] and not any(r.name == reported for r in rig.requests())
 
     rig.finish(child, [answered("a"), answered("b")])
     assert rig.run(time.time_ns() + 2 * HOUR).final == 1

@@ -30,6 +30,7 @@ from opstate.domain.retry import (
     retry_view,
 )
 from opstate.domain.states import State
+from opstate.retry.authority import VIA_CLI
 from opstate.retry.policy import attach_policy, settings_policy
 from opstate.store import MemoryStore
 from opstate.store.port import StoreUnavailableError
@@ -324,12 +325,13 @@ def test_an_enabled_policy_is_kept_active_and_due_now() -> None:
     store = MemoryStore()
     record = _tracked(store)
     policy = RetryPolicy(2, False, 12.0, "s3://in-bucket/a.jsonl")
-    written = attach_policy(store, record, policy, model="models/m", now_ns=NOW + 5)
+    written = attach_policy(store, record, policy, model="models/m", now_ns=NOW + 5, via=VIA_CLI)
     assert written is not None and written == store.get_retry(record.name)
     assert (written.status, written.rev, written.due_ns) == (RETRY_ACTIVE, 1, NOW + 5)
     assert written.created_ns == NOW
     doc = written.doc
     assert doc["policy"] == policy.as_doc() and doc["model"] == "models/m"
+    assert doc["via"] == VIA_CLI  # who attached it (issue 38): the engine reads it
     assert doc["input"]["source"] == "s3://in-bucket/a.jsonl"
     assert doc["input"]["location"] is None
     assert doc["children"] == [] and doc["final"]["status"] == "pending"
@@ -344,7 +346,13 @@ def test_a_policy_again_keeps_children_final_and_the_kept_input() -> None:
     assert store.set_retry(record.name, 0, state)
     kept = {"location": "file:///r/inputs/ff/input.jsonl", "sha256": "ff", "rows": 10, "bytes": 99}
     again = attach_policy(
-        store, record, RetryPolicy(max_attempts=3), model=None, now_ns=NOW, kept_input=kept
+        store,
+        record,
+        RetryPolicy(max_attempts=3),
+        model=None,
+        now_ns=NOW,
+        via=VIA_CLI,
+        kept_input=kept,
     )
     assert again is not None and again.rev == 2 and again.status == RETRY_ACTIVE
     assert again.doc["children"] == ROOT_DOC["children"]
@@ -354,7 +362,7 @@ def test_a_policy_again_keeps_children_final_and_the_kept_input() -> None:
     assert again.doc["unavailable"] is None  # the runner judges again
     assert again.doc["policy"]["maxAttempts"] == 3
     # switched off: kept, done, the policy shown off
-    off = attach_policy(store, record, OFF, model=None, now_ns=NOW)
+    off = attach_policy(store, record, OFF, model=None, now_ns=NOW, via=VIA_CLI)
     assert off is not None and off.status == RETRY_DONE and off.due_ns == 0
     assert retry_view(off.doc)["policy"]["maxAttempts"] == 0
 
@@ -371,13 +379,19 @@ def test_another_input_named_drops_the_copy_of_the_old_one() -> None:
         RetryPolicy(1, input="s3://in-bucket/a.jsonl"),
         model=None,
         now_ns=NOW,
+        via=VIA_CLI,
         kept_input=kept,
     )
     assert first is not None and first.doc["input"]["location"] == kept["location"]
-    same = attach_policy(store, record, RetryPolicy(2), model=None, now_ns=NOW)
+    same = attach_policy(store, record, RetryPolicy(2), model=None, now_ns=NOW, via=VIA_CLI)
     assert same is not None and same.doc["input"]["location"] == kept["location"]
     other = attach_policy(
-        store, record, RetryPolicy(2, input="s3://in-bucket/b.jsonl"), model=None, now_ns=NOW
+        store,
+        record,
+        RetryPolicy(2, input="s3://in-bucket/b.jsonl"),
+        model=None,
+        now_ns=NOW,
+        via=VIA_CLI,
     )
     assert other is not None
     assert other.doc["input"] == dict.fromkeys(("location", "sha256", "rows", "bytes")) | {
@@ -390,7 +404,7 @@ def test_a_kept_input_without_a_policy_is_remembered_off() -> None:
     store = MemoryStore()
     record = _tracked(store)
     kept = {"location": "file:///r/inputs/ff/input.jsonl", "sha256": "ff", "rows": 10, "bytes": 99}
-    written = attach_policy(store, record, OFF, model="m", now_ns=NOW, kept_input=kept)
+    written = attach_policy(store, record, OFF, model="m", now_ns=NOW, via=VIA_CLI, kept_input=kept)
     assert written is not None and (written.status, written.due_ns) == (RETRY_DONE, 0)
     assert written.doc["input"] == {"source": None, **kept}
     assert retry_view(written.doc)["status"] == "off"
@@ -399,7 +413,7 @@ def test_a_kept_input_without_a_policy_is_remembered_off() -> None:
 def test_no_policy_and_no_state_writes_nothing() -> None:
     store = MemoryStore()
     record = _tracked(store)
-    assert attach_policy(store, record, OFF, model=None, now_ns=NOW) is None
+    assert attach_policy(store, record, OFF, model=None, now_ns=NOW, via=VIA_CLI) is None
     assert store.get_retry(record.name) is None
 
 
@@ -409,7 +423,9 @@ def test_a_child_takes_its_roots_policy() -> None:
     lineage = {"lineage": {"root": "batches/root", "parent": "batches/root", "attempt": 1}}
     assert store.set_retry(record.name, 0, RetryState(RETRY_MEMBER, created_ns=NOW, doc=lineage))
     with pytest.raises(ValueError, match="a retry child takes its root's policy"):
-        attach_policy(store, record, RetryPolicy(max_attempts=1), model=None, now_ns=NOW)
+        attach_policy(
+            store, record, RetryPolicy(max_attempts=1), model=None, now_ns=NOW, via=VIA_CLI
+        )
     assert store.get_retry(record.name) is not None
     assert store.get_retry(record.name).doc == lineage  # type: ignore[union-attr]
 
@@ -435,11 +451,15 @@ class RacingStore(MemoryStore):
 def test_a_lost_race_is_read_again_and_retried_five_times_at_most() -> None:
     store = RacingStore(losses=4)
     record = _tracked(store)
-    written = attach_policy(store, record, RetryPolicy(max_attempts=1), model=None, now_ns=NOW)
+    written = attach_policy(
+        store, record, RetryPolicy(max_attempts=1), model=None, now_ns=NOW, via=VIA_CLI
+    )
     assert written is not None and written.rev == 5 and store.tries == 5
     assert written.doc["rival"] is True  # built on what the other writer left
     busy = RacingStore(losses=5)
     record = _tracked(busy)
     with pytest.raises(StoreUnavailableError, match="5 writes in a row"):
-        attach_policy(busy, record, RetryPolicy(max_attempts=1), model=None, now_ns=NOW)
+        attach_policy(
+            busy, record, RetryPolicy(max_attempts=1), model=None, now_ns=NOW, via=VIA_CLI
+        )
     assert busy.tries == 5

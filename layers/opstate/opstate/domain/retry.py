@@ -44,20 +44,6 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _LIMIT = re.compile(r"[0-9]{1,2}")
 
 
-# A failure that names a quota, a spending cap or billing is refused again on retry (a rate
-# limit is not). Every RESOURCE_EXHAUSTED Gemini answers says "Resource has been exhausted
-# (e.g. check quota)." — a generic hint, not a quota named: it is left out before the message
-# is read, so a plain rate limit stays retryable.
-_QUOTA_WORDS = re.compile(r"quota|spending cap|billing", re.IGNORECASE)
-_GENERIC_QUOTA_HINT = re.compile(r"\(?\s*e\.g\.,?\s*check\s+quota\s*\.?\s*\)?", re.IGNORECASE)
-
-
-def names_quota(message: str) -> bool:
-    """Whether ``message`` names a quota, a spending cap or billing (beyond Gemini's generic
-    "(e.g. check quota)" hint)."""
-    return _QUOTA_WORDS.search(_GENERIC_QUOTA_HINT.sub(" ", message)) is not None
-
-
 class InvalidRetryError(ValueError):
     """A retry policy (or a transient table) this system cannot use; the message says why."""
 
@@ -265,8 +251,8 @@ def policy_of(doc: Mapping[str, Any]) -> RetryPolicy:
 def retry_view(doc: Mapping[str, Any]) -> dict[str, Any]:
     """A root's ``retry`` in its view: ``{"policy", "status", "reason", "children", "input"}``.
 
-    ``status``: ``final`` (final.jsonl written), ``stopped`` (the lineage stopped: quota or
-    billing, or ``opstate retry --stop``), ``unavailable`` (retry cannot run: ``reason`` says
+    ``status``: ``final`` (final.jsonl written), ``stopped`` (the lineage stopped: a money
+    refusal, or ``opstate retry --stop``), ``unavailable`` (retry cannot run: ``reason`` says
     why), ``off`` (the policy asks for nothing) or ``active``. ``children``: ``{"name",
     "attempt", "rows", "phase"}`` each (``name`` null until Gemini created it; ``phase``
     ``ended`` and ``state`` how it ended, EXPIRED for an expired batch, once the runner

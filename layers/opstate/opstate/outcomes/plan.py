@@ -24,10 +24,27 @@ OTHER_CODES = "other"
 MAX_CODE_CHARS = 64
 MAX_COUNTED_CODES = 1000
 # A candidate that finished for one of these reasons (google-genai's ``FinishReason`` names, as
-# the REST JSON spells them) carries no answer: a succeeded row whose every candidate did is
-# counted ``blocked`` (``ledger.is_blocked``).
+# the REST JSON spells them) was refused by a policy and carries no answer: a succeeded row
+# whose every candidate did is counted ``blocked`` (``ledger.is_blocked``). The image models'
+# refusals are among them (IMAGE_SAFETY, IMAGE_PROHIBITED_CONTENT, IMAGE_RECITATION), and the
+# filters the SDK names (MODEL_ARMOR, ESCALATION, PUP_LIMITED_DISABLED). A candidate that
+# finished with no content for a reason that names no policy (NO_IMAGE, IMAGE_OTHER, OTHER,
+# STOP with no parts, MAX_TOKENS, ...) is an answer, counted ``succeeded`` only
+# (docs/results.md, "Blocked rows").
 BLOCKING_FINISH_REASONS = frozenset(
-    {"SAFETY", "PROHIBITED_CONTENT", "BLOCKLIST", "SPII", "RECITATION"}
+    {
+        "SAFETY",
+        "PROHIBITED_CONTENT",
+        "BLOCKLIST",
+        "SPII",
+        "RECITATION",
+        "IMAGE_SAFETY",
+        "IMAGE_PROHIBITED_CONTENT",
+        "IMAGE_RECITATION",
+        "MODEL_ARMOR",
+        "ESCALATION",
+        "PUP_LIMITED_DISABLED",
+    }
 )
 _UNSAFE = re.compile(r"[^A-Za-z0-9._/-]")
 

@@ -23,10 +23,19 @@ id, its input in the sink) and every create goes through this protocol:
    on the new revision while the claim is still this one's.
 
 A crash anywhere leaves the entry ``planned`` or ``creating``: the next claim searches before it
-creates, so a plan yields at most one child. A create Gemini refuses for quota or billing stops
-the whole lineage (``stopped``, counted in ``RetryStopped``, said once); any other failure leaves
-the entry ``creating`` until its retry time, searched again before the next create; a 404
-(Gemini knows no such model or batch) stops it too.
+creates, so a plan yields at most one child. What a refused create means comes from Gemini's
+answer (``opstate.gemini.submit.create_refusal``, docs/retry.md "Refusals"):
+
+- money (HTTP 402, depleted prepayment credits, a spending cap, billing disabled) stops the
+  whole lineage (``stopped``, counted in ``RetryStopped``, said once);
+- passing (a rate limit, a full batch queue) backs off: the entry stays ``creating``, tried
+  again after Gemini's ``retryDelay`` when it gave one, else after a bounded exponential wait
+  (``refusals`` in a row: 1 min, 2, 4, ... at most 1 h); daily (a per-day quota) after the next
+  midnight Pacific time. The lineage never stops for it; an operator's pass (``opstate retry
+  --once``) tries it again at once;
+- a 404 (Gemini knows no such model or batch: asked again, the same answer) stops it too;
+- any other failure leaves the entry ``creating`` until its retry time (``check_s``), searched
+  again before the next create.
 """
 
 from __future__ import annotations
@@ -35,14 +44,15 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from opstate.domain.model import OpEvent, OpRecord
+from opstate.domain.refusals import DAILY, MONEY, PASSING, backoff_s, next_pacific_midnight_s
 from opstate.domain.times import NS_PER_SECOND
 from opstate.gemini.errors import GatewayError, classify
 from opstate.gemini.submit import (
     batch_model,
     cancel_batch,
     create_or_delete,
+    create_refusal,
     find_by_display_id,
-    is_quota_refusal,
     upload_jsonl,
 )
 from opstate.ingest import ingest
@@ -80,8 +90,11 @@ class Creator:
         entry = lineage.find_child(doc, child)
         if entry is None or entry.get("phase") not in (lineage.PLANNED, lineage.CREATING):
             return state
-        if entry.get("phase") == lineage.CREATING and int(entry.get("claimUntilNs") or 0) > now:
-            return state  # another runner holds it
+        claim_until = int(entry.get("claimUntilNs") or 0)
+        if entry.get("phase") == lineage.CREATING and claim_until > now:
+            backing_off = claim_until == int(entry.get("backoffUntilNs") or 0)
+            if not (backing_off and runner.every):
+                return state  # another runner holds it, or Gemini asked to wait
         searched_before = int(entry.get("claims") or 0) > 0
         allowed = self.budget.allows(root)
         if not searched_before and not allowed:
@@ -265,10 +278,13 @@ class Creator:
         self, root: OpRecord, state: RetryState, child: str, exc: GatewayError
     ) -> RetryState:
         text = exc.sentence[:MAX_ERROR_TEXT]
-        if is_quota_refusal(exc):
+        verdict = create_refusal(exc)
+        if verdict.kind == MONEY:
             return self._stop(root, state, child, f"Gemini refused to create a retry batch: {text}")
         if exc.status == 404:  # no such model or batch: asked again, the same answer
             return self._stop(root, state, child, f"Gemini answered 404 for a retry batch: {text}")
+        if verdict.kind in (PASSING, DAILY):
+            return self._back_off(root, state, child, text, verdict.kind, verdict.delay_s)
         self.runner.result.errors += 1
         log_fields(
             logger.warning,
@@ -282,7 +298,7 @@ class Creator:
         retry_at = self.runner.clock_ns() + int(self.runner.config.check_s * NS_PER_SECOND)
 
         def later(doc: dict[str, Any], entry: dict[str, Any]) -> None:
-            entry.update(error=text, claimUntilNs=retry_at)
+            entry.update(error=text, claimUntilNs=retry_at, refusals=0)
 
         return self._settle(root, state, child, later)
 
@@ -302,6 +318,46 @@ class Creator:
         runner.result.stopped += 1
         count("RetryStopped")
         log_fields(logger.error, "retry lineage stopped", {"name": root.name, "why": text})
+        return state
+
+    def _back_off(
+        self,
+        root: OpRecord,
+        state: RetryState,
+        child: str,
+        text: str,
+        kind: str,
+        delay_s: float | None,
+    ) -> RetryState:
+        """A create refused as passing (or daily): tried again after the wait, never stopped."""
+        runner = self.runner
+        now = runner.clock_ns()
+        entry = lineage.find_child(state.doc, child) or {}
+        refusals = int(entry.get("refusals") or 0) + 1
+        if kind == DAILY:
+            retry_at = int(next_pacific_midnight_s(now / NS_PER_SECOND) * NS_PER_SECOND)
+        else:
+            retry_at = now + int(backoff_s(refusals, delay_s) * NS_PER_SECOND)
+
+        def wait(doc: dict[str, Any], entry: dict[str, Any]) -> None:
+            entry.update(
+                error=text, claimUntilNs=retry_at, backoffUntilNs=retry_at, refusals=refusals
+            )
+
+        state = self._settle(root, state, child, wait)
+        runner.result.waiting += 1
+        log_fields(
+            logger.warning,
+            "retry batch refused for now: backing off",
+            {
+                "name": root.name,
+                "id": child,
+                "error": text,
+                "kind": kind,
+                "refusals": refusals,
+                "retryAtNs": retry_at,
+            },
+        )
         return state
 
     def cancel(self, name: str) -> bool:

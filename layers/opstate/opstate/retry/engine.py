@@ -37,7 +37,7 @@ from dataclasses import replace
 from typing import Any
 
 from opstate.domain.model import OpRecord
-from opstate.domain.retry import RetryPolicy, policy_of
+from opstate.domain.retry import RetryPolicy
 from opstate.domain.states import State
 from opstate.domain.times import NS_PER_SECOND
 from opstate.gemini.errors import GatewayError
@@ -45,6 +45,7 @@ from opstate.gemini.submit import inlined_requests
 from opstate.observability import count, log_fields, logger
 from opstate.outcomes.sink import Sink, SinkError
 from opstate.retry import evidence, lineage
+from opstate.retry.authority import INPUT_UNUSABLE, NOT_UNDER, acting_policy, reads_input
 from opstate.retry.children import Creator
 from opstate.retry.cutting import write_inputs
 from opstate.retry.finalize import chunks_of, lines_of, output_location, write_final_of
@@ -94,6 +95,7 @@ class RetryRunner:
         self.on_final = on_final
         self.result = RetryResult()
         self.creator = Creator(self)
+        self.every = False  # an operator's pass: a create backing off is tried at once
 
     # -- the pass ----------------------------------------------------------------------------
 
@@ -104,6 +106,7 @@ class RetryRunner:
         names: list[str] | None = None,
         every: bool = False,
     ) -> None:
+        self.every = every
         try:
             entries: Iterator[tuple[OpRecord, RetryState]]
             if names is None:
@@ -174,7 +177,7 @@ class RetryRunner:
                 planned = None
                 state = evidence.mark_unknown(self, root, state, gone.name)
             except IntegrityError as exc:
-                self.give_up(root, state, str(exc))
+                self.give_up(root, state, INPUT_UNUSABLE, str(exc))
                 return
             if planned is not None:
                 self.one(root, planned)  # create what was planned in the same pass
@@ -239,13 +242,16 @@ class RetryRunner:
         ]
         return min(later, default=now + int(self.config.check_s * NS_PER_SECOND))
 
-    def give_up(self, root: OpRecord, state: RetryState, why: str) -> RetryState:
-        """Retry is unavailable for ``root`` (said with ``why``): nothing is resubmitted."""
+    def give_up(self, root: OpRecord, state: RetryState, why: str, detail: str = "") -> RetryState:
+        """Retry is unavailable for ``root`` (said with ``why``; ``detail`` only in the log and
+        ``unavailableDetail``, never in a view): nothing is resubmitted."""
         doc = lineage.mutable(state.doc)
         doc["unavailable"] = why[:MAX_ERROR_TEXT]
+        doc |= {"unavailableDetail": detail[:MAX_ERROR_TEXT]} if detail else {}
         self.result.unavailable += 1
         count("RetryUnavailable")
-        log_fields(logger.warning, "retry unavailable", {"name": root.name, "why": why})
+        said = f"{why}: {detail}" if detail else why
+        log_fields(logger.warning, "retry unavailable", {"name": root.name, "why": said})
         return self.write(root, state, doc, status=RETRY_DONE, due_ns=0)
 
     # -- 1. the input ------------------------------------------------------------------------
@@ -255,6 +261,8 @@ class RetryRunner:
         source = kept.get("source")
         chunks: Callable[[], Iterable[bytes]]
         if isinstance(source, str) and source:
+            if not reads_input(doc, source, self.config.input_prefixes):
+                return self.give_up(root, state, INPUT_UNUSABLE, f"{source} {NOT_UNDER}")
             chunks = source_chunks(source)
         else:
             # Gemini gives a file input back never; inlined requests are in the job itself.
@@ -271,11 +279,11 @@ class RetryRunner:
             chunks = lambda: iter((data,))  # noqa: E731
         try:
             facts = keep_input(chunks, self.sink, self.config.max_line_bytes)
-        except (InputError, ValueError) as exc:
-            return self.give_up(root, state, f"the input {source} cannot be used: {exc}")
+        except (InputError, ValueError) as exc:  # exists? its format, its keys: the log's only
+            return self.give_up(root, state, INPUT_UNUSABLE, f"{source} cannot be used: {exc}")
         except SinkError as exc:
             if not exc.transient:
-                return self.give_up(root, state, f"the input {source} cannot be kept: {exc}")
+                return self.give_up(root, state, INPUT_UNUSABLE, f"{source} cannot be kept: {exc}")
             raise RetryableError(str(exc)) from exc
         kept.update(source=source, **facts.as_dict())
         doc["input"] = kept
@@ -298,7 +306,7 @@ class RetryRunner:
             try:
                 missing = keys_cover(held, chunks_of(self.sink, output), self.config.max_line_bytes)
             except IntegrityError as exc:
-                return self.give_up(root, state, str(exc))
+                return self.give_up(root, state, INPUT_UNUSABLE, str(exc))
             if missing:
                 return self.give_up(root, state, f"the input lacks {missing} of the output's keys")
         doc["covered"] = True
@@ -318,7 +326,7 @@ class RetryRunner:
     ) -> RetryState | None:
         """Plan the next attempt (None: nothing to plan, the lineage is complete)."""
         doc = lineage.mutable(state.doc)
-        policy = policy_of(doc)
+        policy = acting_policy(doc)  # a policy of unknown origin resubmits nothing whole
         max_attempts = policy.max_attempts
         latest = max(ref.attempt for ref in refs)
         if lineage.highest_attempt(doc) > latest:

@@ -23,7 +23,7 @@ from typing import Any
 PLANNED = "planned"
 CREATING = "creating"
 CREATED = "created"
-REFUSED = "refused"  # Gemini refused to create it for quota or billing: the lineage stopped
+REFUSED = "refused"  # Gemini refused to create it for money: the lineage stopped
 PHASES = (PLANNED, CREATING, CREATED, REFUSED)
 FINAL = "final"
 PENDING = "pending"

@@ -26,6 +26,9 @@ class RetryConfig:
     # The deployment's budget (``opstate.retry.budget``).
     max_active_lineages: int = 20
     max_batches_per_hour: int = 60
+    # Where an input named over HTTP (or by a policy of unknown origin) may be read from
+    # (``OPSTATE_RETRY_INPUT_PREFIXES``; ``opstate.retry.authority.reads_input``).
+    input_prefixes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -72,6 +75,7 @@ class Runner(Protocol):
     clock_ns: Callable[[], int]
     result: RetryResult
     on_final: Callable[[str], None] | None
+    every: bool  # an operator's pass (``opstate retry --once``)
 
     def write(
         self, root: OpRecord, state: RetryState, doc: Mapping[str, Any], **change: Any

@@ -16,6 +16,7 @@ from opstate.config import RetrySettings
 from opstate.domain.model import OpRecord
 from opstate.domain.retry import InvalidRetryError, RetryPolicy, enabled, retry_view
 from opstate.retry import lineage
+from opstate.retry.authority import VIAS
 from opstate.store.port import RetryingStore, Store, StoreUnavailableError
 from opstate.store.retry_state import RETRY_ACTIVE, RETRY_DONE, RETRY_MEMBER, RetryState
 
@@ -53,13 +54,13 @@ def check_keepable(store: Store, name: str) -> RetryingStore:
 
 
 def keep_policy(
-    store: RetryingStore, record: OpRecord, policy: RetryPolicy, now_ns: int
+    store: RetryingStore, record: OpRecord, policy: RetryPolicy, now_ns: int, *, via: str
 ) -> dict[str, Any] | None:
     """``attach_policy`` for the record a report left, and the ``retry`` view of what was
     written (None: nothing was). ``ValueError`` when the record became a retry child since
     ``check_keepable``. No model is kept from the report's details (issue 38): the retry
     runner reads the model off Gemini's own resource of the batch it resubmits."""
-    state = attach_policy(store, record, policy, model=None, now_ns=now_ns)
+    state = attach_policy(store, record, policy, model=None, now_ns=now_ns, via=via)
     return None if state is None else retry_view(state.doc)
 
 
@@ -79,10 +80,12 @@ def attach_policy(
     *,
     model: str | None,
     now_ns: int,
+    via: str,
     kept_input: Mapping[str, Any] | None = None,
     submit_id: str | None = None,
 ) -> RetryState | None:
-    """Keep ``policy`` as the retry state of the root ``record`` and return the state written.
+    """Keep ``policy`` as the retry state of the root ``record`` and return the state written,
+    with how it came (``via``: ``opstate.retry.authority.VIAS``; the last attach's).
 
     Enabled: the state is ``active``, due at ``now_ns``; an existing state of the same record
     incarnation keeps its children, final result and input (``input.source`` becomes
@@ -96,6 +99,8 @@ def attach_policy(
     (then ``StoreUnavailableError``, a retryable store fault). ``submit_id``: the id
     ``opstate submit`` put in the batch's display name (``submitId``: opstate created it, so
     its pending timeout may cancel it)."""
+    if via not in VIAS:
+        raise ValueError(f"unknown provenance {via!r}")
     created_ns = record.created_ns
     for _ in range(ATTACH_ATTEMPTS):
         current = store.get_retry(record.name)
@@ -111,6 +116,7 @@ def attach_policy(
             created_ns=created_ns,
             now_ns=now_ns,
             kept_input=kept_input,
+            via=via,
         )
         if submit_id is not None:
             state = replace(state, doc={**state.doc, "submitId": submit_id})
@@ -134,10 +140,12 @@ def _root_state(
     created_ns: int,
     now_ns: int,
     kept_input: Mapping[str, Any] | None,
+    via: str,
 ) -> RetryState:
     doc: dict[str, Any] = dict(old)
     doc.pop("lineage", None)
     doc["policy"] = policy.as_doc()
+    doc["via"] = via
     if model is not None or "model" not in doc:
         doc["model"] = model
     old_input = old.get("input")

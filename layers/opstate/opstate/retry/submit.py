@@ -34,6 +34,7 @@ from opstate.ingest import ingest
 from opstate.observability import log_fields, logger
 from opstate.outcomes.sink import Sink
 from opstate.retry.acting import read_job
+from opstate.retry.authority import VIA_SUBMIT
 from opstate.retry.inputs import KeptInput, keep_input, source_chunks
 from opstate.retry.policy import attach_policy
 
@@ -184,6 +185,7 @@ def _keep_state(
         policy,
         model=model,
         now_ns=now_ns,
+        via=VIA_SUBMIT,
         kept_input=kept.as_dict(),
         submit_id=marker_id,
     )

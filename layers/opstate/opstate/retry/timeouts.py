@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from opstate.domain.model import OpRecord
-from opstate.domain.retry import policy_of
 from opstate.domain.states import State
 from opstate.gemini.errors import GatewayError
 from opstate.ingest import ingest
 from opstate.observability import count, log_fields, logger
 from opstate.retry import acting, lineage
+from opstate.retry.authority import acting_policy
 from opstate.retry.passes import Runner
 from opstate.store.retry_state import RetryState
 
@@ -30,7 +30,7 @@ def pending_timeouts(
     refs: list[lineage.MemberRef],
     records: Mapping[str, OpRecord | None],
 ) -> RetryState:
-    hours = policy_of(state.doc).pending_timeout_hours
+    hours = acting_policy(state.doc).pending_timeout_hours
     if hours is None or state.doc.get("stopped"):
         return state
     now = runner.clock_ns()
