@@ -96,7 +96,7 @@ METRICS: Final[Mapping[str, MetricSpec]] = {
         _spec("ResultsAtRisk", "archive", "results not archived within the warning margin"),
         _spec("ResultsBytes", "archive", "bytes of results archived"),
         _spec("RetrySubmitted", "archive", "retry batches created (failed rows, expired inputs)"),
-        _spec("RetryStopped", "archive", "lineages stopped: Gemini refused a create for money"),
+        _spec("RetryStopped", "archive", "lineages stopped: a create refused for money, a guard"),
         _spec("RetryUnavailable", "archive", "roots whose input opstate cannot use for retries"),
         _spec("RetryBudgetReached", "archive", "roots held back by the deployment's retry budget"),
         _spec("ResultsFinal", "archive", "lineages whose final.jsonl was written"),
