@@ -185,8 +185,9 @@ PANELS: list[Panel] = [
         [
             custom("RetrySubmitted", label="retry batches"),
             custom("ResultsFinal", label="final"),
-            custom("RetryStopped", label="stopped (money, budget)"),
+            custom("RetryStopped", label="stopped (money, guard, budget)"),
             custom("RetryUnavailable", label="unavailable"),
+            custom("RetryBudgetReached", label="over budget"),
         ],
     ),
     Panel(

@@ -116,7 +116,7 @@ def test_a_valid_policy_is_kept_and_the_view_shows_it(store: SQLiteStore) -> Non
     assert (state.status, state.rev, state.due_ns) == (RETRY_ACTIVE, 1, NOW)
     assert state.created_ns == store.get(NAME).created_ns  # type: ignore[union-attr]
     assert state.doc["policy"] == policy
-    assert state.doc["model"] == "models/gemini-2.5-flash"
+    assert state.doc["model"] is None  # a report's details.model is never kept (issue 38)
     assert state.doc["via"] == "api"  # attached over HTTP, by a caller with the right
     assert state.doc["input"]["source"] == "s3://in-bucket/jobs/a.jsonl"
     assert [(r.name, s.due_ns) for r, s in store.iter_retry_due(NOW)] == [(NAME, NOW)]

@@ -60,7 +60,7 @@ RETRY_TOKEN = "opstate-test-retry-token-fedcba9876543210"  # test-only
 MODEL = "gemini-2.5-flash"
 STATUS = {503: "UNAVAILABLE", 400: "INVALID_ARGUMENT"}
 ATTEMPT = re.compile(r"-a(\d+)-\d+$")
-PLANNED_ID = re.compile(r"^opstate-[0-9a-f]{12}-a\d+-\d+$")
+PLANNED_ID = re.compile(r"^opstate-[0-9a-f]{32}-a\d+-\d+$")  # a nonce id (issue 38)
 
 
 # -- the truth at the fake ----------------------------------------------------------------------

@@ -65,6 +65,9 @@ NOW = 1_700_000_000_000_000_000
         ({"pendingTimeoutHours": 0}, "more than 0 and at most 720"),
         ({"pendingTimeoutHours": -3}, "more than 0 and at most 720"),
         ({"pendingTimeoutHours": 720.5}, "more than 0 and at most 720"),
+        # issue 38: never a cancel of a batch younger than an hour (from Gemini's createTime)
+        ({"pendingTimeoutHours": 0.5}, "must be at least 1: opstate never cancels"),
+        ({"pendingTimeoutHours": 1e-9}, "must be at least 1: opstate never cancels"),
         ({"pendingTimeoutHours": float("nan")}, "more than 0 and at most 720"),
         ({"pendingTimeoutHours": float("inf")}, "more than 0 and at most 720"),
         ({"maxCostUSD": True}, "maxCostUSD' must be a number of US dollars or null"),
@@ -109,9 +112,7 @@ def test_missing_keys_take_the_defaults_and_given_ones_win() -> None:
     )
     assert parsed == RetryPolicy(10, False, 720.0, "s3://my-bucket.eu/in/batch 1.jsonl")
     assert isinstance(parsed.pending_timeout_hours, float)
-    assert (
-        parse_retry({"pendingTimeoutHours": 0.5, "input": None}, OFF).pending_timeout_hours == 0.5
-    )
+    assert parse_retry({"pendingTimeoutHours": 1, "input": None}, OFF).pending_timeout_hours == 1.0
     assert parse_retry({"input": "file:///data/in.jsonl"}, OFF).input == "file:///data/in.jsonl"
     # null switches the timeout (and the input) off even when the default has one; a retry
     # object that leaves maxAttempts out while the default is 0 is the opt-in: 2 retries

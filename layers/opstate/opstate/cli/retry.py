@@ -81,8 +81,8 @@ def add_policy_flags(p: argparse.ArgumentParser) -> None:
         "--pending-timeout-hours",
         type=float,
         metavar="H",
-        help="cancel a batch still PENDING after H hours, then resubmit it (once; no row "
-        "retries unless --retry-attempts is given)",
+        help="cancel a batch opstate created still PENDING H hours (1-720) after Gemini's "
+        "createTime, then resubmit it (once; no row retries unless --retry-attempts is given)",
     )
     p.add_argument(
         "--max-cost-usd",

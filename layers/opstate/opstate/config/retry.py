@@ -31,6 +31,12 @@ DEFAULT_RETRY_MAX_BATCHES = 10
 # Gemini's batch API takes input files of up to 2 GB: far fewer rows than this fit in one.
 MAX_RETRY_ROWS = 2_000_000
 MAX_RETRY_BATCHES = 100
+# The deployment's budget for what retries create (issue 38, ``opstate.retry.budget``): a
+# lineage retrying at once per batch a team typically watches, a batch a minute.
+DEFAULT_RETRY_MAX_ACTIVE_LINEAGES = 20
+DEFAULT_RETRY_MAX_BATCHES_PER_HOUR = 60
+MAX_RETRY_ACTIVE_LINEAGES = 10_000
+MAX_RETRY_BATCHES_PER_HOUR = 100_000
 # The retry token must be as strong as the API token (``config.local.MIN_API_TOKEN_LENGTH``).
 MIN_RETRY_TOKEN_LENGTH = 32
 # An input prefix: s3://BUCKET/ or s3://BUCKET/SOME/PATH/ (a key's folders, no ".", ".." or
@@ -129,6 +135,9 @@ class RetrySettings(Part):
     # off other runners (seconds).
     retry_check_s: float = 60.0
     retry_lease_s: float = 900.0
+    # The deployment's budget: lineages retrying at once, retry batches created per hour.
+    retry_max_active_lineages: int = DEFAULT_RETRY_MAX_ACTIVE_LINEAGES
+    retry_max_batches_per_hour: int = DEFAULT_RETRY_MAX_BATCHES_PER_HOUR
     # Who may attach a retry policy over HTTP (docs/security.md, "Acting"): in ``opstate
     # serve`` the holder of this second bearer token (never the API token's holder alone); in
     # the Lambda every IAM-authorised PUT caller once the operator set OPSTATE_RETRY_OVER_API.
@@ -152,6 +161,12 @@ class RetrySettings(Part):
             retry_transient=_transient(env, "OPSTATE_RETRY_TRANSIENT"),
             retry_check_s=read_float(env, "OPSTATE_RETRY_CHECK_SECONDS", 1.0, 86_400.0),
             retry_lease_s=read_float(env, "OPSTATE_RETRY_LEASE_SECONDS", 1.0, MAX_SECONDS),
+            retry_max_active_lineages=bounded_int(
+                env, "OPSTATE_RETRY_MAX_ACTIVE_LINEAGES", MAX_RETRY_ACTIVE_LINEAGES, 1
+            ),
+            retry_max_batches_per_hour=bounded_int(
+                env, "OPSTATE_RETRY_MAX_BATCHES_PER_HOUR", MAX_RETRY_BATCHES_PER_HOUR, 1
+            ),
             retry_api_token=_retry_token(env, "OPSTATE_RETRY_API_TOKEN"),
             retry_over_api=read_bool(env, "OPSTATE_RETRY_OVER_API"),
             retry_input_prefixes=_input_prefixes(env, "OPSTATE_RETRY_INPUT_PREFIXES"),

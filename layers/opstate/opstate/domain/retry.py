@@ -22,6 +22,10 @@ MAX_ATTEMPTS_LIMIT = 10
 # enabled: 2").
 DEFAULT_ENABLED_ATTEMPTS = 2
 MAX_PENDING_TIMEOUT_HOURS = 720.0
+# The shortest pending timeout (issue 38): opstate never cancels a batch younger than this,
+# measured from Gemini's createTime. A policy asking less is refused; one stored before the
+# floor existed is clamped to it where it is used (``opstate.retry.acting``).
+MIN_PENDING_TIMEOUT_HOURS = 1.0
 # The longest input URI accepted (an S3 key is at most 1024 bytes).
 MAX_INPUT_URI_CHARS = 2048
 
@@ -85,7 +89,7 @@ def enabled(policy: RetryPolicy) -> bool:
 
 def parse_retry(raw: object, defaults: RetryPolicy) -> RetryPolicy:
     """The body's ``"retry"`` object: ``{"maxAttempts": 0..10, "resubmitExpired": bool,
-    "pendingTimeoutHours": number in (0, 720] | null, "input": "s3://B/K" | "file:///ABS" |
+    "pendingTimeoutHours": number in [1, 720] | null, "input": "s3://B/K" | "file:///ABS" |
     null, "maxCostUSD": number > 0 | null}``; a key left out takes its value from ``defaults``
     (``maxAttempts``: the default, or ``DEFAULT_ENABLED_ATTEMPTS`` when the default is 0: the
     object is the opt-in); an unknown key, a wrong type (a bool is not a number) or a value
@@ -163,6 +167,12 @@ def _pending_timeout(value: object) -> float | None:
         raise InvalidRetryError(
             "'retry.pendingTimeoutHours' must be more than 0 and at most "
             f"{MAX_PENDING_TIMEOUT_HOURS:g}, got {value!r}"
+        )
+    if hours < MIN_PENDING_TIMEOUT_HOURS:
+        raise InvalidRetryError(
+            f"'retry.pendingTimeoutHours' must be at least {MIN_PENDING_TIMEOUT_HOURS:g}: opstate "
+            "never cancels a batch younger than an hour (from Gemini's createTime), "
+            f"got {value!r}"
         )
     return hours
 

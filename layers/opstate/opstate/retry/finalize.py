@@ -47,12 +47,13 @@ def write_final_of(
     location = lineage.input_of(doc).get("location")
     assert isinstance(location, str)
     cap = runner.config.max_line_bytes
+    unknown = set(lineage.unknown(doc))  # Gemini knew them not (404): no end to report
     members = []
     for ref in refs:
         output = output_location(archives.get(ref.name))
         chunks = chunks_of(runner.sink, output) if output is not None else None
         held = chunks_of(runner.sink, ref.input) if ref.input else None
-        if chunks is None and held is not None:
+        if chunks is None and held is not None and ref.name not in unknown:
             record = runner.store.get(ref.name)
             if record is not None and record.terminal and record.state is not State.SUCCEEDED:
                 chunks = ended_whole(record, held, cap)

@@ -23,6 +23,9 @@ class RetryConfig:
     check_s: float = 60.0
     lease_s: float = 900.0
     max_line_bytes: int = 32 * 1024 * 1024
+    # The deployment's budget (``opstate.retry.budget``).
+    max_active_lineages: int = 20
+    max_batches_per_hour: int = 60
     # Where an input named over HTTP (or by a policy of unknown origin) may be read from
     # (``OPSTATE_RETRY_INPUT_PREFIXES``; ``opstate.retry.authority.reads_input``).
     input_prefixes: tuple[str, ...] = ()

@@ -35,13 +35,6 @@ PENDING_FINAL: Mapping[str, Any] = {
 }
 
 
-def model_of(record: OpRecord) -> str | None:
-    """The model a record's details name (``details.model``), if any: the retry batches'
-    model until the runner reads the batch itself."""
-    model = record.details.get("model")
-    return model if isinstance(model, str) and model else None
-
-
 def is_child(store: RetryingStore, name: str) -> bool:
     """Whether ``name`` is a retry child (it takes its root's policy; none of its own)."""
     state = store.get_retry(name)
@@ -63,10 +56,11 @@ def check_keepable(store: Store, name: str) -> RetryingStore:
 def keep_policy(
     store: RetryingStore, record: OpRecord, policy: RetryPolicy, now_ns: int, *, via: str
 ) -> dict[str, Any] | None:
-    """``attach_policy`` for the record a report left (its model from its details), and the
-    ``retry`` view of what was written (None: nothing was). ``ValueError`` when the record
-    became a retry child since ``check_keepable``."""
-    state = attach_policy(store, record, policy, model=model_of(record), now_ns=now_ns, via=via)
+    """``attach_policy`` for the record a report left, and the ``retry`` view of what was
+    written (None: nothing was). ``ValueError`` when the record became a retry child since
+    ``check_keepable``. No model is kept from the report's details (issue 38): the retry
+    runner reads the model off Gemini's own resource of the batch it resubmits."""
+    state = attach_policy(store, record, policy, model=None, now_ns=now_ns, via=via)
     return None if state is None else retry_view(state.doc)
 
 
@@ -90,6 +84,7 @@ def attach_policy(
     now_ns: int,
     via: str,
     kept_input: Mapping[str, Any] | None = None,
+    submit_id: str | None = None,
 ) -> RetryState | None:
     """Keep ``policy`` as the retry state of the root ``record`` and return the state written,
     with how it came (``via``: ``opstate.retry.authority.VIAS``; the last attach's).
@@ -103,7 +98,9 @@ def attach_policy(
     (None). A record that is a retry child is
     refused (``ValueError``): it takes its root's policy. The write is conditional on the
     state's ``rev``; a lost race is re-read and retried, ``ATTACH_ATTEMPTS`` times at most
-    (then ``StoreUnavailableError``, a retryable store fault)."""
+    (then ``StoreUnavailableError``, a retryable store fault). ``submit_id``: the id
+    ``opstate submit`` put in the batch's display name (``submitId``: opstate created it, so
+    its pending timeout may cancel it)."""
     if via not in VIAS:
         raise ValueError(f"unknown provenance {via!r}")
     created_ns = record.created_ns
@@ -123,6 +120,8 @@ def attach_policy(
             kept_input=kept_input,
             via=via,
         )
+        if submit_id is not None:
+            state = replace(state, doc={**state.doc, "submitId": submit_id})
         expected = current.rev if current is not None else 0
         if store.set_retry(record.name, expected, state):
             return replace(state, rev=expected + 1)

@@ -26,6 +26,8 @@ def config_from(settings: Settings) -> RetryConfig:
         check_s=settings.retry_check_s,
         lease_s=settings.retry_lease_s,
         max_line_bytes=settings.results_max_line_mib * MiB,
+        max_active_lineages=settings.retry_max_active_lineages,
+        max_batches_per_hour=settings.retry_max_batches_per_hour,
         input_prefixes=settings.retry_input_prefixes,
         daily_budget_usd=settings.retry_daily_budget_usd,
     )
