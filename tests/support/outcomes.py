@@ -12,13 +12,13 @@ from typing import Any
 from opstate.domain.model import OpRecord
 from opstate.domain.states import State
 from opstate.domain.times import NS_PER_SECOND, format_time
-from opstate.outcomes.ledger import (
+from opstate.outcomes.ledger import BatchLedger
+from opstate.outcomes.ledger_reading import (
     MAX_BAND_MODELS,
     MAX_MODEL_CHARS,
     OTHER_MODEL,
     PRICE_TIER_STARTS,
     USAGE_FIELDS,
-    BatchLedger,
 )
 from opstate.outcomes.plan import MAX_CODE_CHARS
 from opstate.outcomes.sink import StoredObject

@@ -35,6 +35,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "layers" / "opstate" / "opstate"
 DOMAIN = (
     "opstate.domain",
     "opstate.outcomes.ledger",
+    "opstate.outcomes.ledger_reading",  # how the ledger reads one row
     "opstate.outcomes.ledger_rows",  # the ledger's msgspec structs (msgspec: a JSON parser)
     "opstate.outcomes.plan",
     "opstate.waiters.model",  # the waiters' pure part (issue 26)

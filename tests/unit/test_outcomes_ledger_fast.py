@@ -13,7 +13,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from opstate.outcomes import ledger as ledger_module
-from opstate.outcomes.ledger import USAGE_FIELDS, BatchLedger
+from opstate.outcomes.ledger import BatchLedger
+from opstate.outcomes.ledger_reading import USAGE_FIELDS
 from tests.support.outcomes import chunked
 
 

@@ -23,13 +23,8 @@ from opstate.domain.costs import (
     cost_view,
     lineage_cost,
 )
-from opstate.outcomes.ledger import (
-    MAX_BAND_MODELS,
-    OTHER_MODEL,
-    USAGE_FIELDS,
-    BatchLedger,
-    band_of,
-)
+from opstate.outcomes.ledger import BatchLedger
+from opstate.outcomes.ledger_reading import MAX_BAND_MODELS, OTHER_MODEL, USAGE_FIELDS, band_of
 from opstate.outcomes.price import bands_of, cost_of
 
 WHEN = datetime(2026, 12, 1, tzinfo=UTC)

@@ -14,7 +14,8 @@ from opstate.domain.model import OpRecord
 from opstate.domain.states import State
 from opstate.gemini.files import sha256_hex
 from opstate.outcomes.genai_source import checked_file_name
-from opstate.outcomes.ledger import MAX_BAND_MODELS, MAX_MODEL_CHARS, PRICE_TIER_STARTS, BatchLedger
+from opstate.outcomes.ledger import BatchLedger
+from opstate.outcomes.ledger_reading import MAX_BAND_MODELS, MAX_MODEL_CHARS, PRICE_TIER_STARTS
 from opstate.outcomes.plan import MAX_CODE_CHARS, MAX_ERROR_CODES, OTHER_CODES, results_view
 from opstate.outcomes.sink import StoredObject
 from opstate.outcomes.source import BATCH_OUTPUT, VIDEO, Output, Outputs, SourceError

@@ -44,7 +44,7 @@ def test_the_input_uri_may_be_2048_characters_not_more() -> None:
         (
             lambda: parse_retry({"x": 1, "maxAttempts": 1}, RetryPolicy()),
             "'retry' has unknown keys ['x']; known: maxAttempts, resubmitExpired, "
-            "pendingTimeoutHours, input",
+            "pendingTimeoutHours, input, maxCostUSD",
         ),
         (
             lambda: parse_retry({"resubmitExpired": 1}, RetryPolicy()),

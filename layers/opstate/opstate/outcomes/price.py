@@ -34,7 +34,7 @@ from importlib.metadata import version as package_version
 from typing import Any
 
 from opstate.domain.costs import BATCH_FACTOR, REASON_NO_USAGE
-from opstate.outcomes.ledger import OTHER_MODEL, PRICE_TIER_STARTS, USAGE_FIELDS
+from opstate.outcomes.ledger_reading import OTHER_MODEL, PRICE_TIER_STARTS, USAGE_FIELDS
 
 BATCH_CONTEXT = {"processing": "batch"}
 PROVIDER = "google"

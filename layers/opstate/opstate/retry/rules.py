@@ -45,7 +45,7 @@ from typing import Any
 
 from opstate.domain.refusals import MONEY, refusal_of, sanitize_details
 from opstate.domain.retry import parse_transient
-from opstate.outcomes.ledger import is_blocked
+from opstate.outcomes.ledger_reading import is_blocked
 from opstate.outcomes.plan import MAX_CODE_CHARS
 
 RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
