@@ -1030,9 +1030,11 @@ def report(
     )
 
     calls = Counter[tuple[str, str]]()
+    by_function: dict[str, Counter[str]] = {}
     for (label, service, op), n in METER.calls.items():
         if label != "harness" and "@" not in label:
             calls[(service, op)] += n
+            by_function.setdefault(label, Counter())[f"{service} {op}"] += n
     s3_ops = {op: n for (svc, op), n in calls.items() if svc == "s3"}
     for op, delta in calibration["delta_s3"].items():
         s3_ops[op] = s3_ops.get(op, 0) + delta * (full_archives + finals)
@@ -1069,6 +1071,12 @@ def report(
     tracking = sum(v for k, v in usd.items() if not k.startswith("S3")) - (
         lambda_usd.get("archiver", 0.0) + lambda_usd.get("waiters", 0.0)
     )
+    # The reconciler runs on its schedule whatever the number of jobs: its share of the day.
+    reconciler_day = (
+        lambda_usd.get("reconcile", 0.0)
+        + usd["EventBridge Scheduler"]
+        + P.PRICES["logs_ingested_gb"].cost(lambdas["reconcile"]["log_bytes"] / 1e9)
+    )
     storage_month = P.PRICES["s3_storage"].cost(stored_gb)
     fixed_month = {
         "custom metrics": P.PRICES["custom_metrics"].cost(len(metrics)),
@@ -1089,6 +1097,7 @@ def report(
         "lambda": lambdas,
         "lambda_init_gb_s": round(init_gb_s, 3),
         "aws_calls": {f"{svc} {op}": n for (svc, op), n in sorted(calls.items())},
+        "aws_calls_by_function": {k: dict(sorted(v.items())) for k, v in by_function.items()},
         "s3_requests": {k: round(v, 1) for k, v in sorted(s3_ops.items())},
         "dynamodb": {
             "rru": round(rru, 1),
@@ -1109,6 +1118,10 @@ def report(
         "usd_total": round(total, 6),
         "usd_per_1000_jobs": round(P.per_thousand(total, jobs), 5),
         "usd_tracking_only_per_1000_jobs": round(P.per_thousand(tracking, jobs), 5),
+        "usd_reconciler_per_day": round(reconciler_day, 6),
+        "usd_per_1000_jobs_without_reconciler": round(
+            P.per_thousand(total - reconciler_day, jobs), 5
+        ),
         "s3_storage_usd_per_month_kept": round(storage_month, 6),
         "s3_storage_usd_per_1000_jobs_month": round(P.per_thousand(storage_month, jobs), 5),
         "fixed_usd_per_month": {k: round(v, 4) for k, v in fixed_month.items()},
@@ -1183,6 +1196,10 @@ def print_report(got: dict[str, Any]) -> None:
         f"  per 1,000 jobs: ${got['usd_per_1000_jobs']:.4f} (tracking only "
         f"${got['usd_tracking_only_per_1000_jobs']:.4f}); S3 storage "
         f"${got['s3_storage_usd_per_1000_jobs_month']:.4f} per 1,000 jobs per month kept"
+    )
+    say(
+        f"  the reconciler's day (runs on its schedule): ${got['usd_reconciler_per_day']:.4f}; "
+        f"the rest per 1,000 jobs: ${got['usd_per_1000_jobs_without_reconciler']:.4f}"
     )
     say(f"  fixed per month: {got['fixed_usd_per_month']}")
     sfn = got["step_functions_poller"]
