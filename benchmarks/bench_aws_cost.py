@@ -96,6 +96,10 @@ MODEL = "models/gemini-2.5-flash"
 OUTPUT_BYTES = 10_000_000
 VIDEO_BYTES = 4_000_000
 GEMINI_LATENCY_MS = 50.0
+# The sensitivity model beside the measured wall time: this process's CPU time, stretched by
+# Lambda's CPU share (1,769 MB = one vCPU), plus this latency per AWS request.
+AWS_LATENCY_MS = 5.0
+FULL_VCPU_MB = 1769
 POLL_PERIOD_S = 30.0
 POLLER_MEMORY_MB = 128
 DUPLICATE_SHARE = 0.03
@@ -325,6 +329,8 @@ class Invocation:
     gemini_requests: int
     log_bytes: int
     hour: int
+    cpu_ms: float = 0.0
+    aws_requests: int = 0
 
 
 @dataclass
@@ -336,6 +342,7 @@ class Functions:
     invocations: list[Invocation] = field(default_factory=list)
     suffix: str = ""
     log_lines: list[bytes] = field(default_factory=list)
+    log_messages: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def entry(self, short: str) -> ModuleType:
         if short not in self.modules:
@@ -362,14 +369,20 @@ class Functions:
         )
         label = short + self.suffix
         gemini_before = len(self.fake.requests)
+        aws_before = requests_of(label)
         with labelled(label), captured_output() as out:
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             try:
                 result = handler(event, context)
             finally:
                 ms = (time.perf_counter() - started) * 1000
+                cpu_ms = (time.process_time() - cpu) * 1000
         logs = out[0] if out else b""
-        self.log_lines.extend(line for line in logs.splitlines() if b'"_aws"' in line)
+        for line in logs.splitlines():
+            if b'"_aws"' in line:
+                self.log_lines.append(line)
+            else:
+                self.log_messages[(short, _message(line))] += 1
         self.invocations.append(
             Invocation(
                 short,
@@ -378,9 +391,27 @@ class Functions:
                 len(self.fake.requests) - gemini_before,
                 len(logs),
                 int((time.time() - DAY_START_S) // 3600),
+                cpu_ms,
+                requests_of(label) - aws_before,
             )
         )
         return result
+
+
+def requests_of(label: str) -> int:
+    with METER.lock:
+        return sum(n for (lab, _, _), n in METER.calls.items() if lab == label)
+
+
+def _message(line: bytes) -> str:
+    """A log line's level and message (Powertools' JSON), for the log volume by message."""
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return "(not JSON)"
+    if not isinstance(doc, dict):
+        return "(not JSON)"
+    return f"{doc.get('level', '?')} {str(doc.get('message', ''))[:60]}"
 
 
 # --- the stream --------------------------------------------------------------------------------
@@ -888,6 +919,7 @@ def calibrate(day: Day, sizes: Sizes) -> dict[str, Any]:
             day.jobs[job.name] = job
             day.at(job.start_s, "submit", job)
         day.queue = [q for q in day.queue if q[2] != "reconcile"]
+        heapq.heapify(day.queue)
         while day.queue:
             t, _, kind, payload = heapq.heappop(day.queue)
             day.travel(t)
@@ -1010,8 +1042,18 @@ def report(
             billed += math.ceil(inv.ms + latency)
         if short == "archiver":
             billed += calibration["delta_ms"] * (full_archives + finals)
+        modelled = 0.0
+        for inv in mine:
+            latency = inv.gemini_requests * GEMINI_LATENCY_MS
+            if short == "reconcile":
+                latency /= workers
+            share = max(1.0, FULL_VCPU_MB / memory)
+            modelled += math.ceil(inv.cpu_ms * share + inv.aws_requests * AWS_LATENCY_MS + latency)
         lambdas[short] = {
             "invocations": len(mine),
+            "cpu_ms": round(sum(i.cpu_ms for i in mine)),
+            "modelled_ms": round(modelled),
+            "modelled_gb_s": round(P.gb_seconds(modelled, memory), 3),
             "memory_mb": memory,
             "billed_ms": round(billed),
             "gb_s": round(P.gb_seconds(billed, memory), 3),
@@ -1022,6 +1064,11 @@ def report(
             "hours_active": len({i.hour for i in mine}),
         }
     uses = {k: P.LambdaUse(v["invocations"], v["gb_s"]) for k, v in lambdas.items()}
+    modelled_gb_s_usd = sum(
+        P.PRICES[f"lambda_gb_s_{facts['architecture']}"].cost(v["modelled_gb_s"])
+        for v in lambdas.values()
+    )
+    loudest = day.functions.log_messages.most_common(8)
     lambda_usd = P.lambda_cost(uses, facts["architecture"])
     # One cold start per function per hour it ran (an assumption: Lambda does not say when it
     # recycles an idle environment); the INIT phase is billed like the handler.
@@ -1119,6 +1166,8 @@ def report(
         "usd_per_1000_jobs": round(P.per_thousand(total, jobs), 5),
         "usd_tracking_only_per_1000_jobs": round(P.per_thousand(tracking, jobs), 5),
         "usd_reconciler_per_day": round(reconciler_day, 6),
+        "usd_lambda_gb_s_cpu_model": round(modelled_gb_s_usd, 6),
+        "log_lines_by_message": [[f, m, n] for (f, m), n in loudest],
         "usd_per_1000_jobs_without_reconciler": round(
             P.per_thousand(total - reconciler_day, jobs), 5
         ),
@@ -1201,6 +1250,12 @@ def print_report(got: dict[str, Any]) -> None:
         f"  the reconciler's day (runs on its schedule): ${got['usd_reconciler_per_day']:.4f}; "
         f"the rest per 1,000 jobs: ${got['usd_per_1000_jobs_without_reconciler']:.4f}"
     )
+    say(
+        f"  Lambda GB-seconds by the CPU model instead of wall time: "
+        f"${got['usd_lambda_gb_s_cpu_model']:.6f} "
+        f"(measured: ${got['usd']['Lambda GB-seconds']:.6f})"
+    )
+    say(f"  most frequent log lines: {got['log_lines_by_message']}")
     say(f"  fixed per month: {got['fixed_usd_per_month']}")
     sfn = got["step_functions_poller"]
     say(
