@@ -140,9 +140,9 @@ class Sizes:
     calibration: int
 
 
-# A full run: the template's whole day of reconciler runs (288) with 120 batches and 12 videos,
-# about 6 minutes on the 2-core machine shared with other work; a day of 1,000 + 100 takes
-# several times that (--batches 1000 --videos 100). Quick: 3 hours, 20 batches, 2 videos.
+# A full run: the template's whole day of reconciler runs (288) with 120 batches and 12 videos
+# (430 s on the shared 2-core machine of docs/bench.md); a day of 1,000 + 100 is
+# --batches 1000 --videos 100. Quick: 3 hours, 20 batches, 2 videos (55 s there).
 FULL = Sizes(120, 12, 24.0, 18.0, 20, 50, 2)
 QUICK = Sizes(20, 2, 3.0, 2.0, 20, 50, 1)
 
