@@ -18,13 +18,20 @@ from tests.support.template import load_template
 from tests.support.webhooks import SAMPLE_NAME, local_env_vars
 
 DEPLOY_DOC = ROOT / "docs" / "deploy.md"
-FUNCTIONS = ("WebhookFunction", "ReconcileFunction", "NotifyFunction", "ArchiverFunction")
+FUNCTIONS = (
+    "WebhookFunction",
+    "ReconcileFunction",
+    "NotifyFunction",
+    "ArchiverFunction",
+    "SubmitFunction",
+)
 # Set from the shell, not the file (they depend on where the servers listen): see harness.py.
 FROM_SHELL = {
     "WebhookFunction": {"AWS_ENDPOINT_URL"},
     "ReconcileFunction": {"AWS_ENDPOINT_URL", "GOOGLE_GEMINI_BASE_URL"},
     "NotifyFunction": {"AWS_ENDPOINT_URL"},
     "ArchiverFunction": {"AWS_ENDPOINT_URL", "GOOGLE_GEMINI_BASE_URL"},
+    "SubmitFunction": {"AWS_ENDPOINT_URL", "GOOGLE_GEMINI_BASE_URL"},
 }
 # Declared for sam local only, with an empty default.
 LOCAL_ONLY = {

@@ -192,13 +192,17 @@ LOCAL_EVENT_BUS = "opstate-local"
 LOCAL_GEMINI_API_KEY = "local-gemini-api-key"
 LOCAL_RESULTS_BUCKET = "opstate-local-results"
 LOCAL_RESULTS_URL = f"s3://{LOCAL_RESULTS_BUCKET}/results"
+# Where a retry input named over HTTP may be (the template's !Sub of the stack's bucket reaches a
+# sam local function unresolved, as s3://ResultsBucket/incoming/, which the settings refuse).
+LOCAL_RETRY_INPUT_PREFIXES = f"s3://{LOCAL_RESULTS_BUCKET}/incoming/"
 
 
 def local_env_vars() -> dict[str, dict[str, str]]:
     """events/env.json, the ``sam local --env-vars`` file of docs/deploy.md: the test secret,
     a tolerance wide enough for the fixed timestamp, no Secrets Manager, no quarantine queue (an
-    unreadable signed delivery is logged whole instead), local names (the archiver's results
-    bucket too: the template's URL names the stack's bucket). Endpoints
+    unreadable signed delivery is logged whole instead), local names (the archiver's and the
+    submit function's results bucket and the retry input prefixes too: the template's URLs name
+    the stack's bucket). Endpoints
     (``AWS_ENDPOINT_URL``, ``GOOGLE_GEMINI_BASE_URL``) come from the shell: SAM passes a
     variable the template declares from the environment when the file does not set it."""
     return {
@@ -208,6 +212,7 @@ def local_env_vars() -> dict[str, dict[str, str]]:
             "OPSTATE_WEBHOOK_SECRET_ARN": "",
             "OPSTATE_WEBHOOK_TOLERANCE_SECONDS": "2000000000",
             "OPSTATE_QUARANTINE_QUEUE_URL": "",
+            "OPSTATE_RETRY_INPUT_PREFIXES": LOCAL_RETRY_INPUT_PREFIXES,
         },
         "ReconcileFunction": {
             "OPSTATE_GEMINI_API_KEY_SECRET_ARN": "",
@@ -215,6 +220,12 @@ def local_env_vars() -> dict[str, dict[str, str]]:
         },
         "NotifyFunction": {"OPSTATE_EVENT_BUS_NAME": LOCAL_EVENT_BUS},
         "ArchiverFunction": {
+            "OPSTATE_GEMINI_API_KEY_SECRET_ARN": "",
+            "GEMINI_API_KEY": LOCAL_GEMINI_API_KEY,
+            "OPSTATE_RESULTS_URL": LOCAL_RESULTS_URL,
+            "OPSTATE_RETRY_INPUT_PREFIXES": LOCAL_RETRY_INPUT_PREFIXES,
+        },
+        "SubmitFunction": {
             "OPSTATE_GEMINI_API_KEY_SECRET_ARN": "",
             "GEMINI_API_KEY": LOCAL_GEMINI_API_KEY,
             "OPSTATE_RESULTS_URL": LOCAL_RESULTS_URL,
