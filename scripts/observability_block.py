@@ -185,7 +185,7 @@ PANELS: list[Panel] = [
         [
             custom("RetrySubmitted", label="retry batches"),
             custom("ResultsFinal", label="final"),
-            custom("RetryStopped", label="stopped (quota)"),
+            custom("RetryStopped", label="stopped (money)"),
             custom("RetryUnavailable", label="unavailable"),
         ],
     ),
