@@ -32,6 +32,7 @@ from opstate.domain.states import State
 from opstate.domain.times import NS_PER_SECOND
 from opstate.gemini.errors import GatewayError, classify
 from opstate.gemini.submit import (
+    SearchCutError,
     batch_model,
     cancel_batch,
     create_or_delete,
@@ -106,7 +107,11 @@ class Creator:
         """The child created under id ``child`` before a crash, read itself, or None."""
         client = self.runner.client
         try:
-            found = find_by_display_id(client, child)
+            found = find_by_display_id(client, child, time_left=self.runner.time_left)
+        except SearchCutError as exc:  # fails closed: no create, the entry is due again
+            count("RetrySearchCut")
+            log_fields(logger.warning, "retry search cut", {"id": child, "why": exc.why})
+            raise
         except GatewayError:
             raise
         except Exception as exc:

@@ -82,6 +82,7 @@ class RetryRunner:
         self.clock_ns = clock_ns
         self.on_final = on_final
         self.result = RetryResult()
+        self.time_left: Callable[[], float] | None = None
         self.creator = Creator(self)
 
     # -- the pass ----------------------------------------------------------------------------
@@ -93,6 +94,9 @@ class RetryRunner:
         names: list[str] | None = None,
         every: bool = False,
     ) -> None:
+        if remaining_s is not None:
+            left = remaining_s
+            self.time_left = lambda: left() - safety_s
         try:
             entries: Iterator[tuple[OpRecord, RetryState]]
             if names is None:
@@ -137,6 +141,7 @@ class RetryRunner:
     def one(self, root: OpRecord, state: RetryState) -> None:
         if state.created_ns != root.created_ns:
             return  # a state of an earlier incarnation: never acted on
+        state = self._redate(root, state)
         ready = self._ready(root, state)
         if ready is None:
             return
@@ -211,6 +216,20 @@ class RetryRunner:
         bus trigger) writes nothing."""
         if state.due_ns <= self.clock_ns() or due_ns < state.due_ns:
             self.write(root, state, state.doc, due_ns=due_ns)
+
+    def _redate(self, root: OpRecord, state: RetryState) -> RetryState:
+        """A due root is first written due again after ``check_s``, before any heavy work
+        (reading its input and outputs, writing children or the final result): a pass that
+        dies on it (out of memory, out of time, killed) leaves it behind the roots due before,
+        so the next pass takes those first. Whatever the step ends with writes its own due
+        time over this one."""
+        now = self.clock_ns()
+        if state.due_ns > now:
+            return state  # not due (a pass over every root, a bus trigger): left as it is
+        return self.write(root, state, state.doc, due_ns=self._later(now))
+
+    def _later(self, now: int) -> int:
+        return now + int(self.config.check_s * NS_PER_SECOND)
 
     def _soonest_claim(self, doc: Mapping[str, Any], now: int) -> int:
         later = [
@@ -361,7 +380,8 @@ class RetryRunner:
             "retry planned",
             {"name": root.name, "attempt": attempt, "children": [c["id"] for c in planned]},
         )
-        return self.write(root, state, doc, due_ns=self.clock_ns())
+        # due again later (re-dated, as ``_redate`` says): the create follows in this pass
+        return self.write(root, state, doc, due_ns=self._later(self.clock_ns()))
 
     def _retry_keys(
         self,

@@ -69,6 +69,8 @@ class Runner(Protocol):
     clock_ns: Callable[[], int]
     result: RetryResult
     on_final: Callable[[str], None] | None
+    # Seconds the pass has left (None: no limit): the display-name search stops at 0.
+    time_left: Callable[[], float] | None
 
     def write(
         self, root: OpRecord, state: RetryState, doc: Mapping[str, Any], **change: Any
