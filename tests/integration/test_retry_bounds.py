@@ -27,6 +27,7 @@ from opstate.retry.passes import RetryResult
 from opstate.retry.wiring import config_from
 from opstate.store.sqlite import SQLiteStore
 from tests.integration.test_retry_engine import Rig, creates, listings, make_rig
+from tests.integration.test_retry_scenario import settle
 from tests.support.fake_gemini import FakeGemini
 from tests.support.retry_rows import answered, failed, write_input
 
@@ -184,3 +185,48 @@ def test_a_root_is_re_dated_before_heavy_work_so_a_pass_dying_on_it_does_not_blo
     taken.clear()
     result = rig.run(now + 2)
     assert result.planned == 1 and taken[0] == first
+
+
+def test_a_whole_resubmit_is_split_by_max_rows(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPSTATE_RETRY_MAX_ROWS", "3")
+    keys = [f"k{i}" for i in range(7)]
+    root = rig.submit(keys, "--resubmit-expired")
+    rig.fake.set_batch_state(root, "BATCH_STATE_EXPIRED")
+    settle(rig.cli, root)
+    result = rig.run()
+    assert (result.planned, result.submitted) == (3, 3)
+    created = rig.fake.batches_created()[1:]
+    assert [rig.child_keys(n) for n in created] == [keys[0:3], keys[3:6], keys[6:7]]
+    children = rig.state(root).doc["children"]
+    assert [(c["rows"], c["whole"], c["parent"]) for c in children] == [
+        (3, True, root),
+        (3, True, root),
+        (1, True, root),
+    ]
+    source = (rig.tmp_path / "in-1.jsonl").read_bytes().splitlines(keepends=True)
+    assert b"".join(rig.fake.batch_input(n) for n in created) == b"".join(source)
+    for name in created:
+        rig.finish(name, [answered(k) for k in rig.child_keys(name)])
+    assert rig.run().final == 1
+    final, by_key = rig.final(root)
+    assert final["rows"]["answered"] == 7 and final["attempts"] == 4
+    assert {v["attempt"] for v in by_key.values()} == {1}
+
+
+def test_children_of_two_parents_in_one_attempt_get_files_of_their_own(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two members of one generation both with keys to retry: each child's file is its own
+    (the second parent's files never overwrite the first's)."""
+    monkeypatch.setenv("OPSTATE_RETRY_MAX_ROWS", "2")
+    keys = [f"k{i}" for i in range(4)]
+    root = rig.submit(keys, "--retry-attempts", "2")
+    rig.finish(root, [failed(k, 503, "UNAVAILABLE") for k in keys])
+    assert rig.run().submitted == 2
+    first = rig.fake.batches_created()[1:]
+    assert [rig.child_keys(n) for n in first] == [keys[0:2], keys[2:4]]
+    for name in first:
+        rig.finish(name, [failed(k, 503, "UNAVAILABLE") for k in rig.child_keys(name)][:1])
+    assert rig.run().submitted == 2
+    second = rig.fake.batches_created()[3:]
+    assert [rig.child_keys(n) for n in second] == [[keys[0]], [keys[2]]]

@@ -359,7 +359,7 @@ class RetryRunner:
             whole = _whole_case(record, ref, ref.name in gone, policy, attempt)
             if whole is not None:
                 if whole and ref.input and ref.rows:
-                    inputs.append((ref.input, ref.rows, ref.size or 0, True, ref.name))
+                    inputs.extend(self._whole_inputs(root, doc, ref, attempt, room, len(inputs)))
                 continue
             output = output_location(archives.get(ref.name))
             if record.state is not State.SUCCEEDED or output is None:
@@ -367,7 +367,7 @@ class RetryRunner:
             keys = self._retry_keys(output, earlier, archives, attempt, max_attempts)
             if keys:
                 inputs.extend(
-                    self._write_inputs(root, doc, keys, attempt, ref.name, room - len(inputs))
+                    self._write_inputs(root, doc, keys, attempt, ref.name, room, len(inputs))
                 )
         if not inputs:
             return None
@@ -413,24 +413,65 @@ class RetryRunner:
         attempt: int,
         parent: str,
         room: int,
+        start: int,
     ) -> list[tuple[str, int, int, bool, str]]:
         """The retry batches of ``keys``: the root input's original lines, in input order, at
-        most ``max_rows`` per file and ``room`` files, written before the plan names them."""
+        most ``max_rows`` per file and ``room`` files in all (``start`` planned already in
+        this attempt), written before the plan names them."""
         location = lineage.input_of(doc).get("location")
         assert isinstance(location, str)
         picked = (
             line for _, line in subset(self.sink.chunks(location), keys, self.config.max_line_bytes)
         )
+        return self._split(root, doc, picked, attempt, parent, room, start, whole=False)
+
+    def _whole_inputs(
+        self,
+        root: OpRecord,
+        doc: Mapping[str, Any],
+        ref: lineage.MemberRef,
+        attempt: int,
+        room: int,
+        start: int,
+    ) -> list[tuple[str, int, int, bool, str]]:
+        """A whole resubmit of ``ref``'s input: that input itself when it holds at most
+        ``max_rows`` rows, else its lines (bytes unchanged, in order) split into files of
+        ``max_rows``, like the keys of a row retry (at most ``room`` files in all)."""
+        assert ref.input is not None and ref.rows
+        if ref.rows <= self.config.max_rows:
+            return [(ref.input, ref.rows, ref.size or 0, True, ref.name)]
+        picked = (
+            line
+            for line in lines_of(self.sink.chunks(ref.input), self.config.max_line_bytes)
+            if line and not line.isspace()
+        )
+        return self._split(root, doc, picked, attempt, ref.name, room, start, whole=True)
+
+    def _split(
+        self,
+        root: OpRecord,
+        doc: Mapping[str, Any],
+        picked: Iterator[bytes],
+        attempt: int,
+        parent: str,
+        room: int,
+        start: int,
+        *,
+        whole: bool,
+    ) -> list[tuple[str, int, int, bool, str]]:
+        """``picked`` lines into files of at most ``max_rows`` lines, while fewer than
+        ``room`` children are planned in this attempt (``start`` already); each file is named
+        by the id its child will have (the plan's next indexes)."""
         written: list[tuple[str, int, int, bool, str]] = []
-        index = len(lineage.children(doc))
-        while len(written) < room:
+        index = len(lineage.children(doc)) + start
+        while start + len(written) < room:
             batch = list(islice(picked, self.config.max_rows))
             if not batch:
                 break
             child = lineage.child_id(root.name, root.created_ns, attempt, index + len(written))
             key = f"{prefix_of(root)}/retry/{child}.jsonl"
             stored, size = self._put(key, root.name, batch)
-            written.append((stored, len(batch), size, False, parent))
+            written.append((stored, len(batch), size, whole, parent))
         return written
 
     def _put(self, key: str, name: str, lines: Iterable[bytes]) -> tuple[str, int]:
