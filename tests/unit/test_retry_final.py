@@ -232,6 +232,7 @@ def test_extra_keys_missing_keys_and_members_without_output() -> None:
         retried=1,
         attempts=4,
         extra=1,
+        unreadable=1,  # b"garbage" (a line without a text key is no row of any key)
     )
     assert ledger.as_dict()["rows"] == {"total": 4, "answered": 1, "blocked": 0, "failed": 3}
 

@@ -472,17 +472,18 @@ class RetryRunner:
             key = f"{prefix_of(root)}/retry/{child}.jsonl"
             stored, size = self._put(key, root.name, batch)
             written.append((stored, len(batch), size, whole, parent))
+            del batch  # let its lines go before the next are read
         return written
 
     def _put(self, key: str, name: str, lines: Iterable[bytes]) -> tuple[str, int]:
         digest = hashlib.sha256()
         size = 0
         with self.sink.open(key, name=name) as out:
-            for line in lines:
-                data = line + b"\n"
-                out.write(data)
-                digest.update(data)
-                size += len(data)
+            for line in lines:  # the line and its newline apart: a line is never copied
+                for data in (line, b"\n"):
+                    out.write(data)
+                    digest.update(data)
+                    size += len(data)
             stored = out.commit(digest.hexdigest())
         return stored.location, size
 

@@ -13,13 +13,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from opstate.domain.model import OpRecord
 from opstate.domain.states import State
+from opstate.domain.strict_json import dumps
 from opstate.observability import count, log_fields, logger
 from opstate.outcomes.plan import prefix_of
 from opstate.outcomes.sink import Sink
 from opstate.retry import lineage
 from opstate.retry.final import Member, write_final
 from opstate.retry.passes import Runner
-from opstate.retry.rules import lines, parse_line
+from opstate.retry.reading import key_of
+from opstate.retry.rules import lines
 from opstate.store.port import ArchiveState
 from opstate.store.retry_state import RETRY_DONE, RetryState
 
@@ -103,10 +105,10 @@ def ended_whole(
 
     def chunks() -> Iterator[bytes]:
         for line in lines_of(held(), max_line_bytes):
-            value = parse_line(line)
-            if isinstance(value, dict) and isinstance(value.get("key"), str):
-                row = {"key": value["key"], "error": {"code": ended, "message": message}}
-                yield json.dumps(row, ensure_ascii=False).encode("utf-8") + b"\n"
+            key = key_of(line)
+            if key is not None:
+                row = {"key": key, "error": {"code": ended, "message": message}}
+                yield dumps(row).encode("utf-8") + b"\n"
 
     return chunks
 
