@@ -8,6 +8,7 @@ the real google-genai client talking to the fake Gemini (``test_retry_engine``'s
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -230,3 +231,39 @@ def test_children_of_two_parents_in_one_attempt_get_files_of_their_own(
     assert rig.run().submitted == 2
     second = rig.fake.batches_created()[3:]
     assert [rig.child_keys(n) for n in second] == [[keys[0]], [keys[2]]]
+
+
+def strict(line: bytes) -> Any:
+    """A line read by a strict JSON parser: UTF-8, no NaN/Infinity, no lone surrogate."""
+
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    value = json.loads(line.decode("utf-8"), parse_constant=refuse)
+    json.dumps(value, ensure_ascii=False).encode("utf-8")  # a lone surrogate cannot encode
+    return value
+
+
+def test_final_jsonl_is_written_and_strict_whatever_rows_the_output_holds(rig: Rig) -> None:
+    keys = ["k1", "k2", "k3", "k4"]
+    root = rig.submit(keys, "--retry-attempts", "1")
+    rows = [
+        b'{"key": "k1", "response": {"candidates": [{"content": {"parts": [{"text": '
+        b'"\\ud800"}]}}]}}',
+        b'{"key": "k2", "response": {"candidates": [], "x": NaN}}',
+        b'{"key": "k3", "response": {"candidates": [{"avgLogprobs": 1e400, "content": {}}]}}',
+        json.dumps(answered("k4")).encode(),
+    ]
+    rig.finish(root, b"\n".join(rows) + b"\n")
+    assert rig.run().final == 1
+    final = rig.state(root).doc["final"]
+    data = Path(str(final["location"]).removeprefix("file://")).read_bytes()
+    by_key = {strict(line)["key"]: strict(line) for line in data.splitlines()}
+    assert sorted(by_key) == keys
+    assert by_key["k1"]["error"]["code"] == "missing" and "response" in by_key["k4"]
+    assert b'"avgLogprobs": 1e400' in data  # kept as written
+    ledger = json.loads(
+        Path(str(final["location"]).removeprefix("file://")).with_name("final.json").read_text()
+    )
+    assert (ledger["unreadable"], ledger["foreign"]) == (2, 0)
+    assert ledger["rows"] == {"total": 4, "answered": 2, "blocked": 0, "failed": 2}

@@ -73,6 +73,9 @@ def write_final_of(
             "name": root.name,
             "lineage": [r.name for r in refs],
             **summary,
+            # output lines left out: not strict JSON objects; a key the member was not given
+            "unreadable": ledger.unreadable,
+            "foreign": ledger.foreign,
             "location": stored.location,
         },
         sort_keys=True,
@@ -85,7 +88,8 @@ def write_final_of(
     runner.write(root, state, doc, status=RETRY_DONE, due_ns=0)
     runner.result.final += 1
     count("ResultsFinal")
-    log_fields(logger.info, "results final", {"name": root.name, **summary["rows"]})
+    left_out = {"unreadable": ledger.unreadable, "foreign": ledger.foreign}
+    log_fields(logger.info, "results final", {"name": root.name, **summary["rows"], **left_out})
     if runner.on_final is not None:
         runner.on_final(root.name)
 
