@@ -5,12 +5,12 @@ Each case runs in a fresh interpreter, on the functions a retry pass runs over a
 bytes, in the pass's order, chunks of 1 MiB as the sinks give them:
 
 - ``input_line``: an input of 4 requests, one of them a legal line just under the 32 MiB cap
-  (a request of ~2.8 M small parts: the shape that costs most once parsed), and an output
+  (a request of ~2.6 M small parts: the shape that costs most once parsed), and an output
   whose row for that key failed 503: ``keep_input`` (check, then copy into a folder sink),
   ``keys_cover``, ``transient_failures`` + ``reason_history`` (the keys to retry), ``subset``
   into the child's file, ``write_final``;
 - ``output_row``: an input of 4 requests and an output where one answer is a 32 MiB row (one
-  candidate of ~2.8 M small parts), the rest failed 503: ``keys_cover``, ``transient_failures``
+  candidate of ~2.6 M small parts), the rest failed 503: ``keys_cover``, ``transient_failures``
   + ``reason_history``, ``write_final``;
 - ``keys``: an input of 1,000,000 requests whose keys are 512 characters, and an output
   answering each (both generated as they stream, never held, ~560 MiB and ~640 MiB):

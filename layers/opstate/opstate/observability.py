@@ -98,6 +98,11 @@ METRICS: Final[Mapping[str, MetricSpec]] = {
         _spec("RetrySubmitted", "archive", "retry batches created (failed rows, expired inputs)"),
         _spec("RetryStopped", "archive", "lineages stopped: Gemini refused a create for quota"),
         _spec("RetryUnavailable", "archive", "roots whose input opstate cannot use for retries"),
+        _spec(
+            "RetrySearchCut",
+            "archive",
+            "display-name searches cut short (page cap, repeated token, time): nothing created",
+        ),
         _spec("ResultsFinal", "archive", "lineages whose final.jsonl was written"),
         _spec("WaitersRegistered", "webhook", "waiters newly registered"),
         _spec("WaitersResumed", "waiters", "waiters resumed, by outcome", "outcome"),
