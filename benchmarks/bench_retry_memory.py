@@ -15,7 +15,11 @@ bytes, in the pass's order, chunks of 1 MiB as the sinks give them:
 - ``keys``: an input of 1,000,000 requests whose keys are 512 characters, and an output
   answering each (both generated as they stream, never held, ~560 MiB and ~640 MiB):
   ``check_input`` (``keep_input``'s first pass; its copy streams), ``keys_cover``,
-  ``transient_failures``, ``write_final`` (its lines counted, not kept).
+  ``transient_failures``, ``write_final`` (its lines counted, not kept);
+- ``failed_keys``: the same input, and an output where every request failed 503: the keys to
+  retry (``selection.select_keys`` over the input's key digests; on the code before it, the
+  rules' ``transient_failures`` + ``reason_history`` + ``select_retry`` over key texts), the
+  children's lines cut by ``subset`` (counted, not written), ``write_final``.
 
 Peak RSS added = the process's high-water mark (``VmHWM``) after the steps minus its RSS just
 before them (after every import and after the small files are written; the mark is reset there
@@ -49,7 +53,7 @@ RSS_TARGET_MIB = 64
 CHUNK = 1024 * 1024
 MAX_LINE_BYTES = 32 * 1024 * 1024
 KEY_CHARS = 512
-CASES = ("input_line", "output_row", "keys")
+CASES = ("input_line", "output_row", "keys", "failed_keys")
 UNAVAILABLE = {"code": 503, "message": "The service is currently unavailable.", "status": "x"}
 PART = b'{"text":"w"},'
 
@@ -143,6 +147,8 @@ def child(case: str, keys: int, directory: str) -> None:
 
     if case == "keys":
         source, output = _generated(keys, _request), _generated(keys, _answer)
+    elif case == "failed_keys":
+        source, output = _generated(keys, _request), _generated(keys, _failed)
     else:
         input_path, output_path = _write_files(case, where)
         source, output = _file(input_path), _file(output_path)
@@ -151,9 +157,16 @@ def child(case: str, keys: int, directory: str) -> None:
     if case == "input_line":
         kept = keep_input(source, sink, MAX_LINE_BYTES).location
         source = lambda: sink.chunks(kept)  # noqa: E731
-    elif case == "keys":
+    elif case in ("keys", "failed_keys"):
         check_input(source(), MAX_LINE_BYTES)
     missing = keys_cover(source, output, MAX_LINE_BYTES)
+    if case == "failed_keys":
+        chosen = _select(source, output)
+        picked = sum(1 for _ in subset(source(), chosen, MAX_LINE_BYTES))
+        del chosen
+        ledger = write_final([Member(0, "batches/bench", output)], source, write, MAX_LINE_BYTES)
+        _report(case, before, started, missing, picked, 0, written, ledger.as_dict()["rows"])
+        return
     failed = transient_failures(lines(output(), MAX_LINE_BYTES, skip_long=True), DEFAULT_TABLE)
     if failed and case != "keys":
         reason_history(lines(output(), MAX_LINE_BYTES, skip_long=True), set(failed), DEFAULT_TABLE)
@@ -167,6 +180,41 @@ def child(case: str, keys: int, directory: str) -> None:
                 del line  # as the engine's _split: a written line is let go
             out.commit("0" * 64)
     ledger = write_final([Member(0, "batches/bench", output)], source, write, MAX_LINE_BYTES)
+    rows = ledger.as_dict()["rows"]
+    _report(case, before, started, missing, len(failed), child_bytes, written, rows)
+
+
+def _select(source: Callable[[], Iterator[bytes]], output: Callable[[], Iterator[bytes]]) -> Any:
+    """The keys attempt 1 retries, as the pass at hand chooses them."""
+    from opstate.retry.rules import DEFAULT_TABLE, lines
+
+    def latest() -> Iterator[bytes]:
+        return lines(output(), MAX_LINE_BYTES, skip_long=True)
+
+    try:
+        from opstate.retry.reading import KeyIndex, key_of
+        from opstate.retry.selection import select_keys
+    except ImportError:  # the code before issue 39: the rules over key texts
+        from opstate.retry.rules import reason_history, select_retry, transient_failures
+
+        failed = transient_failures(latest(), DEFAULT_TABLE)
+        history = reason_history(latest(), set(failed), DEFAULT_TABLE)
+        return select_retry(failed, history, DEFAULT_TABLE, 1, 1)
+    keys = (key_of(line) for line in lines(source(), MAX_LINE_BYTES, skip_long=True))
+    index = KeyIndex(key for key in keys if key is not None)
+    return select_keys(index, latest, [latest], DEFAULT_TABLE, 1, 1)
+
+
+def _report(
+    case: str,
+    before: int,
+    started: float,
+    missing: int,
+    retried: int,
+    child_bytes: int,
+    written: int,
+    rows: Any,
+) -> None:
     seconds = time.perf_counter() - started
     peak = status_kib("VmHWM")
     print(
@@ -176,10 +224,10 @@ def child(case: str, keys: int, directory: str) -> None:
                 "rss_added_kib": peak - before,
                 "seconds": round(seconds, 2),
                 "missing": missing,
-                "retried_keys": len(failed),
+                "retried_keys": retried,
                 "child_bytes": child_bytes,
                 "final_bytes": written,
-                "final_rows": ledger.as_dict()["rows"],
+                "final_rows": rows,
             }
         )
     )

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from itertools import islice
@@ -47,11 +46,8 @@ from opstate.retry.children import Creator
 from opstate.retry.finalize import chunks_of, lines_of, output_location, write_final_of
 from opstate.retry.inputs import InputError, keep_input, keys_cover, source_chunks, subset
 from opstate.retry.passes import LostRace, RetryConfig, RetryResult
-from opstate.retry.rules import (
-    reason_history,
-    select_retry,
-    transient_failures,
-)
+from opstate.retry.reading import KeyIndex, key_of
+from opstate.retry.selection import Selection, select_keys
 from opstate.store.port import ArchiveState, RetryableError
 from opstate.store.retry_state import RETRY_ACTIVE, RETRY_DONE, RetryState
 
@@ -364,7 +360,7 @@ class RetryRunner:
             output = output_location(archives.get(ref.name))
             if record.state is not State.SUCCEEDED or output is None:
                 continue
-            keys = self._retry_keys(output, earlier, archives, attempt, max_attempts)
+            keys = self._retry_keys(root, doc, output, earlier, archives, attempt, max_attempts)
             if keys:
                 inputs.extend(
                     self._write_inputs(root, doc, keys, attempt, ref.name, room, len(inputs))
@@ -385,31 +381,43 @@ class RetryRunner:
 
     def _retry_keys(
         self,
+        root: OpRecord,
+        doc: Mapping[str, Any],
         output: str,
         earlier: list[lineage.MemberRef],
         archives: Mapping[str, ArchiveState | None],
         attempt: int,
         max_attempts: int,
-    ) -> set[str]:
+    ) -> Selection:
+        """The keys of the root's input that attempt ``attempt`` retries from ``output``
+        (``opstate.retry.selection``: the rules over key digests, never the keys' text)."""
         table, cap = self.config.table, self.config.max_line_bytes
-        candidates = transient_failures(lines_of(self.sink.chunks(output), cap), table)
-        if not candidates or attempt > max_attempts:
-            return set()
-        wanted = set(candidates)
-        # The failures of each candidate so far: every earlier member's output, then this one.
-        history: dict[str, Counter[str]] = {}
+        location = lineage.input_of(doc).get("location")
+        assert isinstance(location, str)
+        index = KeyIndex(
+            key
+            for line in lines_of(self.sink.chunks(location), cap)
+            if (key := key_of(line)) is not None
+        )
         locations = [output_location(archives.get(ref.name)) for ref in earlier]
-        for location in [*(loc for loc in locations if loc is not None), output]:
-            seen = reason_history(lines_of(self.sink.chunks(location), cap), wanted, table)
-            for key, reasons in seen.items():
-                history.setdefault(key, Counter()).update(reasons)
-        return select_retry(candidates, history, table, attempt, max_attempts)
+        # The failures of each candidate so far: every earlier member's output, then this one.
+        outputs = [
+            chunks_of(self.sink, loc) for loc in [*(x for x in locations if x is not None), output]
+        ]
+
+        def latest() -> Iterable[bytes]:
+            return lines_of(self.sink.chunks(output), cap)
+
+        def read(chunks: Callable[[], Iterable[bytes]]) -> Callable[[], Iterable[bytes]]:
+            return lambda: lines_of(chunks(), cap)
+
+        return select_keys(index, latest, map(read, outputs), table, attempt, max_attempts)
 
     def _write_inputs(
         self,
         root: OpRecord,
         doc: Mapping[str, Any],
-        keys: set[str],
+        keys: Selection,
         attempt: int,
         parent: str,
         room: int,

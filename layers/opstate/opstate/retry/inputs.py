@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Set
+from collections.abc import Callable, Container, Iterable, Iterator, Set
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -265,7 +265,7 @@ def keep_input(
 
 
 def subset(
-    input_chunks: Iterable[bytes], keys: Set[str], max_line_bytes: int
+    input_chunks: Iterable[bytes], keys: Container[str], max_line_bytes: int
 ) -> Iterator[tuple[str, bytes]]:
     """(key, line) of each line of a kept input whose key is in ``keys``, in input order; the
     line's bytes as they are, without the newline."""
