@@ -36,7 +36,7 @@ CFN_LINT := $(TOOLS_VENV)/bin/cfn-lint
 
 .PHONY: help run test unit lint typecheck pytest venv bench bench-quick clean \
 	tools rie-venv checkov-venv template-check build build-arm64 e2e dashboard mutate lambda-base-image \
-	lambda-base-image-if-docker samlocal
+	lambda-base-image-if-docker samlocal package
 
 help:
 	@echo "make run    - set up .venv if needed (the runtime only), then serve the app on http://127.0.0.1:3000"
@@ -49,6 +49,8 @@ help:
 	@echo "              make test; slow: lists the surviving mutants)"
 	@echo "make template-check - sam validate --lint, cfn-lint (+ serverless rules) and checkov on template.yaml"
 	@echo "make build  - sam build (cached, parallel) into .aws-sam/build"
+	@echo "make package - without AWS credentials: the CLI's wheel and sdist in dist/, the built"
+	@echo "              template with its code as zips in dist/sam/ (and the SAR variant)"
 	@echo "make build-arm64 - the same for Architecture=arm64 into .aws-sam/build-arm64"
 	@echo "make dashboard - regenerate template.yaml's dashboard and saved queries (scripts/)"
 	@echo "make e2e    - the built functions through the Lambda runtime interface (no Docker)"
@@ -139,6 +141,19 @@ build: $(TOOLS_STAMP)
 	@test -n "$(PYTHON)" || exit 1
 	LAMBDA_PYTHON=$(PYTHON) $(SAM) build --cached --parallel
 
+# What a deploy or a publish needs, made without AWS credentials (README.md, "Use it without a
+# clone"): dist/ gets the CLI's wheel and sdist (python -m build); dist/sam/ the built template
+# with each function's and the layer's code as a zip (scripts/package.py; `sam deploy` uploads
+# them), template-sar.yaml (the variant the Serverless Application Repository accepts:
+# scripts/sar_template.py; SOURCE_URL=https://... fills its placeholder URLs), LICENSE and
+# README.md. Only `sam package` / `sam publish` / `sam deploy` need AWS.
+package: $(STAMP) build
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	$(PY) scripts/package.py .aws-sam/build dist/sam
+	$(PY) scripts/sar_template.py $(if $(SOURCE_URL),--source-url $(SOURCE_URL)) \
+		dist/sam/template.yaml dist/sam/template-sar.yaml
+
 # The same stack for arm64 (Architecture=arm64: the layer and the reconciler from their -arm64
 # code directories, aarch64 wheels) in a build directory of its own; tests/e2e/
 # test_architectures.py checks every shared object in it is aarch64.
@@ -205,4 +220,5 @@ mutate: $(STAMP)
 	$(PY) tools/mutate.py $(MUTATE_ARGS)
 
 clean:
-	rm -rf $(VENV) $(TOOLS_VENV) $(RIE_VENV) $(CHECKOV_VENV) .mypy_cache .pytest_cache .ruff_cache .aws-sam
+	rm -rf $(VENV) $(TOOLS_VENV) $(RIE_VENV) $(CHECKOV_VENV) .mypy_cache .pytest_cache .ruff_cache .aws-sam \
+		dist

@@ -174,10 +174,10 @@ def child(case: str, keys: int, directory: str) -> None:
     if case == "input_line":
         with sink.open("retry/child.jsonl", name="batches/bench") as out:
             for _key, line in subset(source(), set(failed), MAX_LINE_BYTES):
-                out.write(line)  # as the engine's _put: the line and its newline apart
+                out.write(line)  # as cutting._put: the line and its newline apart
                 out.write(b"\n")
                 child_bytes += len(line) + 1
-                del line  # as the engine's _split: a written line is let go
+                del line  # as cutting._split: a written line is let go
             out.commit("0" * 64)
     ledger = write_final([Member(0, "batches/bench", output)], source, write, MAX_LINE_BYTES)
     rows = ledger.as_dict()["rows"]

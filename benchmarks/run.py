@@ -2,7 +2,7 @@
 
 Usage: ``python benchmarks/run.py [--quick] [--out PATH] [--skip SECTION ...]``.
 Sections: ingest, hotpath, calls, contention, cold, cold-container, seed, reconcile, archive,
-retry (see benchmarks/README.md for every key).
+retry, aws-cost (see benchmarks/README.md for every key).
 Never part of ``make test``: nothing here asserts a time.
 """
 
@@ -40,6 +40,7 @@ for _key, _value in {
 os.environ.pop("AWS_PROFILE", None)
 
 import bench_archive  # noqa: E402
+import bench_aws_cost  # noqa: E402
 import bench_calls  # noqa: E402
 import bench_cold  # noqa: E402
 import bench_hotpath  # noqa: E402
@@ -390,6 +391,7 @@ def table(results: dict[str, Any]) -> list[str]:
     _archive_rows(results.get("archive", {}), row)
     _archive_rows(results.get("archive_short_rows", {}), row)
     bench_retry_file.table_rows(results.get("retry_file", {}), row)
+    bench_aws_cost.table_rows(results.get("aws_cost", {}), row)
     return _aligned(rows) + _notes(results, ing)
 
 
@@ -451,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
             "reconcile",
             "archive",
             "retry",
+            "aws-cost",
         ],
     )
     args = parser.parse_args(argv)
@@ -521,6 +524,12 @@ def main(argv: list[str] | None = None) -> int:
         lambda: bench_retry_file.measure(
             20_000 if args.quick else 100_000, rounds=1 if args.quick else 3
         ),
+    )
+    # What running opstate costs on AWS (issue 41): a simulated day through the functions.
+    run(
+        "aws-cost",
+        "aws_cost",
+        lambda: bench_aws_cost.measure(bench_aws_cost.QUICK if args.quick else bench_aws_cost.FULL),
     )
     results["meta"]["seconds"] = round(time.perf_counter() - started, 1)
 

@@ -185,9 +185,19 @@ PANELS: list[Panel] = [
         [
             custom("RetrySubmitted", label="retry batches"),
             custom("ResultsFinal", label="final"),
-            custom("RetryStopped", label="stopped (quota)"),
+            custom("RetryStopped", label="stopped (money, guard, budget)"),
             custom("RetryUnavailable", label="unavailable"),
             custom("RetrySearchCut", label="search cut (nothing created)"),
+            custom("RetryBudgetReached", label="over budget"),
+        ],
+    ),
+    Panel(
+        "Spend at Batch API prices (USD): batches archived, retries; budget stops",
+        [
+            custom("ResultsCostUSD", label="archived batches (USD)"),
+            custom("RetryCostUSD", label="added by retries (USD)"),
+            custom("ResultsUnpriced", label="batches of unknown cost", right_axis=True),
+            custom("RetryBudgetStopped", label="stopped by a budget", right_axis=True),
         ],
     ),
     Panel(

@@ -1,5 +1,5 @@
-"""Mutation testing of the domain modules and the signatures package (``make mutate``; not part
-of ``make test``).
+"""Mutation testing of the domain modules, the retry room's pure modules and the signatures
+package (``make mutate``; not part of ``make test``).
 
 An AST driver of our own rather than mutmut: the package lives in a SAM layer directory
 (``layers/opstate``) and is installed in editable mode, which mutmut 3's copy-the-tree runner
@@ -81,6 +81,24 @@ TARGETS: dict[str, list[str]] = {
         "tests/unit/test_model.py",
     ],
     "domain.details": ["tests/unit/test_details.py", "tests/unit/test_reducer.py"],
+    # The retry room's pure modules (issue 39). retry.final's own mutant-killing tests are
+    # apart (test_retry_final_mutants.py) from its behaviour tests.
+    "domain.retry": [
+        "tests/unit/test_retry_policy.py",
+        "tests/unit/test_retry_policy_mutants.py",
+        "tests/unit/test_waiters_final.py",
+    ],
+    "domain.refusals": ["tests/unit/test_refusals.py", "tests/unit/test_gemini_errors.py"],
+    "retry.rules": [
+        "tests/unit/test_retry_rules.py",
+        "tests/unit/test_retry_rules_mutants.py",
+        "tests/unit/test_gemini_errors.py",
+    ],
+    "retry.final": [
+        "tests/unit/test_retry_final.py",
+        "tests/unit/test_retry_final_mutants.py",
+        "tests/unit/test_waiters_final.py",
+    ],
     "signatures.standard": ["tests/unit/test_signatures.py"],
     "signatures.jwt_tokens": ["tests/unit/test_signatures.py"],
     "signatures.wiring": ["tests/unit/test_signatures.py"],

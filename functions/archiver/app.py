@@ -1,13 +1,12 @@
 """Lambda entry: a terminal change on the bus (or the reconciler's re-drive) -> one archive
-pass, then one retry pass; or a submit request (``{"submit": {...}}``) -> one batch submitted.
+pass, then one retry pass. A submit request (``{"submit": {...}}``) is refused: submitting is
+the submit function's (functions/submit, its own role; stack output ``SubmitFunctionName``).
 
 Thin wiring only; the logic is ``opstate.outcomes`` and ``opstate.retry`` (google-genai comes
 from this function's own requirements). A terminal change on the bus archives the operation it
 names (read by key, no listing) and takes the lineage it belongs to one step further; any other
 event (the reconciler's re-drive) takes every due archive, soonest due first, then every due
-retry. A submit request keeps its input, creates the batch and tracks it with its policy
-(docs/retry.md, "Submit on AWS"); a request it refuses raises ``SubmitRefusedError`` (nothing
-created). The time budget is the Lambda context's remaining time.
+retry. The time budget is the Lambda context's remaining time.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from opstate.config import settings
 from opstate.observability import logger, metrics, tracer
 from opstate.outcomes.wiring import archive_from_settings, names_of
-from opstate.retry.wiring import retry_from_settings, roots_of, submit_event
+from opstate.retry.wiring import SubmitRefusedError, retry_from_settings, roots_of
 
 # Read the configuration during the init: a bad value fails the init, naming the variable,
 # instead of failing every invocation later.
@@ -31,7 +30,10 @@ settings()
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     if isinstance(event, dict) and "submit" in event:
-        return {"submitted": submit_event(settings(), event["submit"])}
+        raise SubmitRefusedError(
+            "the archiver submits nothing: invoke the submit function (stack output "
+            "SubmitFunctionName) with this request"
+        )
 
     def remaining_s() -> float:
         return context.get_remaining_time_in_millis() / 1000.0

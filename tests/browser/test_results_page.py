@@ -129,6 +129,8 @@ def test_progress_bar_and_ledger(page: Any, served: tuple[ServeProcess, Path]) -
     assert "7 succeeded, 2 failed, 1 unreadable of 10 (10 requests)" in text
     assert "429: 2" in text
     assert "155 total (100 prompt, 50 output, 5 thinking, 0 cached)" in text
+    # an archive without a price (written as the previous release wrote it): unknown, never $0
+    assert "Cost\nunknown: archived by an earlier release, which did not price results" in text
     assert "file:///r/batches/done-1/1/output.jsonl (4096 bytes)" in text
     assert page.locator("#detail-progress").count() == 0
     page.get_by_role("button", name="Show batches/done-2").click()

@@ -203,6 +203,7 @@ def test_a_final_root_shows_its_counts_and_where_final_jsonl_is(
     assert "100 total: 93 answered (2 blocked), 7 failed" in text
     assert "400: 5, 429: 2" in text
     assert "Attempts\n3" in text
+    assert "Lineage cost\nunknown: written by an earlier release" in text
     assert "file:///r/batches/retry-final/final.jsonl" in text
     assert "Retry batches\nnone yet" in text
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

@@ -74,6 +74,7 @@ def test_the_arm64_build_is_the_arm64_code_directories() -> None:
         "layers/opstate-arm64",
         "functions/reconcile-arm64",
         "functions/archiver-arm64",
+        "functions/submit-arm64",
     ):
         assert (ROOT / code_dir / "Makefile").is_file()
         assert "manylinux2014_aarch64" in (ROOT / code_dir / "Makefile").read_text()

@@ -1,11 +1,13 @@
-"""Retries through the BUILT archiver function (issue 33), on the Lambda runtime interface
-emulator against the moto server and the fake Gemini server (``harness.py``).
+"""Retries through the BUILT submit and archiver functions (issues 33 and 38), on the Lambda
+runtime interface emulator against the moto server and the fake Gemini server (``harness.py``).
 
-The chain is the deployed one: a direct invoke ``{"submit": {...}}`` naming an object under
-``incoming/`` of the results bucket keeps the input, creates the batch on Gemini and tracks it
-with its retry state; each member is made terminal by an ingested event (what the reconciler or
-a webhook does); the bus's terminal change naming it reaches the archiver, which archives it and
-takes its lineage one step further (one child from the transient failures, then final.jsonl).
+The chain is the deployed one: a direct invoke of the submit function ``{"submit": {...}}``
+naming an object under ``incoming/`` of the results bucket keeps the input, creates the batch
+on Gemini and tracks it with its retry state (the archiver refuses the same request: it
+submits nothing since issue 38); each member is made terminal by an ingested event (what the
+reconciler or a webhook does); the bus's terminal change naming it reaches the archiver, which
+archives it and takes its lineage one step further (one child from the transient failures, then
+final.jsonl).
 The table's stream through the built notifier announces the child and the final result.
 
 Test-only environment override: ``GOOGLE_GEMINI_BASE_URL`` (the fake Gemini server). The API key
@@ -86,7 +88,7 @@ def s3_keys(stack: Stack) -> list[str]:
     return [o["Key"] for o in listed.get("Contents", [])]
 
 
-def test_built_archiver_submits_retries_a_child_and_writes_final(
+def test_built_submit_function_submits_the_archiver_retries_a_child_and_writes_final(
     start: StartFunction, stack: Stack
 ) -> None:
     keys = [f"k{i:02d}" for i in range(20)]
@@ -103,16 +105,20 @@ def test_built_archiver_submits_retries_a_child_and_writes_final(
     with FakeGemini() as fake:
         fake.api_key = GEMINI_TEST_KEY  # the built function reads the key from Secrets Manager
         archiver = start("ArchiverFunction", overrides={"GOOGLE_GEMINI_BASE_URL": fake.base_url})
-        answer = archiver.invoke(
-            {
-                "submit": {
-                    "input": f"s3://{stack.results_bucket}/{INPUT_KEY}",
-                    "model": MODEL,
-                    "displayName": "e2e retry",
-                    "retry": {"maxAttempts": 1},
-                }
+        request = {
+            "submit": {
+                "input": f"s3://{stack.results_bucket}/{INPUT_KEY}",
+                "model": MODEL,
+                "displayName": "e2e retry",
+                "retry": {"maxAttempts": 1},
             }
-        )
+        }
+        with pytest.raises(InvokeError, match="SubmitRefusedError") as refused:
+            archiver.invoke(request)
+        assert "SubmitFunctionName" in str(refused.value)
+        assert fake.batches_created() == []
+        submit = start("SubmitFunction", overrides={"GOOGLE_GEMINI_BASE_URL": fake.base_url})
+        answer = submit.invoke(request)
         submitted = answer["submitted"]
         root = submitted["name"]
         assert submitted["created"] is True and submitted["retry"]["maxAttempts"] == 1
@@ -169,23 +175,30 @@ def test_built_archiver_submits_retries_a_child_and_writes_final(
     assert final["rows"] == {"total": 20, "answered": 20, "blocked": 0, "failed": 0}
 
 
-def test_built_archiver_refuses_a_submit_with_a_line_without_key(
+def test_built_submit_function_refuses_a_line_without_key_and_an_input_outside_incoming(
     start: StartFunction, stack: Stack
 ) -> None:
     bad = request_bytes("a") + json.dumps({"request": {"contents": []}}).encode() + b"\n"
     stack.client("s3").put_object(Bucket=stack.results_bucket, Key=INPUT_KEY, Body=bad)
+    kept = "results/inputs/" + "ab" * 32 + "/input.jsonl"  # someone's kept prompts
+    stack.client("s3").put_object(Bucket=stack.results_bucket, Key=kept, Body=request_bytes("a"))
     with FakeGemini() as fake:
         fake.api_key = GEMINI_TEST_KEY
-        archiver = start("ArchiverFunction", overrides={"GOOGLE_GEMINI_BASE_URL": fake.base_url})
+        submit = start("SubmitFunction", overrides={"GOOGLE_GEMINI_BASE_URL": fake.base_url})
         request = {
             "input": f"s3://{stack.results_bucket}/{INPUT_KEY}",
             "model": MODEL,
             "retry": {"maxAttempts": 1},
         }
         with pytest.raises(InvokeError, match="SubmitRefusedError") as refused:
-            archiver.invoke({"submit": request})
+            submit.invoke({"submit": request})
         assert "line 2" in str(refused.value).splitlines()[0]
+        # Issue 38, repro 6: checked in code as well as by the role (moto enforces no IAM).
+        outside = {**request, "input": f"s3://{stack.results_bucket}/{kept}"}
+        with pytest.raises(InvokeError, match="SubmitRefusedError") as refused:
+            submit.invoke({"submit": outside})
+        assert f"under s3://{stack.results_bucket}/incoming/" in str(refused.value)
         assert fake.batches_created() == []
     scanned = stack.client("dynamodb").scan(TableName=stack.table, Select="COUNT")
     assert scanned["Count"] == 0
-    assert s3_keys(stack) == [INPUT_KEY]
+    assert sorted(s3_keys(stack)) == sorted([INPUT_KEY, kept])

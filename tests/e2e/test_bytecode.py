@@ -22,11 +22,18 @@ from tests.e2e.harness import RIE_PYTHON, BuiltTemplate
 
 pytestmark = pytest.mark.e2e
 
-FUNCTIONS = ("WebhookFunction", "ReconcileFunction", "NotifyFunction", "ArchiverFunction")
+FUNCTIONS = (
+    "WebhookFunction",
+    "ReconcileFunction",
+    "NotifyFunction",
+    "ArchiverFunction",
+    "SubmitFunction",
+)
 # What the first request imports beyond the handler module (lazy imports).
 FIRST_REQUEST = {
     "ReconcileFunction": ["google.genai", "google.genai.types"],
     "ArchiverFunction": ["google.genai", "google.genai.types"],
+    "SubmitFunction": ["google.genai", "google.genai.types"],
 }
 # PEP 552 flags: bit 0 = hash-based, bit 1 = check_source. unchecked-hash = 0b01.
 UNCHECKED_HASH = 0b01

@@ -151,17 +151,17 @@ def test_archiver_has_its_own_least_privilege_role(template: dict[str, Any]) -> 
         "ResultsListing",
         "GeminiApiKeySecret",
         "RetryChildrenTracked",
-        "SubmitInputs",
+        "TrackedInputs",
     }
     table = by_sid["ArchiveStatusBesideRecords"]
     assert actions(table) == {"dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Scan"}
     assert table["Resource"] == {"Fn::GetAtt": ["OperationsTable", "Arn"]}
-    # PutItem only to track the batches it creates (retries, submits: ingest's conditional
-    # create, issue 33); never a delete.
+    # PutItem only to track the retry batches it creates (ingest's conditional create, issue
+    # 33); never a delete. Submitting is the submit function's (issue 38).
     tracked = by_sid["RetryChildrenTracked"]
     assert actions(tracked) == {"dynamodb:PutItem"}
     assert tracked["Resource"] == {"Fn::GetAtt": ["OperationsTable", "Arn"]}
-    inputs = by_sid["SubmitInputs"]
+    inputs = by_sid["TrackedInputs"]
     assert actions(inputs) == {"s3:GetObject"}
     assert inputs["Resource"] == {"Fn::Sub": "${ResultsBucket.Arn}/incoming/*"}
     queue = by_sid["DueArchives"]
@@ -185,6 +185,71 @@ def test_archiver_has_its_own_least_privilege_role(template: dict[str, Any]) -> 
     assert by_sid["GeminiApiKeySecret"]["Resource"] == {"Ref": "GeminiApiKeySecret"}
     env = fn["Environment"]["Variables"]
     assert env["OPSTATE_RESULTS_URL"] == {"Fn::Sub": "s3://${ResultsBucket}/results"}
+    # The retry pass reads an input named over HTTP only under incoming/ (issue 38).
+    assert env["OPSTATE_RETRY_INPUT_PREFIXES"] == {"Fn::Sub": "s3://${ResultsBucket}/incoming/"}
+
+
+def test_the_submit_function_has_its_own_role_concurrency_and_memory(
+    template: dict[str, Any],
+) -> None:
+    """Issue 38, repro 6: submitting is not the archiver's (its role read results/*, and its two
+    reserved executions were shared); the submit function reads inputs only under incoming/."""
+    resources = template["Resources"]
+    fn = resources["SubmitFunction"]["Properties"]
+    assert fn["CodeUri"] == {"Fn::If": ["IsArm64", "functions/submit-arm64", "functions/submit"]}
+    assert fn["ReservedConcurrentExecutions"] == 2 and fn["MemorySize"] == 512
+    assert "Events" not in fn  # invoked by an operator only
+    assert template["Outputs"]["SubmitFunctionName"]["Value"] == {"Ref": "SubmitFunction"}
+    env = fn["Environment"]["Variables"]
+    assert env["OPSTATE_RESULTS_URL"] == {"Fn::Sub": "s3://${ResultsBucket}/results"}
+    by_sid = {s["Sid"]: s for s in statements(template, "SubmitFunction")}
+    assert set(by_sid) == {
+        "SubmittedTracked",
+        "SubmitInputs",
+        "KeptInputs",
+        "KeptInputsListing",
+        "GeminiApiKeySecret",
+    }
+    reads = [
+        s for s in by_sid.values() if actions(s) & {"s3:GetObject", "s3:GetObjectVersion", "s3:*"}
+    ]
+    read_from = [
+        r
+        for s in reads
+        for r in (s["Resource"] if isinstance(s["Resource"], list) else [s["Resource"]])
+    ]
+    # It reads the input under incoming/ and its own kept copies; never results/* as a whole.
+    assert sorted(map(str, read_from)) == sorted(
+        map(
+            str,
+            [
+                {"Fn::Sub": "${ResultsBucket.Arn}/incoming/*"},
+                {"Fn::Sub": "${ResultsBucket.Arn}/results/inputs/*"},
+                {"Fn::Sub": "${ResultsBucket.Arn}/results/.incoming/*"},
+            ],
+        )
+    )
+    assert actions(by_sid["SubmitInputs"]) == {"s3:GetObject"}
+    assert by_sid["KeptInputsListing"]["Condition"] == {
+        "StringLike": {"s3:prefix": "results/inputs/*"}
+    }
+    table = by_sid["SubmittedTracked"]
+    assert actions(table) == {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"}
+    assert table["Resource"] == {"Fn::GetAtt": ["OperationsTable", "Arn"]}
+    assert by_sid["GeminiApiKeySecret"]["Resource"] == {"Ref": "GeminiApiKeySecret"}
+    reqs = (ROOT / "functions/submit/requirements.txt").read_text(encoding="utf-8")
+    assert re.search(r"^google-genai==", reqs, re.M)
+    assert (ROOT / "functions/submit/app.py").read_text().count("submit_request") >= 1
+
+
+def test_the_retry_right_over_the_api_is_off_unless_the_operator_sets_it(
+    template: dict[str, Any],
+) -> None:
+    parameter = template["Parameters"]["RetryOverApi"]
+    assert (parameter["Default"], parameter["AllowedValues"]) == ("false", ["true", "false"])
+    env = template["Resources"]["WebhookFunction"]["Properties"]["Environment"]["Variables"]
+    assert env["OPSTATE_RETRY_OVER_API"] == {"Ref": "RetryOverApi"}
+    assert env["OPSTATE_RETRY_INPUT_PREFIXES"] == {"Fn::Sub": "s3://${ResultsBucket}/incoming/"}
 
 
 def test_archiver_is_triggered_by_terminal_changes_with_bounded_retries_and_a_dlq(

@@ -97,6 +97,7 @@ FUNCTION_ROLES = (
     "WebhookFunctionRole",
     "ReconcileFunctionRole",
     "ArchiverFunctionRole",
+    "SubmitFunctionRole",
     "WaiterResumerFunctionRole",
 )
 
@@ -222,3 +223,39 @@ def test_no_role_statement_allows_every_resource(translated: dict[str, Any], nam
             resource = statement["Resource"]
             listed = resource if isinstance(resource, list) else [resource]
             assert "*" not in listed, (name, statement)
+
+
+def s3_reads(role: dict[str, Any], translated: dict[str, Any]) -> list[Any]:
+    """The object resources a role may GetObject (or any s3:*) from, as deployed."""
+    out: list[Any] = []
+    for statement in role_statements(role, translated):
+        if actions(statement) & {"s3:GetObject", "s3:GetObject*", "s3:*", "s3:Get*"}:
+            resource = statement["Resource"]
+            out.extend(resource if isinstance(resource, list) else [resource])
+    return out
+
+
+def test_the_submit_function_reads_only_incoming_and_its_own_kept_inputs(
+    translated: dict[str, Any],
+) -> None:
+    """Issue 38, repro 6: the submit path's own role. It may read an input under incoming/ of
+    the results bucket, and the copies it keeps; never results/* (anyone's kept prompts and
+    outputs), never another function's reserved executions."""
+    found = roles(translated)
+    resources = translated["Resources"]
+    assert resources["SubmitFunction"]["Properties"]["Role"] == {
+        "Fn::GetAtt": ["SubmitFunctionRole", "Arn"]
+    }
+    reads = s3_reads(found["SubmitFunctionRole"], translated)
+    assert sorted(map(json.dumps, reads)) == sorted(
+        json.dumps({"Fn::Sub": f"${{ResultsBucket.Arn}}/{prefix}"})
+        for prefix in ("incoming/*", "results/inputs/*", "results/.incoming/*")
+    )
+    # Its own concurrency: neither the archiver's two executions nor the account's pool.
+    submit = resources["SubmitFunction"]["Properties"]
+    archiver = resources["ArchiverFunction"]["Properties"]
+    assert submit["ReservedConcurrentExecutions"] == 2
+    assert archiver["ReservedConcurrentExecutions"] == 2
+    # The archiver's role still reads incoming/: the input of a batch tracked with one.
+    archiver_reads = s3_reads(found["ArchiverFunctionRole"], translated)
+    assert {"Fn::Sub": "${ResultsBucket.Arn}/incoming/*"} in archiver_reads

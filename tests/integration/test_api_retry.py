@@ -25,7 +25,10 @@ from tests.support.webhooks import EVENT_TIMESTAMP, TEST_SECRET, operation_event
 
 NAME = "batches/root-1"
 NOW = 1_780_000_000_000_000_000
-SETTINGS = Settings(retry_max_attempts=2, retry_resubmit_expired=False)
+# A deployment whose operator granted the retry right over the API and named the prefix its
+# inputs may come from (docs/security.md, "Acting"): what these tests' policies need.
+GRANTED: dict[str, Any] = {"retry_over_api": True, "retry_input_prefixes": ("s3://in-bucket/",)}
+SETTINGS = Settings(retry_max_attempts=2, retry_resubmit_expired=False, **GRANTED)
 
 
 @pytest.fixture
@@ -65,6 +68,8 @@ def _get(app: Any, name: str = NAME) -> tuple[int, Any]:
         ({"resubmitExpired": "no"}, "'retry.resubmitExpired' must be true or false"),
         ({"pendingTimeoutHours": 0}, "more than 0 and at most 720"),
         ({"pendingTimeoutHours": 721}, "more than 0 and at most 720"),
+        ({"maxCostUSD": 0}, "'retry.maxCostUSD' must be more than 0"),
+        ({"maxCostUSD": "5"}, "'retry.maxCostUSD' must be a number of US dollars or null"),
         ({"input": "gs://bucket/in.jsonl"}, "s3://BUCKET/KEY or file:///ABS/PATH"),
         ({"input": "s3://B/in.jsonl"}, "must be s3://BUCKET/KEY"),
         # a local file would be read from this host and uploaded: the CLI's, never an HTTP body's
@@ -111,7 +116,8 @@ def test_a_valid_policy_is_kept_and_the_view_shows_it(store: SQLiteStore) -> Non
     assert (state.status, state.rev, state.due_ns) == (RETRY_ACTIVE, 1, NOW)
     assert state.created_ns == store.get(NAME).created_ns  # type: ignore[union-attr]
     assert state.doc["policy"] == policy
-    assert state.doc["model"] == "models/gemini-2.5-flash"
+    assert state.doc["model"] is None  # a report's details.model is never kept (issue 38)
+    assert state.doc["via"] == "api"  # attached over HTTP, by a caller with the right
     assert state.doc["input"]["source"] == "s3://in-bucket/jobs/a.jsonl"
     assert [(r.name, s.due_ns) for r, s in store.iter_retry_due(NOW)] == [(NAME, NOW)]
     status, view = _get(app)
@@ -129,7 +135,7 @@ def test_a_valid_policy_is_kept_and_the_view_shows_it(store: SQLiteStore) -> Non
 
 
 def test_a_policy_that_asks_nothing_writes_no_state(store: SQLiteStore) -> None:
-    app = _app(store, Settings())
+    app = _app(store, Settings(**GRANTED))
     status, body = _put(app, {"retry": {"maxAttempts": 0}})
     assert status == 200 and body["retry"] is None
     assert store.get(NAME) is not None and store.get_retry(NAME) is None
@@ -137,14 +143,14 @@ def test_a_policy_that_asks_nothing_writes_no_state(store: SQLiteStore) -> None:
 
 
 def test_an_empty_retry_object_is_the_opt_in_with_two_retries(store: SQLiteStore) -> None:
-    status, body = _put(_app(store, Settings()), {"retry": {}})
+    status, body = _put(_app(store, Settings(**GRANTED)), {"retry": {}})
     assert status == 200 and body["retry"]["policy"]["maxAttempts"] == 2
     state = store.get_retry(NAME)
     assert state is not None and state.doc["policy"]["maxAttempts"] == 2
 
 
 def test_the_default_alone_attaches_no_policy(store: SQLiteStore) -> None:
-    app = _app(store, Settings(retry_max_attempts=3, retry_resubmit_expired=True))
+    app = _app(store, Settings(retry_max_attempts=3, retry_resubmit_expired=True, **GRANTED))
     assert _put(app, None)[0] == 200  # "track this job"
     assert _put(app, {"state": "RUNNING"})[0] == 200
     assert store.get_retry(NAME) is None

@@ -13,6 +13,7 @@ import pytest
 
 from opstate.cli.common import EXIT_OK, EXIT_USAGE
 from opstate.config import settings
+from opstate.domain.costs import REASON_FINAL_PREVIOUS_RELEASE
 from opstate.store.port import ArchiveState
 from opstate.store.retry_state import RETRY_ACTIVE, RETRY_DONE, RETRY_MEMBER, RetryState
 from opstate.store.sqlite import SQLiteStore
@@ -62,6 +63,8 @@ def _open(db: Path) -> SQLiteStore:
         (["--input", "gs://bucket/in.jsonl"], "s3://BUCKET/KEY or file:///ABS/PATH"),
         (["--input", "missing.jsonl"], "no such file"),
         (["--input", "file:///data/../in.jsonl"], "no '..'"),
+        (["--max-cost-usd", "0"], "'retry.maxCostUSD' must be more than 0"),
+        (["--max-cost-usd", "inf"], "'retry.maxCostUSD' must be more than 0"),
     ],
 )
 def test_bad_flags_write_nothing(
@@ -113,6 +116,10 @@ def test_track_with_flags_keeps_the_policy_and_get_shows_it(
     # the text answer of track names the status and the policy
     text = cli("track", NAME, "--retry-attempts", "1")
     assert text.code == EXIT_OK and "retry: active" in text.out
+    # a spending cap (issue 41) is kept with the policy and shown
+    capped = cli("track", NAME, "--retry-attempts", "1", "--max-cost-usd", "2.5")
+    assert capped.code == EXIT_OK and "maxCostUSD 2.5" in capped.out
+    assert cli("get", NAME, "--json").json()["retry"]["policy"]["maxCostUSD"] == 2.5
 
 
 def test_plain_track_attaches_no_policy_whatever_the_default(
@@ -208,6 +215,15 @@ def test_results_json_of_a_root_adds_lineage_and_final(
         "rows": {"total": 6, "answered": 5, "blocked": 1, "failed": 1},
         "errors": {"400": 1},
         "attempts": 3,
+        "cost": {
+            "usd": None,
+            "retries_usd": None,
+            "model": None,
+            "prices": None,
+            "batch_discount": None,
+            "reason": REASON_FINAL_PREVIOUS_RELEASE,
+        },
+        "stopped": None,
     }
     # the rest of the document is the archive's, as before
     assert {k: v for k, v in after.items() if k not in ("lineage", "final")} == before

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from opstate.config import Settings
+from opstate.domain.refusals import MONEY, OTHER, PASSING
 from opstate.domain.states import State
 from opstate.gemini.client import make_client
 from opstate.gemini.errors import GatewayError, classify
@@ -23,8 +24,8 @@ from opstate.gemini.submit import (
     SearchCutError,
     cancel_batch,
     create_batch,
+    create_refusal,
     find_by_display_id,
-    is_quota_refusal,
     read_batch,
     upload_jsonl,
 )
@@ -167,7 +168,7 @@ def test_the_display_id_search_stops_on_an_endless_listing_and_never_answers_not
     else:
         assert pages == 7 and "page cap" in cut.value.why
     assert cut.value.transient and cut.value.status is None
-    assert not is_quota_refusal(cut.value)
+    assert create_refusal(cut.value).kind == OTHER  # no money refusal, no back-off: due again
     # the caller's time: checked before each next page
     fake_gemini.endless_listing("fresh")
     fake_gemini.reset_requests()
@@ -180,26 +181,29 @@ def test_the_display_id_search_stops_on_an_endless_listing_and_never_answers_not
 
 
 @pytest.mark.parametrize(
-    ("status", "message", "quota", "transient"),
+    ("status", "message", "kind", "transient"),
     [
-        (429, "Quota exceeded for quota metric 'Batch enqueued tokens'", True, True),
-        # Gemini's generic hint on every 429 names no quota: a rate limit, not a refusal
-        (429, "Resource has been exhausted (e.g. check quota).", False, True),
-        (429, "You exceeded your current quota, please check your plan and billing", True, True),
-        (429, "Too many requests, slow down", False, True),
-        (403, "Your project has exceeded its monthly spending cap", True, False),
-        (403, "Billing account is disabled", True, False),
-        (403, "API key not valid", False, False),
-        (503, "The model is overloaded", False, True),
-        (400, "quota field is malformed", False, False),
+        # issue 39: only money stops a lineage; a quota or rate limit passes (the real bodies:
+        # tests/fixtures/gemini_errors, fed through the create path in test_gemini_errors.py)
+        (429, "Quota exceeded for quota metric 'Batch enqueued tokens'", PASSING, True),
+        (429, "Resource has been exhausted (e.g. check quota).", PASSING, True),
+        (429, "You exceeded your current quota, please check your plan and billing", PASSING, True),
+        (429, "Too many requests, slow down", PASSING, True),
+        (429, "Your prepayment credits are depleted.", MONEY, True),
+        (402, "Your prepayment credits are depleted.", MONEY, False),
+        (403, "Your project has exceeded its monthly spending cap", MONEY, False),
+        (403, "Project p has billing disabled. Please enable it.", MONEY, False),
+        (403, "API key not valid", OTHER, False),
+        (503, "The model is overloaded", OTHER, True),
+        (400, "quota field is malformed", OTHER, False),
     ],
 )
-def test_a_refused_create_is_a_quota_refusal_only_for_quota_or_billing(
+def test_a_refused_create_is_a_money_refusal_only_when_the_account_cannot_pay(
     fake_gemini: FakeGemini,
     client: Any,
     status: int,
     message: str,
-    quota: bool,
+    kind: str,
     transient: bool,
 ) -> None:
     body = rows(2)
@@ -208,8 +212,8 @@ def test_a_refused_create_is_a_quota_refusal_only_for_quota_or_billing(
     with pytest.raises(GatewayError) as refused:
         create_batch(client, MODEL, file_name, "opstate-q")
     assert refused.value.status == status and refused.value.transient is transient
-    assert is_quota_refusal(refused.value) is quota
-    assert is_quota_refusal(refused.value.__cause__ or refused.value) is quota
+    assert create_refusal(refused.value).kind == kind
+    assert create_refusal(refused.value.__cause__ or refused.value).kind == kind
     assert fake_gemini.batches_created() == []
     assert create_batch(client, MODEL, file_name, "opstate-q").state is State.PENDING
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from boto3.dynamodb.types import TypeSerializer
 
+from opstate.domain.costs import REASON_FINAL_PREVIOUS_RELEASE
 from opstate.domain.states import State
 from opstate.notify import (
     DETAIL_TYPE,
@@ -173,6 +174,15 @@ def test_each_created_child_and_the_final_result_are_announced_once(rig: Rig) ->
                 "retried": 12,
                 "attempts": 3,
                 "location": FINAL_URI,
+                "cost": {
+                    "usd": None,
+                    "retries_usd": None,
+                    "model": None,
+                    "prices": None,
+                    "batch_discount": None,
+                    "reason": REASON_FINAL_PREVIOUS_RELEASE,
+                },
+                "stopped": None,
                 "idempotencyKey": f"{ROOT}@{created_ns}#final",
             },
         )

@@ -88,7 +88,10 @@ def test_done_when_on_the_folder(cli: Any, fake_gemini: FakeGemini, tmp_path: Pa
         "errors",
         "usage",
         "requests",
+        "cost",
     }
+    # These rows name no modelVersion and the batch names no model: no price, never 0.
+    assert view["cost"]["usd"] is None and "no model named" in view["cost"]["reason"]
     assert view["status"] == "archived" and view["requests"] == 130
     assert view["rows"] == expected.rows and view["errors"] == expected.errors
     assert view["usage"] == expected.usage

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from opstate.config import settings
+from opstate.domain.costs import REASON_PREVIOUS_RELEASE
 from opstate.quarantine.sqlite import SQLiteQuarantine
 from opstate.store.dynamodb import DynamoDBStore
 from opstate.store.retry_state import RETRY_ACTIVE, RetryState
@@ -137,6 +138,10 @@ def shows_as_before(cli: Callable[..., Result], store: str) -> None:
         assert ok(cli("get", name, "--json")).json() == before["get"][name], name
     assert ok(cli("list", "--json")).json() == before["list"]
     results = ok(cli("results", DONE, "--json")).json()
+    # Issue 41 adds what the batch cost: the previous release never priced it, so unknown
+    # (null, with why), never 0; every other field as the previous release showed it.
+    cost = results.pop("cost")
+    assert cost["usd"] is None and cost["reason"] == REASON_PREVIOUS_RELEASE
     assert results == before["results"][DONE]
     assert "lineage" not in results and "final" not in results
 
@@ -200,7 +205,9 @@ def test_the_sqlite_file_is_advanced_polled_to_the_end_and_archived(
         assert view["status"] == "archived" and view["rows"]["total"] == rows, name
         assert "lineage" not in view and "final" not in view
     # The old archive is kept as it was.
-    assert ok(cli("results", DONE, "--json")).json() == VIEWS["sqlite"]["results"][DONE]
+    kept = ok(cli("results", DONE, "--json")).json()
+    assert kept.pop("cost")["reason"] == REASON_PREVIOUS_RELEASE
+    assert kept == VIEWS["sqlite"]["results"][DONE]
     # No retry state anywhere: a retry pass does nothing and writes nothing.
     fake_gemini.reset_requests()
     slots = retry_columns(db)
@@ -288,5 +295,7 @@ def test_dynamodb_items_read_back_advance_and_take_a_retry_state(
     # Now a retry root: its results add the lineage and the final result to the old archive's.
     results = ok(cli("results", DONE, "--json")).json()
     assert results["lineage"] == [DONE] and results["final"]["status"] == "pending"
-    rest = {k: v for k, v in results.items() if k not in ("lineage", "final")}
+    rest = {k: v for k, v in results.items() if k not in ("lineage", "final", "cost")}
     assert rest == VIEWS["dynamodb"]["results"][DONE]
+    assert results["cost"]["usd"] is None
+    assert results["cost"]["reason"] == REASON_PREVIOUS_RELEASE

@@ -1,4 +1,4 @@
-"""The retry engine under refusal and limits (issue 33): a create refused for quota stops the
+"""The retry engine under refusal and limits (issue 33): a create refused for money stops the
 lineage once and for all, a 503 on create is searched for and retried later; pending timeouts
 read the job before cancelling it; the row, batch, attempt and per-reason bounds.
 
@@ -166,7 +166,7 @@ def listings(requests: list[Request]) -> list[Request]:
 # -- 1. a refused create ---------------------------------------------------------------------
 
 
-def test_a_create_refused_for_quota_stops_the_lineage_once(
+def test_a_create_refused_for_money_stops_the_lineage_once(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     counted: list[str] = []
@@ -182,8 +182,10 @@ def test_a_create_refused_for_quota_stops_the_lineage_once(
     keys = [f"k{i}" for i in range(5)]
     root = rig.submit(keys, "--retry-attempts", "3")
     rig.finish(root, [failed(k, 503, "UNAVAILABLE") for k in keys[:2]] + [answered(keys[2])])
-    quota = "Quota exceeded for quota metric 'Batch requests' and limit 'per day'"
-    rig.fake.fail_create(429, quota, times=None)
+    # a money refusal (issue 39): Gemini's 402 for depleted prepayment credits (the body:
+    # tests/fixtures/gemini_errors/prepay_depleted_402.json)
+    quota = "Your prepayment credits are depleted."
+    rig.fake.fail_create(402, quota, times=None)
     rig.fake.reset_requests()
     now = time.time_ns()
     first = rig.run(now)
@@ -195,7 +197,7 @@ def test_a_create_refused_for_quota_stops_the_lineage_once(
     (entry,) = state.doc["children"]
     assert entry["phase"] == lineage.REFUSED and entry["name"] is None
     # Later passes, even long after any claim ran out, create nothing and say nothing.
-    rig.fake.fail_create(429, quota, times=None)
+    rig.fake.fail_create(402, quota, times=None)
     for later in (now, now + 2 * HOUR, now + 48 * HOUR):
         assert rig.run(later).as_dict() == RetryResult().as_dict()
     assert rig.fake.batches_created() == [root]
@@ -325,10 +327,11 @@ def test_max_rows_splits_the_keys_over_several_children_of_one_attempt(
     rig.finish(root, [failed(k, 503, "UNAVAILABLE") for k in keys[:7]] + [answered(keys[7])])
     result = rig.run()
     assert (result.planned, result.submitted) == (3, 3)
-    born = rig.created_ns(root)
-    ids = [lineage.child_id(root, born, 1, i) for i in range(3)]
-    assert [c["id"] for c in rig.state(root).doc["children"]] == ids
-    assert all(i.endswith(f"-a1-{n}") for n, i in enumerate(ids))
+    ids = [c["id"] for c in rig.state(root).doc["children"]]
+    nonces = [c["nonce"] for c in rig.state(root).doc["children"]]
+    # Each id carries its own random nonce (issue 38: nobody can guess it beforehand).
+    assert ids == [f"opstate-{nonce}-a1-{n}" for n, nonce in enumerate(nonces)]
+    assert len(set(nonces)) == 3 and all(len(n) == 32 for n in nonces)
     assert {c["attempt"] for c in rig.state(root).doc["children"]} == {1}
     created = rig.fake.batches_created()[1:]
     shown = [(rig.fake.resource(n) or {})["metadata"]["displayName"] for n in created]
@@ -407,11 +410,11 @@ def test_internal_and_deadline_are_retried_once_unavailable_again(rig: Rig) -> N
     assert by_key["u503"]["attempt"] == 2 and "response" in by_key["u503"]
 
 
-def test_a_429_naming_a_quota_or_billing_is_never_retried(rig: Rig) -> None:
+def test_a_429_naming_money_is_never_retried(rig: Rig) -> None:
     keys = ["q1", "q2", "q3", "rate", "fine"]
     root = rig.submit(keys, "--retry-attempts", "3")
     rows = [
-        {"key": "q1", "error": {"code": 429, "message": "Quota exceeded for metric X"}},
+        {"key": "q1", "error": {"code": 429, "message": "Your prepayment credits are depleted."}},
         {"key": "q2", "error": {"code": 429, "message": "Billing account disabled"}},
         {"key": "q3", "error": {"code": 8, "message": "Your spending cap is reached"}},
         {"key": "rate", "error": {"code": 429, "message": "Too many requests, slow down"}},

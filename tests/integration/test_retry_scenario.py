@@ -254,8 +254,11 @@ def test_an_input_that_cannot_be_read_leaves_retry_unavailable_saying_why(
     source.unlink()
     result = retry(cli)
     assert (result["unavailable"], result["errors"]) == (1, 0)
-    reason = ok(cli("get", name, "--json")).json()["retry"]["reason"]
-    assert "cannot read" in reason and "gone.jsonl" in reason
+    shown = ok(cli("get", name, "--json")).json()["retry"]
+    # Every reader sees only that the input is unusable; the operator's get (on the store) and
+    # the log say why (issue 38: an API caller must not learn whether an object exists).
+    assert shown["reason"] == "input unusable"
+    assert "cannot read" in shown["detail"] and "gone.jsonl" in shown["detail"]
 
 
 def test_a_pass_over_a_waiting_root_not_yet_due_writes_nothing(

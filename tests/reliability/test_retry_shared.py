@@ -55,10 +55,12 @@ from tests.support.fake_gemini import FakeGemini
 from tests.support.retry_rows import answered, failed, input_keys, request_bytes, request_line
 from tests.support.serve_process import OPSTATE, ServeProcess, cli_env, run_cli, start_serve
 
+RETRY_TOKEN = "opstate-test-retry-token-fedcba9876543210"  # test-only
+
 MODEL = "gemini-2.5-flash"
 STATUS = {503: "UNAVAILABLE", 400: "INVALID_ARGUMENT"}
 ATTEMPT = re.compile(r"-a(\d+)-\d+$")
-PLANNED_ID = re.compile(r"^opstate-[0-9a-f]{12}-a\d+-\d+$")
+PLANNED_ID = re.compile(r"^opstate-[0-9a-f]{32}-a\d+-\d+$")  # a nonce id (issue 38)
 
 
 # -- the truth at the fake ----------------------------------------------------------------------
@@ -194,6 +196,8 @@ def make_run(folder: Path, fake: FakeGemini, **extra: str) -> Run:
         "GOOGLE_GEMINI_BASE_URL": fake.base_url,
         "OPSTATE_RECONCILE_MAX_PAGES": "0",
         "OPSTATE_RETRY_CHECK_SECONDS": "1",
+        # The PUTs with "retry" hold the retry right (issue 38; the API token alone is a 403).
+        "OPSTATE_RETRY_API_TOKEN": RETRY_TOKEN,
         "OPSTATE_RESULTS_URL": (folder / "results").as_uri(),
         "OPSTATE_WEBHOOK_SECRETS": None,
         **audit_env(folder, db),
@@ -248,7 +252,7 @@ def inlined_batch(fake: FakeGemini, name: str, keys: list[str]) -> None:
 
 
 def put(url: str, name: str, body: bytes) -> tuple[int, Any]:
-    headers = {"content-type": "application/json"}
+    headers = {"content-type": "application/json", "Authorization": f"Bearer {RETRY_TOKEN}"}
     return http_send(url, "PUT", f"/operations/{name}", body, headers)
 
 

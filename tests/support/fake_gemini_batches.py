@@ -117,6 +117,7 @@ class _Refusal:
     status: int
     message: str
     times: int | None
+    body: dict[str, Any] | None = None  # the whole error body Gemini answers, when given
 
 
 @dataclass
@@ -198,10 +199,18 @@ class FakeBatches:
             file_name = self._submits.inputs[name]
         return self.uploaded(file_name)
 
-    def fail_create(self, status: int, message: str = "", *, times: int | None = 1) -> None:
-        """Refuse the next ``times`` creates (None: every one) with ``status``."""
+    def fail_create(
+        self,
+        status: int,
+        message: str = "",
+        *,
+        times: int | None = 1,
+        body: dict[str, Any] | None = None,
+    ) -> None:
+        """Refuse the next ``times`` creates (None: every one) with ``status`` and ``body``
+        (a real error body, ``{"error": {...}}``), or a body of ``message``."""
         with self._lock:
-            self._submits.refusal = _Refusal(status, message or f"fake {status}", times)
+            self._submits.refusal = _Refusal(status, message or f"fake {status}", times, body)
 
     def on_create(self, hook: Callable[[str], None] | None) -> None:
         with self._lock:
@@ -389,7 +398,7 @@ class FakeBatches:
                     self._submits.refusal = None
             hook = self._submits.on_create
         if refusal is not None:
-            return refusal.status, _error(refusal.status, refusal.message)
+            return refusal.status, refusal.body or _error(refusal.status, refusal.message)
         batch = request.body.get("batch") if isinstance(request.body, Mapping) else None
         batch = batch if isinstance(batch, Mapping) else {}
         source = batch.get("inputConfig")

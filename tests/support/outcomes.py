@@ -12,7 +12,14 @@ from typing import Any
 from opstate.domain.model import OpRecord
 from opstate.domain.states import State
 from opstate.domain.times import NS_PER_SECOND, format_time
-from opstate.outcomes.ledger import USAGE_FIELDS, BatchLedger
+from opstate.outcomes.ledger import BatchLedger
+from opstate.outcomes.ledger_reading import (
+    MAX_BAND_MODELS,
+    MAX_MODEL_CHARS,
+    OTHER_MODEL,
+    PRICE_TIER_STARTS,
+    USAGE_FIELDS,
+)
 from opstate.outcomes.plan import MAX_CODE_CHARS
 from opstate.outcomes.sink import StoredObject
 from opstate.outcomes.source import VIDEO, Output, Outputs
@@ -50,8 +57,10 @@ class Expected:
     usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_FIELDS, 0))
 
 
-def ok_line(key: str, prompt: int, candidates: int, text: str = "hello") -> dict[str, Any]:
-    return {
+def ok_line(
+    key: str, prompt: int, candidates: int, text: str = "hello", model: str | None = None
+) -> dict[str, Any]:
+    line = {
         "key": key,
         "response": {
             "candidates": [{"content": {"parts": [{"text": text}], "role": "model"}}],
@@ -62,6 +71,13 @@ def ok_line(key: str, prompt: int, candidates: int, text: str = "hello") -> dict
             },
         },
     }
+    return _with_model(line, model)
+
+
+def _with_model(line: dict[str, Any], model: str | None) -> dict[str, Any]:
+    if model is not None:
+        line["response"]["modelVersion"] = model
+    return line
 
 
 def failed_line(key: str, code: int, message: str = "quota") -> dict[str, Any]:
@@ -80,14 +96,19 @@ def blocked_line(key: str, i: int) -> dict[str, Any]:
 
 
 def batch_output(
-    ok: int, failed: dict[int, int], unreadable: int = 0, blocked: int = 0
+    ok: int,
+    failed: dict[int, int],
+    unreadable: int = 0,
+    blocked: int = 0,
+    model: str | None = None,
 ) -> tuple[bytes, Expected]:
     """``ok`` succeeded rows with an answer, ``blocked`` succeeded rows without one,
-    ``failed[code]`` failed rows per code, then broken lines."""
+    ``failed[code]`` failed rows per code, then broken lines (``model``: the answered rows'
+    ``modelVersion``)."""
     expected = Expected()
     lines = []
     for i in range(ok):
-        lines.append(json.dumps(ok_line(f"ok-{i}", 10 + i, 5)))
+        lines.append(json.dumps(ok_line(f"ok-{i}", 10 + i, 5, model=model)))
         expected.usage["promptTokenCount"] += 10 + i
         expected.usage["candidatesTokenCount"] += 5
         expected.usage["totalTokenCount"] += 15 + i
@@ -160,6 +181,14 @@ def worst_case() -> tuple[OpRecord, ArchiveState]:
     codes = ((f"{i:04d}" + "c" * MAX_CODE_CHARS)[:MAX_CODE_CHARS] for i in range(1000))
     ledger.errors = dict.fromkeys(codes, MAX_COUNT)  # as many as the ledger tells apart
     ledger.usage = dict.fromkeys(ledger.usage, 10**30)  # a sum past any int64
+    # every band the ledger keeps apart: MAX_BAND_MODELS models named as long as kept, "other"
+    # and none, each in every band, every sum past any int64
+    models = [(f"{i}" + "m" * MAX_MODEL_CHARS)[:MAX_MODEL_CHARS] for i in range(MAX_BAND_MODELS)]
+    ledger._bands = {
+        (model, band): [10**30] * (1 + len(USAGE_FIELDS))
+        for model in [*models, OTHER_MODEL, None]
+        for band in range(len(PRICE_TIER_STARTS) + 1)
+    }
     outputs = Outputs(
         tuple(Output(f"video-{i}.mp4", VIDEO, file=f"files/v{i}") for i in range(MAX_OBJECTS)),
         requests=10**40,
@@ -167,6 +196,14 @@ def worst_case() -> tuple[OpRecord, ArchiveState]:
         filtered_reasons=tuple("r" * 10_000 for _ in range(1000)),
     )
     summary = summary_of(record, outputs, objects, ledger)
+    summary["cost"] = {  # an unknown cost with the longest reason kept
+        "usd": None,
+        "model": None,
+        "priced_at": format_time(2**62),
+        "prices": "genai-prices 0.2.5",
+        "batch_discount": None,
+        "reason": "r" * 300,
+    }
     state = ArchiveState(
         ARCHIVE_ARCHIVED,
         created_ns=2**62,

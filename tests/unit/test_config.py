@@ -218,6 +218,7 @@ SECRET_ENV = {
     "OPSTATE_WEBHOOK_SECRETS": "whsec_c2VjcmV0LW9uZQ== whsec_c2VjcmV0LXR3bw==",
     "GEMINI_API_KEY": "AIza-not-a-real-key-0123456789",
     "OPSTATE_API_TOKEN": "t0k3n" * 8,
+    "OPSTATE_RETRY_API_TOKEN": "r3try" * 8,
 }
 
 
@@ -226,6 +227,7 @@ def test_repr_never_shows_a_secret_value() -> None:
 
     settings = Settings.from_env(SECRET_ENV)
     assert settings.webhook_secrets and settings.gemini_api_key and settings.api_token
+    assert settings.retry_api_token
     secrets = [*SECRET_ENV["OPSTATE_WEBHOOK_SECRETS"].split(), *list(SECRET_ENV.values())]
     shown = [repr(settings), str(settings), *(repr(part.from_env(SECRET_ENV)) for part in PARTS)]
     for text in shown:

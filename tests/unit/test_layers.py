@@ -35,11 +35,13 @@ PACKAGE = Path(__file__).resolve().parents[2] / "layers" / "opstate" / "opstate"
 DOMAIN = (
     "opstate.domain",
     "opstate.outcomes.ledger",
+    "opstate.outcomes.ledger_reading",  # how the ledger reads one row
     "opstate.outcomes.ledger_rows",  # the ledger's msgspec structs (msgspec: a JSON parser)
     "opstate.outcomes.plan",
     "opstate.waiters.model",  # the waiters' pure part (issue 26)
     "opstate.retry.rules",  # which rows are retried (issue 33)
     "opstate.retry.final",  # the final merge of a lineage's outputs (issue 33)
+    "opstate.retry.authority",  # who attached a policy, which inputs it may name (issue 38)
 )
 # (layer name, module prefixes): "opstate.store" places opstate.store and opstate.store.*.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [

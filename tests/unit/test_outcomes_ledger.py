@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opstate.outcomes.ledger import USAGE_FIELDS, BatchLedger, VideoLedger, inlined_lines
+from opstate.outcomes.ledger import BatchLedger, VideoLedger
+from opstate.outcomes.ledger_reading import USAGE_FIELDS, inlined_lines
 from tests.support.outcomes import chunked
 
 counts = st.integers(min_value=0, max_value=10**9)

@@ -13,7 +13,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from opstate.outcomes import ledger as ledger_module
-from opstate.outcomes.ledger import USAGE_FIELDS, BatchLedger
+from opstate.outcomes.ledger import BatchLedger
+from opstate.outcomes.ledger_reading import USAGE_FIELDS
 from tests.support.outcomes import chunked
 
 
@@ -36,7 +37,21 @@ def _code(status: dict[str, Any]) -> str:
     return "unknown"
 
 
-BLOCKING = ("SAFETY", "PROHIBITED_CONTENT", "BLOCKLIST", "SPII", "RECITATION")
+# google-genai's FinishReason names of a refusal by a policy (issue 39 added the image ones
+# and the filters; NO_IMAGE, IMAGE_OTHER, OTHER are answers: docs/results.md)
+BLOCKING = (
+    "SAFETY",
+    "PROHIBITED_CONTENT",
+    "BLOCKLIST",
+    "SPII",
+    "RECITATION",
+    "IMAGE_SAFETY",
+    "IMAGE_PROHIBITED_CONTENT",
+    "IMAGE_RECITATION",
+    "MODEL_ARMOR",
+    "ESCALATION",
+    "PUP_LIMITED_DISABLED",
+)
 
 
 def _blocked(response: dict[str, Any]) -> bool:
@@ -151,6 +166,8 @@ TRICKY = [
     b'{"response": {"candidates": [{"finishReason": "BLOCKLIST"}, {}]}}',
     b'{"response": {"candidates": [{"finishReason": "PROHIBITED_CONTENT"}]}}',
     b'{"response": {"candidates": [{"finishReason": "IMAGE_SAFETY"}]}}',
+    b'{"response": {"candidates": [{"finishReason": "NO_IMAGE", "content": {"role": "model"}}]}}',
+    b'{"response": {"candidates": [{"finishReason": "IMAGE_OTHER"}, {"finishReason": "OTHER"}]}}',
     b'{"response": {"candidates": [{"finishReason": "safety"}]}}',
     b'{"response": {"candidates": [{"finishReason": "S\\u0041FETY"}]}}',
     b'{"response": {"candidates": [{"finishReason": null}]}}',
@@ -210,7 +227,7 @@ lines = st.lists(
                 | st.integers()
                 | st.floats()
                 | st.text(max_size=5)
-                | st.sampled_from([*BLOCKING, "STOP", "OTHER", ""]),
+                | st.sampled_from([*BLOCKING, "STOP", "OTHER", "NO_IMAGE", "IMAGE_OTHER", ""]),
                 lambda inner: (
                     st.lists(inner, max_size=3)
                     | st.dictionaries(

@@ -15,6 +15,7 @@ from opstate.domain.states import State
 from opstate.gemini.files import sha256_hex
 from opstate.outcomes.genai_source import checked_file_name
 from opstate.outcomes.ledger import BatchLedger
+from opstate.outcomes.ledger_reading import MAX_BAND_MODELS, MAX_MODEL_CHARS, PRICE_TIER_STARTS
 from opstate.outcomes.plan import MAX_CODE_CHARS, MAX_ERROR_CODES, OTHER_CODES, results_view
 from opstate.outcomes.sink import StoredObject
 from opstate.outcomes.source import BATCH_OUTPUT, VIDEO, Output, Outputs, SourceError
@@ -49,6 +50,10 @@ def test_every_field_of_the_summary_is_bounded() -> None:
     assert {len(r) for r in videos["filteredReasons"]} == {MAX_REASON_CHARS}
     # Every number fits a DynamoDB number (38 digits) and an int64.
     numbers = [n for n in summary["usage"].values()] + [summary["requests"]]
+    bands = summary["usageBands"]
+    assert len(bands) == (MAX_BAND_MODELS + 2) * (len(PRICE_TIER_STARTS) + 1)
+    assert all(len(b["model"] or "") <= MAX_MODEL_CHARS for b in bands)
+    numbers += [b["rows"] for b in bands] + [n for b in bands for n in b["usage"].values()]
     assert all(0 <= n <= 2**63 - 1 for n in numbers)
 
 

@@ -33,7 +33,10 @@ OUTCOMES: dict[str, Callable[[str], dict[str, Any] | None]] = {
     "deadline": lambda k: {"key": k, "error": {"code": 504, "message": "slow"}},
     "invalid": lambda k: {"key": k, "error": {"code": 400, "message": "bad request"}},
     "notfound": lambda k: {"key": k, "error": {"code": 404, "message": "no model"}},
-    "quota": lambda k: {"key": k, "error": {"code": 429, "message": "Quota exceeded"}},
+    "quota": lambda k: {
+        "key": k,
+        "error": {"code": 429, "message": "Your prepayment credits are depleted."},
+    },
     "missing": lambda k: None,
 }
 PERMANENT = {"invalid", "notfound", "quota"}

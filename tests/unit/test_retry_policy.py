@@ -15,6 +15,7 @@ from opstate.config import (
     RetrySettings,
     Settings,
 )
+from opstate.domain.costs import REASON_FINAL_PREVIOUS_RELEASE
 from opstate.domain.model import OpRecord
 from opstate.domain.retry import (
     DEFAULT_ENABLED_ATTEMPTS,
@@ -27,9 +28,11 @@ from opstate.domain.retry import (
     lineage_of,
     parse_retry,
     parse_transient,
+    policy_of,
     retry_view,
 )
 from opstate.domain.states import State
+from opstate.retry.authority import VIA_CLI
 from opstate.retry.policy import attach_policy, settings_policy
 from opstate.store import MemoryStore
 from opstate.store.port import StoreUnavailableError
@@ -62,8 +65,18 @@ NOW = 1_700_000_000_000_000_000
         ({"pendingTimeoutHours": 0}, "more than 0 and at most 720"),
         ({"pendingTimeoutHours": -3}, "more than 0 and at most 720"),
         ({"pendingTimeoutHours": 720.5}, "more than 0 and at most 720"),
+        # issue 38: never a cancel of a batch younger than an hour (from Gemini's createTime)
+        ({"pendingTimeoutHours": 0.5}, "must be at least 1: opstate never cancels"),
+        ({"pendingTimeoutHours": 1e-9}, "must be at least 1: opstate never cancels"),
         ({"pendingTimeoutHours": float("nan")}, "more than 0 and at most 720"),
         ({"pendingTimeoutHours": float("inf")}, "more than 0 and at most 720"),
+        ({"maxCostUSD": True}, "maxCostUSD' must be a number of US dollars or null"),
+        ({"maxCostUSD": "1.5"}, "maxCostUSD' must be a number of US dollars or null"),
+        ({"maxCostUSD": 0}, "maxCostUSD' must be more than 0"),
+        ({"maxCostUSD": -0.01}, "maxCostUSD' must be more than 0"),
+        ({"maxCostUSD": float("nan")}, "maxCostUSD' must be more than 0"),
+        ({"maxCostUSD": float("inf")}, "maxCostUSD' must be more than 0"),
+        ({"maxCostUSD": 1e10}, "maxCostUSD' must be more than 0"),
         ({"input": 7}, "input' must be a string or null"),
         ({"input": "https://example.com/in.jsonl"}, "s3://BUCKET/KEY or file:///ABS/PATH"),
         ({"input": "file://relative/in.jsonl"}, "s3://BUCKET/KEY or file:///ABS/PATH"),
@@ -99,9 +112,7 @@ def test_missing_keys_take_the_defaults_and_given_ones_win() -> None:
     )
     assert parsed == RetryPolicy(10, False, 720.0, "s3://my-bucket.eu/in/batch 1.jsonl")
     assert isinstance(parsed.pending_timeout_hours, float)
-    assert (
-        parse_retry({"pendingTimeoutHours": 0.5, "input": None}, OFF).pending_timeout_hours == 0.5
-    )
+    assert parse_retry({"pendingTimeoutHours": 1, "input": None}, OFF).pending_timeout_hours == 1.0
     assert parse_retry({"input": "file:///data/in.jsonl"}, OFF).input == "file:///data/in.jsonl"
     # null switches the timeout (and the input) off even when the default has one; a retry
     # object that leaves maxAttempts out while the default is 0 is the opt-in: 2 retries
@@ -211,11 +222,30 @@ def test_the_retry_settings_and_their_default_policy() -> None:
         ("OPSTATE_RETRY_TRANSIENT", "NOT_FOUND"),
         ("OPSTATE_RETRY_CHECK_SECONDS", "0"),
         ("OPSTATE_RETRY_LEASE_SECONDS", "901"),
+        ("OPSTATE_RETRY_MAX_COST_USD", "0"),
+        ("OPSTATE_RETRY_MAX_COST_USD", "-1"),
+        ("OPSTATE_RETRY_MAX_COST_USD", "nan"),
+        ("OPSTATE_RETRY_MAX_COST_USD", "five"),
+        ("OPSTATE_RETRY_DAILY_BUDGET_USD", "inf"),
+        ("OPSTATE_RETRY_DAILY_BUDGET_USD", "0"),
     ],
 )
 def test_a_bad_retry_setting_names_its_variable(key: str, value: str) -> None:
     with pytest.raises(ConfigError, match=key):
         Settings.from_env({key: value})
+
+
+def test_max_cost_usd_is_kept_only_when_given_and_the_deployment_default_fills_it() -> None:
+    plain = parse_retry({"maxAttempts": 2}, RetryPolicy())
+    assert plain.max_cost_usd is None and "maxCostUSD" not in plain.as_doc()
+    capped = parse_retry({"maxAttempts": 2, "maxCostUSD": 12.5}, RetryPolicy())
+    assert capped.as_doc()["maxCostUSD"] == 12.5
+    assert policy_of({"policy": capped.as_doc()}).max_cost_usd == 12.5
+    config = Settings.from_env({"OPSTATE_RETRY_MAX_COST_USD": "3"})
+    assert config.retry_max_cost_usd == 3.0 and config.retry_daily_budget_usd is None
+    assert parse_retry({}, settings_policy(config)).max_cost_usd == 3.0
+    assert parse_retry({"maxCostUSD": None}, settings_policy(config)).max_cost_usd is None
+    assert Settings.from_env({}).retry_max_cost_usd is None  # unset by default
 
 
 # -- views ---------------------------------------------------------------------------------------
@@ -266,6 +296,16 @@ def test_the_views_of_a_root() -> None:
         "rows": {"total": 10, "answered": 9, "blocked": 0, "failed": 1},
         "errors": {"400": 1},
         "attempts": 3,
+        # a final result written without a cost (an earlier release's): unknown, never 0
+        "cost": {
+            "usd": None,
+            "retries_usd": None,
+            "model": None,
+            "prices": None,
+            "batch_discount": None,
+            "reason": REASON_FINAL_PREVIOUS_RELEASE,
+        },
+        "stopped": None,
     }
     assert lineage_names(ROOT_DOC, "batches/root") == ["batches/root", "batches/c1", "batches/c2"]
 
@@ -323,12 +363,13 @@ def test_an_enabled_policy_is_kept_active_and_due_now() -> None:
     store = MemoryStore()
     record = _tracked(store)
     policy = RetryPolicy(2, False, 12.0, "s3://in-bucket/a.jsonl")
-    written = attach_policy(store, record, policy, model="models/m", now_ns=NOW + 5)
+    written = attach_policy(store, record, policy, model="models/m", now_ns=NOW + 5, via=VIA_CLI)
     assert written is not None and written == store.get_retry(record.name)
     assert (written.status, written.rev, written.due_ns) == (RETRY_ACTIVE, 1, NOW + 5)
     assert written.created_ns == NOW
     doc = written.doc
     assert doc["policy"] == policy.as_doc() and doc["model"] == "models/m"
+    assert doc["via"] == VIA_CLI  # who attached it (issue 38): the engine reads it
     assert doc["input"]["source"] == "s3://in-bucket/a.jsonl"
     assert doc["input"]["location"] is None
     assert doc["children"] == [] and doc["final"]["status"] == "pending"
@@ -343,7 +384,13 @@ def test_a_policy_again_keeps_children_final_and_the_kept_input() -> None:
     assert store.set_retry(record.name, 0, state)
     kept = {"location": "file:///r/inputs/ff/input.jsonl", "sha256": "ff", "rows": 10, "bytes": 99}
     again = attach_policy(
-        store, record, RetryPolicy(max_attempts=3), model=None, now_ns=NOW, kept_input=kept
+        store,
+        record,
+        RetryPolicy(max_attempts=3),
+        model=None,
+        now_ns=NOW,
+        via=VIA_CLI,
+        kept_input=kept,
     )
     assert again is not None and again.rev == 2 and again.status == RETRY_ACTIVE
     assert again.doc["children"] == ROOT_DOC["children"]
@@ -353,7 +400,7 @@ def test_a_policy_again_keeps_children_final_and_the_kept_input() -> None:
     assert again.doc["unavailable"] is None  # the runner judges again
     assert again.doc["policy"]["maxAttempts"] == 3
     # switched off: kept, done, the policy shown off
-    off = attach_policy(store, record, OFF, model=None, now_ns=NOW)
+    off = attach_policy(store, record, OFF, model=None, now_ns=NOW, via=VIA_CLI)
     assert off is not None and off.status == RETRY_DONE and off.due_ns == 0
     assert retry_view(off.doc)["policy"]["maxAttempts"] == 0
 
@@ -370,13 +417,19 @@ def test_another_input_named_drops_the_copy_of_the_old_one() -> None:
         RetryPolicy(1, input="s3://in-bucket/a.jsonl"),
         model=None,
         now_ns=NOW,
+        via=VIA_CLI,
         kept_input=kept,
     )
     assert first is not None and first.doc["input"]["location"] == kept["location"]
-    same = attach_policy(store, record, RetryPolicy(2), model=None, now_ns=NOW)
+    same = attach_policy(store, record, RetryPolicy(2), model=None, now_ns=NOW, via=VIA_CLI)
     assert same is not None and same.doc["input"]["location"] == kept["location"]
     other = attach_policy(
-        store, record, RetryPolicy(2, input="s3://in-bucket/b.jsonl"), model=None, now_ns=NOW
+        store,
+        record,
+        RetryPolicy(2, input="s3://in-bucket/b.jsonl"),
+        model=None,
+        now_ns=NOW,
+        via=VIA_CLI,
     )
     assert other is not None
     assert other.doc["input"] == dict.fromkeys(("location", "sha256", "rows", "bytes")) | {
@@ -389,7 +442,7 @@ def test_a_kept_input_without_a_policy_is_remembered_off() -> None:
     store = MemoryStore()
     record = _tracked(store)
     kept = {"location": "file:///r/inputs/ff/input.jsonl", "sha256": "ff", "rows": 10, "bytes": 99}
-    written = attach_policy(store, record, OFF, model="m", now_ns=NOW, kept_input=kept)
+    written = attach_policy(store, record, OFF, model="m", now_ns=NOW, via=VIA_CLI, kept_input=kept)
     assert written is not None and (written.status, written.due_ns) == (RETRY_DONE, 0)
     assert written.doc["input"] == {"source": None, **kept}
     assert retry_view(written.doc)["status"] == "off"
@@ -398,7 +451,7 @@ def test_a_kept_input_without_a_policy_is_remembered_off() -> None:
 def test_no_policy_and_no_state_writes_nothing() -> None:
     store = MemoryStore()
     record = _tracked(store)
-    assert attach_policy(store, record, OFF, model=None, now_ns=NOW) is None
+    assert attach_policy(store, record, OFF, model=None, now_ns=NOW, via=VIA_CLI) is None
     assert store.get_retry(record.name) is None
 
 
@@ -408,7 +461,9 @@ def test_a_child_takes_its_roots_policy() -> None:
     lineage = {"lineage": {"root": "batches/root", "parent": "batches/root", "attempt": 1}}
     assert store.set_retry(record.name, 0, RetryState(RETRY_MEMBER, created_ns=NOW, doc=lineage))
     with pytest.raises(ValueError, match="a retry child takes its root's policy"):
-        attach_policy(store, record, RetryPolicy(max_attempts=1), model=None, now_ns=NOW)
+        attach_policy(
+            store, record, RetryPolicy(max_attempts=1), model=None, now_ns=NOW, via=VIA_CLI
+        )
     assert store.get_retry(record.name) is not None
     assert store.get_retry(record.name).doc == lineage  # type: ignore[union-attr]
 
@@ -434,11 +489,15 @@ class RacingStore(MemoryStore):
 def test_a_lost_race_is_read_again_and_retried_five_times_at_most() -> None:
     store = RacingStore(losses=4)
     record = _tracked(store)
-    written = attach_policy(store, record, RetryPolicy(max_attempts=1), model=None, now_ns=NOW)
+    written = attach_policy(
+        store, record, RetryPolicy(max_attempts=1), model=None, now_ns=NOW, via=VIA_CLI
+    )
     assert written is not None and written.rev == 5 and store.tries == 5
     assert written.doc["rival"] is True  # built on what the other writer left
     busy = RacingStore(losses=5)
     record = _tracked(busy)
     with pytest.raises(StoreUnavailableError, match="5 writes in a row"):
-        attach_policy(busy, record, RetryPolicy(max_attempts=1), model=None, now_ns=NOW)
+        attach_policy(
+            busy, record, RetryPolicy(max_attempts=1), model=None, now_ns=NOW, via=VIA_CLI
+        )
     assert busy.tries == 5

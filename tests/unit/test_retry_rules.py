@@ -182,19 +182,28 @@ def test_reason_of(code: object, status: str | None, reason: str | None) -> None
     assert row is not None and reason_of(row) == reason
 
 
-def test_quota_and_billing_refusals_are_permanent() -> None:
-    for message in ("Quota exceeded for metric", "spending cap reached", "BILLING disabled"):
+def test_money_refusals_are_permanent_and_rate_limits_are_retried() -> None:
+    # issue 39: a money refusal is refused again; a quota or rate limit passes (the bodies
+    # these words come from: tests/fixtures/gemini_errors, tests/unit/test_gemini_errors.py)
+    for message in (
+        "Your prepayment credits are depleted.",
+        "spending cap reached",
+        "Project x has BILLING disabled",
+    ):
         row = read_row(failed(429, message))
         assert row is not None and reason_of(row) == "RESOURCE_EXHAUSTED"
         assert is_transient(row, DEFAULT_TABLE) is None
-    row = read_row(failed(429, "Resource has been exhausted, try again"))
-    assert row is not None and is_transient(row, DEFAULT_TABLE) == "RESOURCE_EXHAUSTED"
-    # Gemini's generic hint on every 429 names no quota: a rate limit, retried
-    for hint in ("Resource has been exhausted (e.g. check quota).", "(E.G., Check Quota)"):
-        row = read_row(failed(429, hint))
+    for message in (
+        "Quota exceeded for metric",
+        "Resource has been exhausted, try again",
+        "Resource has been exhausted (e.g. check quota).",
+        "You exceeded your current quota, please check your plan and billing details.",
+    ):
+        row = read_row(failed(429, message))
         assert row is not None and is_transient(row, DEFAULT_TABLE) == "RESOURCE_EXHAUSTED"
-    row = read_row(failed(429, "Resource has been exhausted (e.g. check quota). Quota exceeded"))
-    assert row is not None and is_transient(row, DEFAULT_TABLE) is None
+    # money words on another reason change nothing: a 503 is retried as a 503
+    row = read_row(failed(503, "Your prepayment credits are depleted."))
+    assert row is not None and is_transient(row, DEFAULT_TABLE) == "UNAVAILABLE"
     aborted = read_row(failed(409))
     assert aborted is not None and is_transient(aborted, DEFAULT_TABLE) is None
     assert is_transient(aborted, parse_table("ABORTED")) == "ABORTED"
@@ -212,7 +221,7 @@ def test_transient_failures_keep_the_last_line_of_a_key() -> None:
     output = [
         line("a", 503),
         line("b", 400),
-        line("c", 429, "quota exceeded"),
+        line("c", 429, "Your prepayment credits are depleted."),
         line("d", 500),
         line("e", 503),
         line("e", None),  # answered later: not a failure any more

@@ -1,17 +1,22 @@
-"""The submit function's request (the archiver's ``{"submit": {...}}``, docs/retry.md): every
-malformed request is refused with a sentence before anything is read, uploaded or written."""
+"""The submit function's request (``{"submit": {...}}``, docs/retry.md): every malformed
+request is refused with a sentence before anything is read, uploaded or written; an input
+outside ``incoming/`` of the results bucket too (issue 38, repro 6: checked in code as well as
+in the function's role, tests/e2e/test_template_roles.py)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
 from opstate.config import Settings
 from opstate.retry import wiring
-from opstate.retry.wiring import SubmitRefusedError, submit_event
+from opstate.retry.wiring import SubmitRefusedError, submit_event, submit_request
 
 GOOD = {"input": "s3://results/incoming/in.jsonl", "model": "gemini-2.5-flash"}
+# What the template gives the submit function: the results bucket's results/ prefix.
+DEPLOYED = Settings(results_url="s3://results/results")
 
 
 @pytest.mark.parametrize(
@@ -32,6 +37,21 @@ GOOD = {"input": "s3://results/incoming/in.jsonl", "model": "gemini-2.5-flash"}
         ({**GOOD, "retry": {"maxAttempts": 11}}, "between 0 and 10"),
         ({**GOOD, "retry": "yes"}, "'retry' must be a JSON object"),
         ({**GOOD, "retry": {"maxAttempts": True}}, "must be an integer"),
+        # repro 6: anything but an object under incoming/ of the results bucket
+        (
+            {**GOOD, "input": "s3://results/results/inputs/ab/input.jsonl"},
+            "under s3://results/incoming/",
+        ),
+        (
+            {**GOOD, "input": "s3://results/results/batches/x/1/output.jsonl"},
+            "under s3://results/incoming/",
+        ),
+        (
+            {**GOOD, "input": "s3://results/incoming/../results/x.jsonl"},
+            "under s3://results/incoming/",
+        ),
+        ({**GOOD, "input": "s3://results/incoming-x/in.jsonl"}, "under s3://results/incoming/"),
+        ({**GOOD, "input": "s3://other-bucket/incoming/in.jsonl"}, "under s3://results/incoming/"),
     ],
 )
 def test_a_malformed_request_is_refused_before_anything_happens(
@@ -42,8 +62,24 @@ def test_a_malformed_request_is_refused_before_anything_happens(
 
     monkeypatch.setattr(wiring, "submit_from_settings", never)
     with pytest.raises(SubmitRefusedError) as refused:
-        submit_event(Settings(), request_)
+        submit_event(DEPLOYED, request_)
     assert message in str(refused.value)
+
+
+@pytest.mark.parametrize("event", [GOOD, {"submit": GOOD, "x": 1}, [GOOD], {"archive": GOOD}])
+def test_the_submit_function_takes_only_a_submit_request(
+    monkeypatch: pytest.MonkeyPatch, event: Any
+) -> None:
+    monkeypatch.setattr(wiring, "submit_from_settings", lambda *_, **__: pytest.fail("submitted"))
+    with pytest.raises(SubmitRefusedError, match=re.escape('takes {"submit"')):
+        submit_request(DEPLOYED, event)
+
+
+def test_without_results_in_s3_nothing_is_submitted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wiring, "submit_from_settings", lambda *_, **__: pytest.fail("submitted"))
+    for results in (None, "file:///tmp/results"):
+        with pytest.raises(SubmitRefusedError, match="keeps inputs in S3"):
+            submit_event(Settings(results_url=results), GOOD)
 
 
 def test_a_request_without_retry_takes_the_default_as_it_is(
@@ -60,7 +96,7 @@ def test_a_request_without_retry_takes_the_default_as_it_is(
         return Done()
 
     monkeypatch.setattr(wiring, "submit_from_settings", submitted)
-    answer = submit_event(Settings(), GOOD)
+    answer = submit_event(DEPLOYED, GOOD)
     assert answer["retry"]["maxAttempts"] == 0 and seen["policy"].max_attempts == 0
-    answer = submit_event(Settings(), {**GOOD, "retry": {}})
+    answer = submit_request(DEPLOYED, {"submit": {**GOOD, "retry": {}}})
     assert answer["retry"]["maxAttempts"] == 2  # a retry object is the opt-in

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from opstate.domain.costs import REASON_FINAL_PREVIOUS_RELEASE
 from opstate.domain.retry import final_view
 from opstate.domain.states import TERMINAL, State
 from opstate.domain.views import record_to_json
@@ -140,6 +141,15 @@ def test_a_failed_root_with_active_retries_waits_for_its_final_result() -> None:
         "rows": {"total": 10, "answered": 9, "blocked": 1, "failed": 1},
         "errors": {"400": 1},
         "attempts": 2,
+        "cost": {
+            "usd": None,
+            "retries_usd": None,
+            "model": None,
+            "prices": None,
+            "batch_discount": None,
+            "reason": REASON_FINAL_PREVIOUS_RELEASE,
+        },
+        "stopped": None,
     }
     assert done.output["record"]["state"] == "FAILED"
     # a root whose retries stopped without a final result is what archiving says

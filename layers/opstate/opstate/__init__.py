@@ -23,4 +23,6 @@ entries under ``functions/`` import layers 0-2 and ``wiring``. This ``__init__``
 nothing of opstate: importing the package loads none of its modules.
 """
 
-__version__ = "0.1.0"
+# The one place the release is named: pyproject.toml reads it (dynamic version), `opstate
+# --version` prints it, template.yaml's SemanticVersion equals it; CHANGELOG.md says what it holds.
+__version__ = "0.6.0"

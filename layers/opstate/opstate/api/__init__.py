@@ -37,9 +37,12 @@ the notifier, the reconciler, the local server or the CLI.
 from opstate.api.app import create_app
 from opstate.api.auth import (
     OperationsAuth,
+    RetryRight,
     lambda_operations_auth,
     require_bearer_token,
     require_iam_caller,
+    retry_by_bearer,
+    retry_by_setting,
 )
 from opstate.api.errors import (
     JSON,
@@ -60,6 +63,7 @@ __all__ = [
     "RETRY_AFTER_UNAVAILABLE_S",
     "ApiError",
     "OperationsAuth",
+    "RetryRight",
     "create_app",
     "default_app",
     "handle",
@@ -70,4 +74,6 @@ __all__ = [
     "require_bearer_token",
     "require_iam_caller",
     "reset_default_app",
+    "retry_by_bearer",
+    "retry_by_setting",
 ]

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from opstate.api.auth import OperationsAuth, require_iam_caller
+from opstate.api.auth import OperationsAuth, RetryRight, require_iam_caller, retry_by_setting
 from opstate.api.errors import ApiError, json_response
 from opstate.api.ingesting import Ingester
 from opstate.api.lazy import OnFirstUse
@@ -34,13 +34,16 @@ def create_app(
     on_decision: Callable[[Decision], None] | None = None,
     quarantine: Keeper | None = None,
     operations_auth: OperationsAuth = require_iam_caller,
+    retry_right: RetryRight | None = None,
     pubsub_verifier: Verifier | None = None,
     registrar: Registrar | None = None,
     registrar_factory: Callable[[], Registrar | None] | None = None,
     on_waiter: Callable[[str], None] | None = None,
 ) -> Router:
     """The API's router over ``store``; ``on_decision`` sees every decision taken;
-    ``operations_auth`` admits or refuses each operations request (default: AWS IAM); signed
+    ``operations_auth`` admits or refuses each operations request (default: AWS IAM);
+    ``retry_right`` says whether an admitted one may attach a retry policy (default: the
+    setting ``OPSTATE_RETRY_OVER_API``; docs/security.md, "Acting"); signed
     webhooks that cannot be read are kept in ``quarantine`` (default: logged whole); Pub/Sub
     pushes meet ``pubsub_verifier`` (default: the one the settings describe, else refused);
     waiters are kept by ``registrar``, or by the one ``registrar_factory`` builds on the first
@@ -80,6 +83,7 @@ def create_app(
         store=store,
         ingest=ingest,
         operations_auth=operations_auth,
+        retry_right=retry_right if retry_right is not None else retry_by_setting(settings),
         max_bytes=settings.max_body_bytes,
         clock_ns=clock_ns,
         registrar=(

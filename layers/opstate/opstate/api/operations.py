@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeGuard
 from urllib.parse import unquote
 
-from opstate.api.auth import OperationsAuth
+from opstate.api.auth import OperationsAuth, RetryRight
 from opstate.api.errors import ApiError, json_response, unavailable
 from opstate.api.ingesting import Ingester
 from opstate.api.lazy import OnFirstUse
@@ -24,6 +24,7 @@ from opstate.domain.names import InvalidNameError, ParsedName, parse_name
 from opstate.domain.routes import OPERATIONS_PREFIX
 from opstate.domain.views import decision_to_json, record_to_json
 from opstate.ingest import find_named
+from opstate.observability import log_fields, logger
 from opstate.store.port import RetryableError, RetryingStore, Store
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class OperationsRoutes:
         "on_waiter",
         "operations_auth",
         "registrar",
+        "retry_right",
         "retry_settings",
         "store",
     )
@@ -65,7 +67,11 @@ class OperationsRoutes:
         on_waiter: Callable[[str], None] | None = None,
         max_future_skew_s: float = DEFAULT_MAX_FUTURE_SKEW_S,
         retry_settings: RetrySettings | None = None,
+        retry_right: RetryRight | None = None,
     ) -> None:
+        # Attaching a retry policy is a right of its own (docs/security.md, "Acting"); None:
+        # no caller has it.
+        self.retry_right = retry_right
         self.max_future_skew_s = max_future_skew_s
         # The default policy a body's "retry" object fills its missing keys from.
         self.retry_settings = retry_settings if retry_settings is not None else RetrySettings()
@@ -108,8 +114,10 @@ class OperationsRoutes:
         """A report; no body = "track this job" (PENDING now); an optional ``waiter`` is
         checked with the report before anything is written, then kept before the report is
         ingested (so no change can slip between the two unseen). An optional ``retry`` policy
-        (docs/retry.md) is checked before anything is written too (400 ``invalid-retry``), and
-        kept beside the record once the report is ingested."""
+        (docs/retry.md) needs the retry right (403 ``retry-not-allowed``), is checked before
+        anything is written too (400 ``invalid-retry``; an input outside the configured
+        prefixes 400 ``input-unusable``), and kept beside the record once the report is
+        ingested."""
         self.operations_auth(event)
         raw_name = _raw_path_name(path)
         raw = raw_body(event, self.max_bytes)
@@ -125,7 +133,10 @@ class OperationsRoutes:
         except UnsupportedEventError as exc:
             # The producer is the user's own code: an unknown state is its bug to fix.
             raise ApiError(400, "invalid-state", exc.message) from None
-        policy = None if body is None or "retry" not in body else self._policy(op_event.name, body)
+        policy = None
+        if body is not None and "retry" in body:
+            self._may_act(event, op_event.name)
+            policy = self._policy(op_event.name, body)
         kept = None if body is None or "waiter" not in body else self._waiter(op_event.name, body)
         added = _register(*kept) if kept is not None else False
         decision = self.ingest(op_event)
@@ -139,9 +150,25 @@ class OperationsRoutes:
                 self.on_waiter(waiter.name)
         return json_response(200, answer)
 
+    def _may_act(self, event: Mapping[str, Any], name: str) -> None:
+        """403 unless the caller holds the retry right: a policy makes opstate create, upload
+        and cancel at Gemini with the user's key, which reporting or tracking never does."""
+        if self.retry_right is not None and self.retry_right(event):
+            return
+        log_fields(
+            logger.warning, "retry policy refused: the caller lacks the retry right", {"name": name}
+        )
+        raise ApiError(
+            403,
+            "retry-not-allowed",
+            "this caller may report and track, not attach a retry policy (it makes opstate "
+            "create and cancel batches): see docs/security.md, 'Acting'",
+        )
+
     def _policy(self, name: str, body: Mapping[str, Any]) -> RetryPolicy:
         """The body's ``retry`` policy, checked before anything is written."""
         from opstate.domain.retry import InvalidRetryError, parse_retry
+        from opstate.retry.authority import INPUT_UNUSABLE, input_allowed
         from opstate.retry.policy import check_keepable, settings_policy
 
         try:
@@ -158,6 +185,15 @@ class OperationsRoutes:
                 "'retry.input' must be s3://BUCKET/KEY here; a local file is given with "
                 "opstate track NAME --input PATH",
             )
+        prefixes = self.retry_settings.retry_input_prefixes
+        if policy.input is not None and not input_allowed(policy.input, prefixes):
+            # Never read, and the caller learns nothing about it; the operator reads why.
+            log_fields(
+                logger.warning,
+                "retry input refused: not under OPSTATE_RETRY_INPUT_PREFIXES",
+                {"name": name, "input": policy.input, "prefixes": list(prefixes)},
+            )
+            raise ApiError(400, "input-unusable", INPUT_UNUSABLE)
         try:
             check_keepable(self.store, name)
         except InvalidRetryError as exc:
@@ -169,13 +205,14 @@ class OperationsRoutes:
     def _attach(self, decision: Decision, policy: RetryPolicy) -> dict[str, Any] | None:
         """Keep ``policy`` beside the record the report left; its ``retry`` view (None: no
         record, or a policy that asks for nothing on a record without one)."""
+        from opstate.retry.authority import VIA_API
         from opstate.retry.policy import keep_policy
 
         record = decision.record
         if record is None or not _retrying(self.store):
             return None
         try:
-            return keep_policy(self.store, record, policy, self.clock_ns())
+            return keep_policy(self.store, record, policy, self.clock_ns(), via=VIA_API)
         except ValueError as exc:  # it became a retry child since _policy looked
             raise ApiError(400, "invalid-retry", str(exc)) from None
         except RetryableError as exc:

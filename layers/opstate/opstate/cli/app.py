@@ -7,6 +7,7 @@ import argparse
 import contextlib
 from collections.abc import Sequence
 
+from opstate import __version__
 from opstate.cli import (
     quarantine,
     reconcile,
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Monotonic state records for Gemini long-running operations.",
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
 

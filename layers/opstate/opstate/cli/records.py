@@ -108,6 +108,10 @@ def cmd_get(args: argparse.Namespace) -> int:
         raise CliError(f"no record for {name} in {config.store_url}")
     # parent/root/attempt and retry only for a record with a retry state (docs/retry.md)
     view = record_to_json(record, results, progress, retry.doc if retry is not None else None)
+    detail = retry.doc.get("unavailableDetail") if retry is not None else None
+    if isinstance(detail, str) and isinstance(view.get("retry"), dict):
+        # The operator reads the store: what no API view shows (docs/security.md, "Acting").
+        view["retry"] = {**view["retry"], "detail": detail}
     if args.json:
         print_json(view)
         return EXIT_OK
@@ -290,11 +294,12 @@ def _refuse_child(store: Store, name: str) -> None:
 
 
 def _attach(store: Store, record: OpRecord, policy: RetryPolicy) -> dict[str, Any] | None:
+    from opstate.retry.authority import VIA_CLI
     from opstate.retry.policy import keep_policy
 
     assert isinstance(store, RetryingStore)  # _refuse_child checked it
     try:
-        return keep_policy(store, record, policy, time.time_ns())
+        return keep_policy(store, record, policy, time.time_ns(), via=VIA_CLI)
     except ValueError as exc:  # it became a retry child since _refuse_child looked
         raise CliError(f"the report was written, the policy not: {exc}") from None
 

@@ -81,8 +81,15 @@ def add_policy_flags(p: argparse.ArgumentParser) -> None:
         "--pending-timeout-hours",
         type=float,
         metavar="H",
-        help="cancel a batch still PENDING after H hours, then resubmit it (once; no row "
-        "retries unless --retry-attempts is given)",
+        help="cancel a batch opstate created still PENDING H hours (1-720) after Gemini's "
+        "createTime, then resubmit it (once; no row retries unless --retry-attempts is given)",
+    )
+    p.add_argument(
+        "--max-cost-usd",
+        type=float,
+        metavar="USD",
+        help="the most the lineage may cost in all, the batch itself included (US dollars, "
+        "at Batch API prices): a retry batch that would go over it is not created",
     )
 
 
@@ -94,14 +101,18 @@ def policy_body(args: argparse.Namespace, default_attempts: int = 0) -> dict[str
     body: dict[str, Any] = {}
     if getattr(args, "retry_attempts", None) is not None:
         body["maxAttempts"] = args.retry_attempts
-    elif getattr(args, "resubmit_expired", None) or (
-        getattr(args, "pending_timeout_hours", None) is not None
+    elif (
+        getattr(args, "resubmit_expired", None)
+        or getattr(args, "pending_timeout_hours", None) is not None
+        or getattr(args, "max_cost_usd", None) is not None
     ):
         body["maxAttempts"] = default_attempts
     if getattr(args, "resubmit_expired", None):
         body["resubmitExpired"] = True
     if getattr(args, "pending_timeout_hours", None) is not None:
         body["pendingTimeoutHours"] = args.pending_timeout_hours
+    if getattr(args, "max_cost_usd", None) is not None:
+        body["maxCostUSD"] = args.max_cost_usd
     return body
 
 
@@ -166,7 +177,9 @@ def policy_sentence(policy: RetryPolicy, bound: int) -> str:
     return (
         f"retry: kept policy maxAttempts {policy.max_attempts}, resubmitExpired "
         f"{'yes' if policy.resubmit_expired else 'no'}, pendingTimeoutHours "
-        f"{'-' if timeout is None else f'{timeout:g}'}; this lineage creates at most {bound} "
+        f"{'-' if timeout is None else f'{timeout:g}'}"
+        f"{'' if policy.max_cost_usd is None else f', maxCostUSD {policy.max_cost_usd:g}'}"
+        f"; this lineage creates at most {bound} "
         f"retry batch{'es' if bound != 1 else ''} (stop it: opstate retry --stop NAME)"
     )
 

@@ -14,12 +14,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from opstate.domain.costs import final_cost_view
+
 MAX_ATTEMPTS_LIMIT = 10
 # Retries per key of a policy that leaves ``maxAttempts`` out while the deployment's default
 # is 0 (off): giving a ``retry`` object (or a flag) is the opt-in (issue 33: "default when
 # enabled: 2").
 DEFAULT_ENABLED_ATTEMPTS = 2
 MAX_PENDING_TIMEOUT_HOURS = 720.0
+# The shortest pending timeout (issue 38): opstate never cancels a batch younger than this,
+# measured from Gemini's createTime. A policy asking less is refused; one stored before the
+# floor existed is clamped to it where it is used (``opstate.retry.acting``).
+MIN_PENDING_TIMEOUT_HOURS = 1.0
 # The longest input URI accepted (an S3 key is at most 1024 bytes).
 MAX_INPUT_URI_CHARS = 2048
 
@@ -33,32 +39,20 @@ TRANSIENT_REASONS = (
     "ABORTED",
 )
 
-POLICY_KEYS = ("maxAttempts", "resubmitExpired", "pendingTimeoutHours", "input")
+POLICY_KEYS = ("maxAttempts", "resubmitExpired", "pendingTimeoutHours", "input", "maxCostUSD")
+# The largest ``maxCostUSD`` taken (US dollars; as ``config.retry.MAX_COST_USD``).
+MAX_COST_USD = 1_000_000_000.0
 
 _S3_URI = re.compile(r"s3://([a-z0-9.-]{3,63})/(.+)", re.DOTALL)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _LIMIT = re.compile(r"[0-9]{1,2}")
 
 
-# A failure that names a quota, a spending cap or billing is refused again on retry (a rate
-# limit is not). Every RESOURCE_EXHAUSTED Gemini answers says "Resource has been exhausted
-# (e.g. check quota)." — a generic hint, not a quota named: it is left out before the message
-# is read, so a plain rate limit stays retryable.
-_QUOTA_WORDS = re.compile(r"quota|spending cap|billing", re.IGNORECASE)
-_GENERIC_QUOTA_HINT = re.compile(r"\(?\s*e\.g\.,?\s*check\s+quota\s*\.?\s*\)?", re.IGNORECASE)
-
-
-def names_quota(message: str) -> bool:
-    """Whether ``message`` names a quota, a spending cap or billing (beyond Gemini's generic
-    "(e.g. check quota)" hint)."""
-    return _QUOTA_WORDS.search(_GENERIC_QUOTA_HINT.sub(" ", message)) is not None
-
-
 class InvalidRetryError(ValueError):
     """A retry policy (or a transient table) this system cannot use; the message says why."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True)  # slots=False: an equivalent mutant (only the memory)
 class RetryPolicy:
     """What an operation's retries may do: retries per request key (0: none), whether an
     EXPIRED batch is resubmitted whole, the pending timeout (hours; None: off) and where its
@@ -68,14 +62,20 @@ class RetryPolicy:
     resubmit_expired: bool = False
     pending_timeout_hours: float | None = None
     input: str | None = None
+    # What the lineage may cost in all, root included (US dollars; None: no cap; issue 41).
+    max_cost_usd: float | None = None
 
     def as_doc(self) -> dict[str, Any]:
-        """The retry state's ``policy`` map (the input is kept apart, as ``input.source``)."""
-        return {
+        """The retry state's ``policy`` map (the input is kept apart, as ``input.source``);
+        ``maxCostUSD`` only when there is a cap (a policy without one reads as before)."""
+        doc: dict[str, Any] = {
             "maxAttempts": self.max_attempts,
             "resubmitExpired": self.resubmit_expired,
             "pendingTimeoutHours": self.pending_timeout_hours,
         }
+        if self.max_cost_usd is not None:
+            doc["maxCostUSD"] = self.max_cost_usd
+        return doc
 
 
 def enabled(policy: RetryPolicy) -> bool:
@@ -89,11 +89,11 @@ def enabled(policy: RetryPolicy) -> bool:
 
 def parse_retry(raw: object, defaults: RetryPolicy) -> RetryPolicy:
     """The body's ``"retry"`` object: ``{"maxAttempts": 0..10, "resubmitExpired": bool,
-    "pendingTimeoutHours": number in (0, 720] | null, "input": "s3://B/K" | "file:///ABS" |
-    null}``; a key left out takes its value from ``defaults`` (``maxAttempts``: the default,
-    or ``DEFAULT_ENABLED_ATTEMPTS`` when the default is 0: the object is the opt-in); an
-    unknown key, a wrong type (a bool is not a number) or a value out of range is
-    ``InvalidRetryError``."""
+    "pendingTimeoutHours": number in [1, 720] | null, "input": "s3://B/K" | "file:///ABS" |
+    null, "maxCostUSD": number > 0 | null}``; a key left out takes its value from ``defaults``
+    (``maxAttempts``: the default, or ``DEFAULT_ENABLED_ATTEMPTS`` when the default is 0: the
+    object is the opt-in); an unknown key, a wrong type (a bool is not a number) or a value
+    out of range is ``InvalidRetryError``."""
     if not isinstance(raw, Mapping):
         raise InvalidRetryError("'retry' must be a JSON object")
     unknown = sorted(str(key) for key in raw if key not in POLICY_KEYS)
@@ -116,12 +116,33 @@ def parse_retry(raw: object, defaults: RetryPolicy) -> RetryPolicy:
     source = defaults.input
     if "input" in raw:
         source = None if raw["input"] is None else check_input_uri(raw["input"])
+    cap = defaults.max_cost_usd
+    if "maxCostUSD" in raw:
+        cap = max_cost(raw["maxCostUSD"])
     return RetryPolicy(
         max_attempts=max_attempts,
         resubmit_expired=resubmit,
         pending_timeout_hours=timeout,
         input=source,
+        max_cost_usd=cap,
     )
+
+
+def max_cost(value: object) -> float | None:
+    """``maxCostUSD``: a number of US dollars more than 0 (at most ``MAX_COST_USD``), or null
+    (no cap); ``InvalidRetryError`` otherwise (a bool, text, NaN, infinity, 0 or less)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRetryError(
+            f"'retry.maxCostUSD' must be a number of US dollars or null, not {value!r}"
+        )
+    dollars = float(value)
+    if not math.isfinite(dollars) or not 0 < dollars <= MAX_COST_USD:
+        raise InvalidRetryError(
+            f"'retry.maxCostUSD' must be more than 0 and at most {MAX_COST_USD:.0f}, got {value!r}"
+        )
+    return dollars
 
 
 def _max_attempts(value: object) -> int:
@@ -146,6 +167,12 @@ def _pending_timeout(value: object) -> float | None:
         raise InvalidRetryError(
             "'retry.pendingTimeoutHours' must be more than 0 and at most "
             f"{MAX_PENDING_TIMEOUT_HOURS:g}, got {value!r}"
+        )
+    if hours < MIN_PENDING_TIMEOUT_HOURS:
+        raise InvalidRetryError(
+            f"'retry.pendingTimeoutHours' must be at least {MIN_PENDING_TIMEOUT_HOURS:g}: opstate "
+            "never cancels a batch younger than an hour (from Gemini's createTime), "
+            f"got {value!r}"
         )
     return hours
 
@@ -243,11 +270,15 @@ def policy_of(doc: Mapping[str, Any]) -> RetryPolicy:
     as the default: no retries, no resubmit, no timeout). Its ``input`` is kept apart."""
     policy = _map(doc.get("policy"))
     timeout = policy.get("pendingTimeoutHours")
+    cap = policy.get("maxCostUSD")
     return RetryPolicy(
         max_attempts=_count(policy.get("maxAttempts")) or 0,
         resubmit_expired=policy.get("resubmitExpired") is True,
         pending_timeout_hours=timeout
         if isinstance(timeout, int | float) and not isinstance(timeout, bool)
+        else None,
+        max_cost_usd=float(cap)
+        if isinstance(cap, int | float) and not isinstance(cap, bool) and cap > 0
         else None,
     )
 
@@ -255,8 +286,8 @@ def policy_of(doc: Mapping[str, Any]) -> RetryPolicy:
 def retry_view(doc: Mapping[str, Any]) -> dict[str, Any]:
     """A root's ``retry`` in its view: ``{"policy", "status", "reason", "children", "input"}``.
 
-    ``status``: ``final`` (final.jsonl written), ``stopped`` (the lineage stopped: quota or
-    billing, or ``opstate retry --stop``), ``unavailable`` (retry cannot run: ``reason`` says
+    ``status``: ``final`` (final.jsonl written), ``stopped`` (the lineage stopped: a money
+    refusal, or ``opstate retry --stop``), ``unavailable`` (retry cannot run: ``reason`` says
     why), ``off`` (the policy asks for nothing) or ``active``. ``children``: ``{"name",
     "attempt", "rows", "phase"}`` each (``name`` null until Gemini created it; ``phase``
     ``ended`` and ``state`` how it ended, EXPIRED for an expired batch, once the runner
@@ -323,6 +354,9 @@ def final_view(doc: Mapping[str, Any]) -> dict[str, Any]:
     }
     if unavailable and not written:
         view["reason"] = unavailable
+    if written:
+        view["cost"] = final_cost_view(final.get("cost"))
+        view["stopped"] = _text(doc.get("stopped"))
     return view
 
 

@@ -10,7 +10,7 @@ One module per concern:
 - ``errors``: ``GatewayError`` and ``classify`` (an SDK exception as a status, transient or
   not, ``Retry-After`` and what the server said).
 - ``submit`` (imported by its full name): uploading a JSONL input, creating, cancelling and
-  reading a batch, finding batches by the id in their display name, ``is_quota_refusal``.
+  reading a batch, finding batches by the id in their display name, ``create_refusal``.
 
 Owns the low-level Gemini pieces above: the key, the client, the batch reads, the file reads
 and the error classification. The reconciler's port adapters

@@ -73,8 +73,14 @@ def make_client(settings: Settings, *, timeout_s: float | None = None) -> genai.
     ``reconcile_http_timeout_s``) and are never retried by the SDK (its default would retry a
     429 for up to ~30 s): the run paces itself and leaves the operation for the next run.
     """
-    from google import genai
-    from google.genai import types
+    try:
+        from google import genai
+        from google.genai import types
+    except ImportError as exc:  # the CLI installed without its gemini extra
+        raise ConfigError(
+            f"talking to Gemini needs google-genai ({exc}); install it with "
+            "pip install 'gemini-opstate[gemini]'"
+        ) from None
 
     timeout = settings.reconcile_http_timeout_s if timeout_s is None else timeout_s
     options = types.HttpOptions(

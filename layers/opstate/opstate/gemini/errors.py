@@ -2,7 +2,9 @@
 
 ``classify`` turns an SDK or transport exception into it: the HTTP status, whether the same
 request may succeed later (408, 429, 5xx, timeouts, connection errors), the server's
-``Retry-After`` (seconds or an HTTP date) and what the server said, for a person to read. It
+``Retry-After`` (seconds or an HTTP date), what the server said, for a person to read, and its
+``google.rpc.Status`` ``details`` as ``opstate.domain.refusals.sanitize_details`` keeps them
+(QuotaFailure, RetryInfo, ErrorInfo; bounded), which say what a refusal means for a retry. It
 imports ``google.genai`` inside the function only, so importing this module loads no SDK.
 """
 
@@ -12,6 +14,8 @@ import importlib
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+from opstate.domain.refusals import sanitize_details
+
 # HTTP statuses after which the same request may succeed later.
 TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -20,7 +24,8 @@ class GatewayError(Exception):
     """A request failed. ``status`` is the HTTP status (None: no answer, e.g. a timeout);
     ``transient``: the same request may succeed later; ``retry_after_s``: the server's
     ``Retry-After``, when it sent one; ``said``: what the server said, for a person to read
-    (``sentence`` falls back to ``message``, the technical text that is logged)."""
+    (``sentence`` falls back to ``message``, the technical text that is logged); ``rpc_status``
+    and ``details``: the error body's ``status`` name and its sanitized ``details``."""
 
     def __init__(
         self,
@@ -30,6 +35,8 @@ class GatewayError(Exception):
         transient: bool = False,
         retry_after_s: float | None = None,
         said: str | None = None,
+        rpc_status: str | None = None,
+        details: list[dict[str, Any]] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -37,6 +44,8 @@ class GatewayError(Exception):
         self.transient = transient
         self.retry_after_s = retry_after_s
         self.said = said
+        self.rpc_status = rpc_status
+        self.details = details or []
 
     @property
     def sentence(self) -> str:
@@ -109,17 +118,22 @@ def classify(exc: BaseException) -> GatewayError:
     status: object
     headers: Any = None
     said: str | None = None
+    error: object = None
     if isinstance(exc, genai_errors.APIError):
         status = exc.code
         headers = getattr(exc.response, "headers", None)
         said = _said(exc.status, exc.message)
+        body = exc.details  # google-genai keeps the whole response JSON here
+        error = body.get("error", body) if isinstance(body, dict) else None
     else:
         status = getattr(exc, "status_code", None)
         headers = getattr(getattr(exc, "response", None), "headers", None)
-        error = getattr(exc, "body", None)
-        error = error.get("error") if isinstance(error, dict) else None
+        body = getattr(exc, "body", None)
+        error = body.get("error") if isinstance(body, dict) else None
         if isinstance(error, dict):
             said = _said(error.get("status"), error.get("message"))
+    rpc_status = error.get("status") if isinstance(error, dict) else None
+    details = sanitize_details(error.get("details")) if isinstance(error, dict) else []
     if isinstance(status, int) and not isinstance(status, bool):
         return GatewayError(
             message,
@@ -127,5 +141,7 @@ def classify(exc: BaseException) -> GatewayError:
             transient=status in TRANSIENT_STATUSES,
             retry_after_s=retry_after_s(headers) if status in TRANSIENT_STATUSES else None,
             said=said,
+            rpc_status=rpc_status if isinstance(rpc_status, str) else None,
+            details=details,
         )
     return GatewayError(message, status=None, transient=False)

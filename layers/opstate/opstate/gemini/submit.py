@@ -13,8 +13,9 @@ one, and find the batches opstate created by the id carried in their display nam
   (the id opstate gave it) as one of its space-separated words. The listing is only a hint:
   the caller reads each found job with ``read_batch`` before acting on it.
 
-A failed request raises ``GatewayError`` (``classify``); ``is_quota_refusal`` says whether a
-refused create was refused for quota or billing (then the lineage stops instead of retrying).
+A failed request raises ``GatewayError`` (``classify``); ``create_refusal`` says what a refused
+create means (``opstate.domain.refusals``): money (the lineage stops), passing or daily (it backs
+off and is tried again), or other.
 Bad arguments raise ``ValueError`` before anything is sent.
 """
 
@@ -29,7 +30,7 @@ from typing import Any
 
 from opstate.domain.events import from_batch_job
 from opstate.domain.model import OpEvent
-from opstate.domain.retry import names_quota
+from opstate.domain.refusals import Verdict, refusal_of
 from opstate.gemini.batches import rest_batch, rest_listing_tokens, rest_resource
 from opstate.gemini.errors import GatewayError, classify
 from opstate.gemini.files import is_file_name
@@ -39,8 +40,6 @@ from opstate.gemini.files import is_file_name
 UPLOAD_CHUNK_BYTES = 2 * 1024 * 1024
 # The MIME type Gemini's batch mode documents for a JSONL input file.
 JSONL_MIME_TYPE = "jsonl"
-# A create refused for these reasons will be refused again: the lineage stops.
-_QUOTA_STATUSES = frozenset({429, 403})
 
 
 class _ChunkReader(io.RawIOBase):
@@ -315,15 +314,14 @@ def _named(item: object) -> tuple[str, str]:
     )
 
 
-def is_quota_refusal(exc: BaseException) -> bool:
-    """Whether a refused create was refused for quota or billing: a 429 (RESOURCE_EXHAUSTED)
-    or 403 whose message names a quota, billing or a spending cap. Such a refusal comes back
-    the same on the next try, so the lineage stops; a 429 that names none of them is a rate
-    limit (transient, as ``classify`` says)."""
+def create_refusal(exc: BaseException) -> Verdict:
+    """What a refused create means for a retry (``opstate.domain.refusals.refusal_of`` of its
+    HTTP status, status name, message and details): ``MONEY`` (402, billing, prepayment, a
+    spending cap: refused again until a person acts, the lineage stops), ``PASSING`` (a rate
+    limit or a full batch queue; with the delay Gemini asked for), ``DAILY`` (a per-day quota,
+    back at midnight Pacific) or ``OTHER``."""
     error = classify(exc)
-    said = f"{error.said or ''} {error.message}"
-    exhausted = error.status in _QUOTA_STATUSES or "RESOURCE_EXHAUSTED" in said
-    return exhausted and names_quota(said)
+    return refusal_of(error.status, error.rpc_status, error.said or error.message, error.details)
 
 
 def inlined_requests(client: Any, name: str) -> list[bytes] | None:

@@ -59,8 +59,16 @@ def local_app(
     waiters: LocalWaiters | None = None,
 ) -> LocalApp:
     """The API app: every decision goes to the page's log, every state change is printed (and
-    may resume waiters)."""
-    from opstate.api import create_app, require_bearer_token
+    may resume waiters). The API token reports and tracks; only ``OPSTATE_RETRY_API_TOKEN``
+    may also attach a retry policy (docs/security.md, "Acting")."""
+    from opstate.api import create_app, require_bearer_token, retry_by_bearer
+
+    retry_token = settings.retry_api_token
+    if retry_token is not None and retry_token == token.token:
+        raise ServeError(
+            "OPSTATE_RETRY_API_TOKEN must differ from the API token: the same value would "
+            "give the retry right to every holder of the API token"
+        )
 
     def on_decision(decision: Decision) -> None:
         decisions.add(decision)
@@ -81,7 +89,8 @@ def local_app(
                 settings.store_url,
                 Bounds(settings.quarantine_max_entries, settings.quarantine_max_bytes),
             ),
-            operations_auth=require_bearer_token(token.token),
+            operations_auth=require_bearer_token(token.token, retry_token),
+            retry_right=retry_by_bearer(retry_token),
             registrar=waiters.registrar if waiters is not None else None,
             on_waiter=waiters.soon if waiters is not None else None,
         )

@@ -13,10 +13,12 @@ from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import 
     DynamoDBRecordEventName,
 )
 
+from opstate.domain.costs import final_cost_view
 from opstate.domain.model import OpRecord
 from opstate.domain.strict_json import dumps
 from opstate.domain.times import format_time
 from opstate.outcomes.plan import record_results, results_view
+from opstate.store.counters import is_counter
 from opstate.store.dynamodb import plain, record_from_item
 
 if TYPE_CHECKING:
@@ -208,7 +210,8 @@ def retry_submitted_detail(record: OpRecord, child: Mapping[str, Any]) -> dict[s
 def results_final_detail(record: OpRecord, doc: Mapping[str, Any]) -> dict[str, Any]:
     """The detail of ``Operation Results Final``: the ``root``, the final ledger's ``rows``
     (``total``, ``answered``, ``blocked``, ``failed``), ``errors`` (failed rows by code text),
-    ``retried``, ``attempts`` and the ``location`` of ``final.jsonl``; idempotencyKey
+    ``retried``, ``attempts``, the ``location`` of ``final.jsonl``, its ``cost``
+    (``costs.final_cost_view``) and why it ``stopped`` (null: it did not); idempotencyKey
     ``<root>@<created_ns>#final``."""
     final = doc.get("final")
     assert isinstance(final, Mapping)  # _retry_type saw its status
@@ -223,6 +226,8 @@ def results_final_detail(record: OpRecord, doc: Mapping[str, Any]) -> dict[str, 
         "retried": _count(final.get("retried")),
         "attempts": _count(final.get("attempts")),
         "location": location if isinstance(location, str) and location else None,
+        "cost": final_cost_view(final.get("cost")),
+        "stopped": doc.get("stopped") if isinstance(doc.get("stopped"), str) else None,
         "idempotencyKey": f"{record.name}@{record.created_ns}#final",
     }
 
@@ -285,7 +290,8 @@ def build_entry(record: DynamoDBRecord, bus_name: str) -> PutEventsRequestEntryT
     if stream is None:
         raise InvalidStreamRecordError("record has no 'dynamodb' section")
     event_name = record.event_name
-    if event_name is DynamoDBRecordEventName.REMOVE:
+    # A counter's item (store.counters) is no operation: nothing to announce.
+    if event_name is DynamoDBRecordEventName.REMOVE or is_counter((stream.keys or {}).get("name")):
         return None
     if event_name is DynamoDBRecordEventName.INSERT:
         old_image = None

@@ -30,10 +30,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from opstate.outcomes.ledger import USAGE_FIELDS, BatchLedger, VideoLedger
+    from opstate.outcomes.ledger import BatchLedger, VideoLedger
+    from opstate.outcomes.ledger_reading import USAGE_FIELDS
 
 _WHERE = {
-    "USAGE_FIELDS": "ledger",
+    "USAGE_FIELDS": "ledger_reading",
     "BatchLedger": "ledger",
     "VideoLedger": "ledger",
 }

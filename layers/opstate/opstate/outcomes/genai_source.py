@@ -33,7 +33,7 @@ from opstate.gemini import client as gemini_client
 from opstate.gemini.batches import batch_stats, rest_resource
 from opstate.gemini.errors import classify
 from opstate.gemini.files import download, file_info, file_name_of, is_file_name
-from opstate.outcomes.ledger import inlined_lines
+from opstate.outcomes.ledger_reading import inlined_lines
 from opstate.outcomes.source import (
     BATCH_OUTPUT,
     DOCUMENT,

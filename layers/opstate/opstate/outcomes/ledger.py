@@ -19,6 +19,13 @@ that cap, never by the file or its longest line:
   codes a new one counts under ``"other"``);
 - ``usage``: the sum over succeeded rows of ``response.usageMetadata``'s six token counts
   (``USAGE_FIELDS``; a missing or non-integer field counts 0);
+- ``bands``: the same sums, and how many rows made them, per price band (issue 41): the row's
+  ``response.modelVersion`` (None when it names none; at most ``MAX_BAND_MODELS`` different
+  ones, then ``OTHER_MODEL``) and how many of ``PRICE_TIER_STARTS`` its prompt
+  (``promptTokenCount`` + ``toolUsePromptTokenCount``, what a tiered price is chosen by) is
+  over. A tiered Gemini price applies to a whole request by its prompt size, so one row above
+  200k tokens costs more per token than one below; every row of a band pays the same rates, so
+  a band's sums are priced at once (``opstate.outcomes.price``), never row by row;
 - ``size`` (bytes) and ``sha256`` of everything fed.
 
 ``VideoLedger`` is the same for one video (bytes and sha256 only).
@@ -36,16 +43,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
-from opstate.outcomes.plan import (
-    BLOCKING_FINISH_REASONS,
-    MAX_CODE_CHARS,
-    MAX_COUNTED_CODES,
-    OTHER_CODES,
+from opstate.outcomes.ledger_reading import (
+    MAX_BAND_MODELS,
+    OTHER_MODEL,
+    PRICE_TIER_STARTS,
+    USAGE_FIELDS,
+    BandKey,
+    _code,
+    _count,
+    _cut,
+    _is_utf8,
+    _text,
+    band_of,
+    is_blocked,
 )
+from opstate.outcomes.plan import MAX_COUNTED_CODES, OTHER_CODES
 
 try:
     from opstate.outcomes.ledger_rows import ROW_ERRORS, USAGE_GETTERS, Row, decode_row
@@ -55,15 +72,6 @@ try:
 except ImportError:  # the stdlib way (below) counts the same, slower
     HAVE_MSGSPEC = False
 
-USAGE_FIELDS = (
-    "promptTokenCount",
-    "candidatesTokenCount",
-    "thoughtsTokenCount",
-    "cachedContentTokenCount",
-    "toolUsePromptTokenCount",
-    "totalTokenCount",
-)
-UNKNOWN_CODE = "unknown"
 # The longest line counted (bytes, without its newline); a longer one is an unreadable row
 # (``OPSTATE_RESULTS_MAX_LINE_MIB``).
 DEFAULT_MAX_LINE_BYTES = 32 * 1024 * 1024
@@ -74,57 +82,6 @@ _decode = _decoder.decode
 # The scanner decode runs (the C one when there is one): (value, end index) of the JSON value
 # at an index of a text.
 _scan_once: Callable[[str, int], tuple[Any, int]] = _decoder.scan_once  # type: ignore[attr-defined]
-
-
-def _count(value: object) -> int:
-    """A token count as JSON carries it (a number, or an int64 as decimal text); else 0."""
-    if isinstance(value, bool):
-        return 0
-    if isinstance(value, int):
-        return value if value >= 0 else 0
-    if isinstance(value, float) and value.is_integer() and value >= 0:
-        return int(value)
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    return 0
-
-
-def _code(code: object) -> str:
-    """The key a failed row's ``status.code`` is counted under (at most ``MAX_CODE_CHARS``)."""
-    if isinstance(code, bool) or code is None:
-        return UNKNOWN_CODE
-    if isinstance(code, int | str) and str(code).strip():
-        return str(code).strip()[:MAX_CODE_CHARS]
-    return UNKNOWN_CODE
-
-
-def is_blocked(response: Mapping[str, Any]) -> bool:
-    """Whether a succeeded row's ``response`` (a JSON object) carries no answer: its
-    ``promptFeedback.blockReason`` is a non-empty string (the prompt was blocked), or its
-    ``candidates`` are missing, null or ``[]``, or every candidate is an object whose
-    ``finishReason`` is one of ``BLOCKING_FINISH_REASONS``.
-
-    A field of another type says nothing: a ``promptFeedback`` or ``blockReason`` that is not
-    an object / a string is no block reason, and ``candidates`` that are not a list, or a
-    candidate that is not an object or whose ``finishReason`` is not a string, are not blocked
-    (the row stays succeeded and only succeeded)."""
-    feedback = response.get("promptFeedback")
-    if isinstance(feedback, dict):
-        reason = feedback.get("blockReason")
-        if isinstance(reason, str) and reason:
-            return True
-    candidates = response.get("candidates")
-    if candidates is None:
-        return True
-    if not isinstance(candidates, list):
-        return False
-    for candidate in candidates:
-        if not isinstance(candidate, dict):
-            return False
-        reason = candidate.get("finishReason")
-        if not isinstance(reason, str) or reason not in BLOCKING_FINISH_REASONS:
-            return False
-    return True  # every candidate was blocked, or there is none
 
 
 @dataclass
@@ -184,6 +141,13 @@ class BatchLedger(Digest):
     rows: Rows = field(default_factory=Rows)
     errors: dict[str, int] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_FIELDS, 0))
+    # (modelVersion, band) -> [rows, then the six sums in USAGE_FIELDS order], for every band
+    # but the usual one (``_usual``: the first model seen in band 0), whose sums are the
+    # totals less these (``bands``): a row of the usual band costs one comparison.
+    _bands: dict[BandKey, list[int]] = field(default_factory=dict, repr=False)
+    _usual: str | None = field(default=None, repr=False)
+    _has_usual: bool = field(default=False, repr=False)
+    _usage_rows: int = field(default=0, repr=False)  # rows that reported their usage
     # A line longer than this (bytes, without its newline) is one unreadable row.
     max_line_bytes: int = field(default=DEFAULT_MAX_LINE_BYTES, repr=False)
     _rest: bytearray = field(default_factory=bytearray, repr=False)
@@ -337,8 +301,13 @@ class BatchLedger(Digest):
         usages = [u for r in responses if (u := r.usage_metadata) is not None]
         if usages:
             sums = self.usage
-            for key, get in USAGE_GETTERS:
-                sums[key] += sum(map(get, usages))
+            block = [sum(map(get, usages)) for _key, get in USAGE_GETTERS]
+            for (key, _get), total in zip(USAGE_GETTERS, block, strict=True):
+                sums[key] += total
+            priced = responses
+            if len(usages) < len(responses):
+                priced = [r for r in responses if r.usage_metadata is not None]
+            self._band_structs(priced, usages, block)
         if len(responses) == len(rows):
             return
         for row in rows:
@@ -348,6 +317,64 @@ class BatchLedger(Digest):
                     self._add_failed(status.code)
                 else:
                     self.rows.unreadable += 1
+
+    @property
+    def bands(self) -> dict[BandKey, list[int]]:
+        """(modelVersion, band) -> [rows, then the six sums in ``USAGE_FIELDS`` order]."""
+        found = {key: list(sums) for key, sums in self._bands.items()}
+        if self._has_usual:
+            usual = [self._usage_rows, *(self.usage[k] for k in USAGE_FIELDS)]
+            for sums in self._bands.values():
+                for i, value in enumerate(sums):
+                    usual[i] -= value
+            if usual[0]:
+                found[(self._usual, 0)] = usual
+        return found
+
+    def _is_usual(self, name: str | None, prompt: int) -> bool:
+        """Whether a row of model ``name`` (cut) and prompt size ``prompt`` is of the usual
+        band (the first row in band 0 makes its model the usual one)."""
+        if prompt > PRICE_TIER_STARTS[0]:
+            return False
+        if not self._has_usual:
+            self._usual, self._has_usual = name, True
+            return True
+        return name == self._usual
+
+    def _band_structs(self, priced: list[Any], usages: list[Any], block: list[int]) -> None:
+        """``bands`` of rows msgspec read, each with its usage (``usages``; ``block``: their
+        sums): nothing more to do when they all name one model and no prompt can be over the
+        lowest tier start (the largest prompt plus the largest tool-use prompt is not: the
+        usual block), else row by row."""
+        self._usage_rows += len(usages)
+        models = set(map(_MODEL_OF, priced))
+        if len(models) == 1:
+            top = max(map(_PROMPT_OF, usages)) + max(map(_TOOL_OF, usages))
+            if self._is_usual(_cut(models.pop()), top):
+                return
+        for row, usage in zip(priced, usages, strict=True):
+            self._add_band(row.model_version, [get(usage) for _key, get in USAGE_GETTERS])
+
+    def _add_band(self, model: object, counts: Sequence[int]) -> None:
+        """One row's counts (``USAGE_FIELDS`` order) into its band (the usual one's sums are
+        the totals'; a model past ``MAX_BAND_MODELS`` counts as ``OTHER_MODEL``)."""
+        prompt = counts[_PROMPT_AT] + counts[_TOOL_AT]
+        name = _cut(model)
+        if self._is_usual(name, prompt):
+            return
+        bands = self._bands
+        key = (name, band_of(prompt))
+        sums = bands.get(key)
+        if sums is None:
+            known = {m for m, _ in bands if m is not None}
+            if self._usual is not None:
+                known.add(self._usual)
+            if name is not None and name not in known and len(known) >= MAX_BAND_MODELS:
+                key = (OTHER_MODEL, key[1])
+            sums = bands.setdefault(key, [0] * (1 + len(USAGE_FIELDS)))
+        sums[0] += 1
+        for i, value in enumerate(counts, 1):
+            sums[i] += value
 
     def _scan(self, text: str) -> None:
         """The stdlib way: json's scanner (the one ``json.loads`` runs) on each line of a
@@ -400,7 +427,9 @@ class BatchLedger(Digest):
                 self.rows.blocked += 1
             usage = response.get("usageMetadata")
             if isinstance(usage, dict):
-                self._add_usage([usage.get(key) for key in USAGE_FIELDS])
+                counts = self._add_usage([usage.get(key) for key in USAGE_FIELDS])
+                self._usage_rows += 1
+                self._add_band(response.get("modelVersion"), counts)
             return
         status = row.get("status")
         if not isinstance(status, dict):
@@ -410,14 +439,19 @@ class BatchLedger(Digest):
             return
         self.rows.unreadable += 1
 
-    def _add_usage(self, values: Sequence[object]) -> None:
-        """Add a succeeded row's six counts (``USAGE_FIELDS`` order) to the sums."""
+    def _add_usage(self, values: Sequence[object]) -> list[int]:
+        """Add a succeeded row's six counts (``USAGE_FIELDS`` order) to the sums; returns
+        them as counted."""
         sums = self.usage
+        counts = []
         for key, value in zip(USAGE_FIELDS, values, strict=True):
             if type(value) is int and value >= 0:  # the usual case, as _count says
-                sums[key] += value
-            elif value is not None:
-                sums[key] += _count(value)
+                n = value
+            else:
+                n = 0 if value is None else _count(value)
+            sums[key] += n
+            counts.append(n)
+        return counts
 
     def _add_failed(self, code: object) -> None:
         self.rows.failed += 1
@@ -427,16 +461,12 @@ class BatchLedger(Digest):
         errors[key] = errors.get(key, 0) + 1
 
 
-def _text(data: bytes | memoryview) -> str | None:
-    """``data`` decoded as UTF-8, or None when it is not UTF-8."""
-    try:
-        return str(data, "utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
-def _is_utf8(data: bytes | memoryview) -> bool:
-    return _text(data) is not None
+_PROMPT_AT = USAGE_FIELDS.index("promptTokenCount")
+_TOOL_AT = USAGE_FIELDS.index("toolUsePromptTokenCount")
+# A msgspec row's model, and its usage's prompt and tool-use prompt counts.
+_MODEL_OF = attrgetter("model_version")
+_PROMPT_OF = attrgetter("prompt_token_count")
+_TOOL_OF = attrgetter("tool_use_prompt_token_count")
 
 
 def _parse(raw: bytes) -> dict[str, Any] | None:
@@ -446,21 +476,3 @@ def _parse(raw: bytes) -> dict[str, Any] | None:
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
     return row if isinstance(row, dict) else None
-
-
-def inlined_lines(responses: list[Mapping[str, Any]]) -> list[bytes]:
-    """Inlined batch responses as the JSONL lines a file output would hold, in request order.
-
-    Each item is the REST (camelCase) form of an ``InlinedResponse``: ``response`` or ``error``
-    and ``metadata`` (carrying the request's ``key`` when it was given one); the line keeps the
-    key at the top, as the file output does.
-    """
-    lines = []
-    for item in responses:
-        row: dict[str, Any] = {}
-        metadata = item.get("metadata")
-        if isinstance(metadata, Mapping) and "key" in metadata:
-            row["key"] = metadata["key"]
-        row.update(item)
-        lines.append(json.dumps(row, separators=(",", ":"), sort_keys=True).encode("utf-8"))
-    return lines

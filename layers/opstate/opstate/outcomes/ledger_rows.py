@@ -56,6 +56,9 @@ class Candidate(msgspec.Struct, rename="camel"):
 
 class Response(msgspec.Struct, rename="camel"):
     usage_metadata: Usage | None = None
+    # Which model answered (its price band, ``ledger.BatchLedger.bands``); any other type is
+    # refused, so ``line`` counts it: as no model named.
+    model_version: str | None = None
     prompt_feedback: PromptFeedback | None = None
     # None: missing or null (the same to the ledger: no candidates)
     candidates: list[Candidate] | None = None

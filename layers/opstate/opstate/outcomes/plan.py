@@ -8,6 +8,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from opstate.domain.costs import archive_cost
 from opstate.domain.model import OpRecord
 from opstate.domain.names import GOOGLE_CLOUD, backend_of
 from opstate.domain.times import NS_PER_SECOND, format_time
@@ -24,10 +25,27 @@ OTHER_CODES = "other"
 MAX_CODE_CHARS = 64
 MAX_COUNTED_CODES = 1000
 # A candidate that finished for one of these reasons (google-genai's ``FinishReason`` names, as
-# the REST JSON spells them) carries no answer: a succeeded row whose every candidate did is
-# counted ``blocked`` (``ledger.is_blocked``).
+# the REST JSON spells them) was refused by a policy and carries no answer: a succeeded row
+# whose every candidate did is counted ``blocked`` (``ledger.is_blocked``). The image models'
+# refusals are among them (IMAGE_SAFETY, IMAGE_PROHIBITED_CONTENT, IMAGE_RECITATION), and the
+# filters the SDK names (MODEL_ARMOR, ESCALATION, PUP_LIMITED_DISABLED). A candidate that
+# finished with no content for a reason that names no policy (NO_IMAGE, IMAGE_OTHER, OTHER,
+# STOP with no parts, MAX_TOKENS, ...) is an answer, counted ``succeeded`` only
+# (docs/results.md, "Blocked rows").
 BLOCKING_FINISH_REASONS = frozenset(
-    {"SAFETY", "PROHIBITED_CONTENT", "BLOCKLIST", "SPII", "RECITATION"}
+    {
+        "SAFETY",
+        "PROHIBITED_CONTENT",
+        "BLOCKLIST",
+        "SPII",
+        "RECITATION",
+        "IMAGE_SAFETY",
+        "IMAGE_PROHIBITED_CONTENT",
+        "IMAGE_RECITATION",
+        "MODEL_ARMOR",
+        "ESCALATION",
+        "PUP_LIMITED_DISABLED",
+    }
 )
 _UNSAFE = re.compile(r"[^A-Za-z0-9._/-]")
 
@@ -94,8 +112,8 @@ def rows_view(rows: object) -> object:
 
 def results_view(name: str, archive: Mapping[str, Any]) -> dict[str, Any]:
     """The ``opstate results --json`` document of an archive state (``ArchiveState.as_dict``):
-    exactly ``name, status, expiresAt, archivedAt, objects, rows, errors, usage, requests``
-    (``rows`` as ``rows_view`` shows them)."""
+    exactly ``name, status, expiresAt, archivedAt, objects, rows, errors, usage, requests,
+    cost`` (``rows`` as ``rows_view`` shows them; ``cost``: ``costs.archive_cost``)."""
     summary = archive.get("summary")
     summary = summary if isinstance(summary, Mapping) else {}
     objects = summary.get("objects")
@@ -113,6 +131,7 @@ def results_view(name: str, archive: Mapping[str, Any]) -> dict[str, Any]:
         "errors": summary.get("errors"),
         "usage": summary.get("usage"),
         "requests": summary.get("requests"),
+        "cost": archive_cost(archive),
     }
 
 

@@ -45,6 +45,7 @@ from opstate.outcomes.copy import CopyError, copy_object
 from opstate.outcomes.earlier import earlier_copy
 from opstate.outcomes.ledger import BatchLedger
 from opstate.outcomes.plan import SUMMARY_KEY, deadline_ns, is_cloud_job, prefix_of, retry_delay_s
+from opstate.outcomes.price import cost_of
 from opstate.outcomes.sink import Sink, SinkError, StoredObject
 from opstate.outcomes.source import Outputs, Source, SourceError
 from opstate.outcomes.summary import bounded_location, check_fits, summary_of, too_many
@@ -269,7 +270,7 @@ class Archiver:
         found = earlier_copy(self.sink, record, outputs, self._max_line_bytes)
         if found is None:
             return None
-        summary = summary_of(record, outputs, *found)
+        summary = self._priced(record, summary_of(record, outputs, *found))
         self._write_summary(record, summary)
         return summary
 
@@ -294,8 +295,21 @@ class Archiver:
             if isinstance(ledger, BatchLedger):
                 batch = ledger
             self.result.bytes += stored.size
-        summary = summary_of(record, outputs, objects, batch)
+        summary = self._priced(record, summary_of(record, outputs, objects, batch))
         self._write_summary(record, summary)
+        return summary
+
+    def _priced(self, record: OpRecord, summary: dict[str, Any]) -> dict[str, Any]:
+        """``summary`` with its ``cost`` (``price.cost_of``; a batch output only)."""
+        if summary.get("rows") is not None:
+            cost = cost_of(
+                summary, record.details.get("model"), record.update_time_ns, self.clock_ns()
+            )
+            summary["cost"] = cost
+            if cost["usd"] is None:
+                count("ResultsUnpriced")
+            else:
+                count("ResultsCostUSD", float(cost["usd"]))
         return summary
 
     def _write_summary(self, record: OpRecord, summary: dict[str, Any]) -> None:

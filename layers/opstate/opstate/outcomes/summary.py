@@ -11,6 +11,9 @@ The bounds, each enforced here or where the value is made:
 - objects: at most ``MAX_OBJECTS`` per operation (checked before anything is copied);
 - content-filter reasons: at most ``MAX_REASONS``, each at most ``MAX_REASON_CHARS``;
 - a location from the record (a Google Cloud job's output) at most ``MAX_LOCATION_CHARS``;
+- ``usageBands`` (the ledger's sums per model and price band): at most
+  ``ledger.MAX_BAND_MODELS`` + 2 models (one ``other``, one unnamed) times
+  ``len(PRICE_TIER_STARTS) + 1`` bands;
 - the whole state as compact JSON at most ``MAX_STATE_BYTES`` (``check_fits``), the last
   guard: a state past it is never written, the entry is ``failed`` instead.
 """
@@ -23,6 +26,7 @@ from typing import Any
 from opstate.domain.model import OpRecord
 from opstate.outcomes.ledger import BatchLedger
 from opstate.outcomes.plan import capped_errors
+from opstate.outcomes.price import bands_of
 from opstate.outcomes.sink import StoredObject
 from opstate.outcomes.source import VIDEO, Outputs
 from opstate.store.port import ArchiveState
@@ -83,6 +87,7 @@ def summary_of(
             errors=capped_errors(batch.errors),
             usage={key: bounded_count(n) for key, n in batch.usage.items()},
             requests=bounded_count(outputs.requests),
+            usageBands=bands_of(batch.bands),
         )
     videos = [i for i in outputs.items if i.what == VIDEO]
     if videos or outputs.filtered_count is not None:

@@ -5,11 +5,20 @@ id, its input in the sink) and every create goes through this protocol:
 
 1. claim: the entry becomes ``creating`` with ``claims + 1`` and a lease (``lease_s``), written
    under the root's revision, so two runners never create the same entry at once;
+   An entry of a plan the previous release wrote (its id derived from the root, guessable;
+   no ``nonce``) gets a nonce id in the same write, its old id kept as ``legacyId``;
 2. an entry claimed before (``claims`` was > 0: a runner may have created it, then died before
    writing its name) is first looked for: the listing's display names are searched for its id
-   and each job found is read itself (never judged from the listing alone);
-3. only when none is found: upload its input (Files API), ``batches.create`` with the id as its
-   display name;
+   (and its ``legacyId``) and each job found is read itself. One is adopted only when its own
+   display name carries the id, it has no retry state of its own in the store (but the one
+   this lineage gave it) and it is the only one: several make the lineage stop, none adopted.
+   The search is bounded (``find_by_display_id``: a page cap, a repeated next-page token, the
+   pass's ``time_left``): one cut short fails closed (``SearchCutError``, counted in
+   ``RetrySearchCut``): nothing is created, the entry is due again;
+3. only when none is found, and the deployment's budget allows (``opstate.retry.budget``):
+   upload its input (Files API), streamed from the sink through its sha256 check (a changed
+   input stops the lineage before the upload finalizes), ``batches.create`` with the id as its
+   display name, on the model Gemini said the batch it comes from runs on;
 4. the child is tracked (ingested as an ordinary operation, its lineage beside it), then its
    name is written into the root's plan (``created``), which announces
    ``Operation Retry Submitted``. A runner that wrote the root's state meanwhile (one that
@@ -17,9 +26,19 @@ id, its input in the sink) and every create goes through this protocol:
    on the new revision while the claim is still this one's.
 
 A crash anywhere leaves the entry ``planned`` or ``creating``: the next claim searches before it
-creates, so a plan yields at most one child. A create Gemini refuses for quota or billing stops
-the whole lineage (``stopped``, counted in ``RetryStopped``, said once); any other failure leaves
-the entry ``creating`` until its retry time, searched again before the next create.
+creates, so a plan yields at most one child. What a refused create means comes from Gemini's
+answer (``opstate.gemini.submit.create_refusal``, docs/retry.md "Refusals"):
+
+- money (HTTP 402, depleted prepayment credits, a spending cap, billing disabled) stops the
+  whole lineage (``stopped``, counted in ``RetryStopped``, said once);
+- passing (a rate limit, a full batch queue) backs off: the entry stays ``creating``, tried
+  again after Gemini's ``retryDelay`` when it gave one, else after a bounded exponential wait
+  (``refusals`` in a row: 1 min, 2, 4, ... at most 1 h); daily (a per-day quota) after the next
+  midnight Pacific time. The lineage never stops for it; an operator's pass (``opstate retry
+  --once``) tries it again at once;
+- a 404 (Gemini knows no such model or batch: asked again, the same answer) stops it too;
+- any other failure leaves the entry ``creating`` until its retry time (``check_s``), searched
+  again before the next create.
 """
 
 from __future__ import annotations
@@ -28,7 +47,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from opstate.domain.model import OpEvent, OpRecord
-from opstate.domain.states import State
+from opstate.domain.refusals import DAILY, MONEY, PASSING, backoff_s, next_pacific_midnight_s
 from opstate.domain.times import NS_PER_SECOND
 from opstate.gemini.errors import GatewayError, classify
 from opstate.gemini.submit import (
@@ -36,14 +55,15 @@ from opstate.gemini.submit import (
     batch_model,
     cancel_batch,
     create_or_delete,
+    create_refusal,
     find_by_display_id,
-    is_quota_refusal,
-    read_batch,
     upload_jsonl,
 )
 from opstate.ingest import ingest
 from opstate.observability import count, log_fields, logger
-from opstate.retry import lineage
+from opstate.retry import acting, lineage
+from opstate.retry.budget import Budget
+from opstate.retry.inputs import IntegrityError, verified
 from opstate.retry.passes import LostRace, Runner
 from opstate.store.retry_state import RETRY_MEMBER, RetryState
 
@@ -57,6 +77,7 @@ class Creator:
 
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
+        self.budget = Budget(runner)
 
     def create_planned(self, root: OpRecord, state: RetryState) -> RetryState:
         """Create every planned child whose claim is free; the root's state afterwards."""
@@ -73,25 +94,44 @@ class Creator:
         entry = lineage.find_child(doc, child)
         if entry is None or entry.get("phase") not in (lineage.PLANNED, lineage.CREATING):
             return state
-        if entry.get("phase") == lineage.CREATING and int(entry.get("claimUntilNs") or 0) > now:
-            return state  # another runner holds it
+        claim_until = int(entry.get("claimUntilNs") or 0)
+        if entry.get("phase") == lineage.CREATING and claim_until > now:
+            backing_off = claim_until == int(entry.get("backoffUntilNs") or 0)
+            if not (backing_off and runner.every):
+                return state  # another runner holds it, or Gemini asked to wait
         searched_before = int(entry.get("claims") or 0) > 0
+        allowed = self.budget.allows(root)
+        if not searched_before and not allowed:
+            return state  # over the deployment's budget: still planned, the root waits
+        child = _with_nonce(entry)
         entry.update(
             phase=lineage.CREATING,
             claims=int(entry.get("claims") or 0) + 1,
             claimUntilNs=now + int(runner.config.lease_s * NS_PER_SECOND),
+            claimedNs=now,
         )
         state = runner.write(root, state, doc)
         try:
-            event = self._find(child) if searched_before else None
+            event = self._find(root, entry) if searched_before else None
             if event is None:
+                if not allowed:
+                    return self._later(root, state, child, "over the retry budget")
                 event = self._create(root, state.doc, entry)
+                self.budget.spent(root)
+        except (_Ambiguous, IntegrityError) as exc:
+            return self._stop(root, state, child, str(exc))
         except GatewayError as exc:
             return self._refused(root, state, child, exc)
         self._track(root, event, entry)
 
         def created(doc: dict[str, Any], done: dict[str, Any]) -> None:
-            done.update(phase=lineage.CREATED, name=event.name, error=None, claimUntilNs=0)
+            done.update(
+                phase=lineage.CREATED,
+                name=event.name,
+                error=None,
+                claimUntilNs=0,
+                createdNs=runner.clock_ns(),
+            )
 
         state = self._settle(root, state, child, created)
         runner.result.submitted += 1
@@ -103,53 +143,88 @@ class Creator:
         )
         return state
 
-    def _find(self, child: str) -> OpEvent | None:
-        """The child created under id ``child`` before a crash, read itself, or None."""
+    def _find(self, root: OpRecord, entry: Mapping[str, Any]) -> OpEvent | None:
+        """The child created under ``entry``'s id (or its ``legacyId``) before a crash, adopted
+        only after its own resource is read (module doc), or None. ``_Ambiguous`` when more
+        than one job passes."""
         client = self.runner.client
-        try:
-            found = find_by_display_id(client, child, time_left=self.runner.time_left)
-        except SearchCutError as exc:  # fails closed: no create, the entry is due again
-            count("RetrySearchCut")
-            log_fields(logger.warning, "retry search cut", {"id": child, "why": exc.why})
-            raise
-        except GatewayError:
-            raise
-        except Exception as exc:
-            raise classify(exc) from exc
-        events = []
-        for name in found:
+        markers = [str(entry["id"])]
+        legacy = entry.get("legacyId")
+        if isinstance(legacy, str) and legacy:
+            markers.append(legacy)
+        adopted: dict[str, OpEvent] = {}
+        for marker in markers:
             try:
-                events.append(read_batch(client, name))
-            except GatewayError as exc:
-                if exc.status == 404:
-                    continue
+                found = find_by_display_id(client, marker, time_left=self.runner.time_left)
+            except SearchCutError as exc:  # fails closed: no create, the entry is due again
+                count("RetrySearchCut")
+                log_fields(logger.warning, "retry search cut", {"id": marker, "why": exc.why})
                 raise
-        if len(events) > 1:
-            log_fields(
-                logger.error,
-                "several batches carry one retry id",
-                {"id": child, "names": [e.name for e in events]},
+            except GatewayError:
+                raise
+            except Exception as exc:
+                raise classify(exc) from exc
+            for name in dict.fromkeys(found):
+                job = acting.read_job(client, name)
+                if job.event is None or not job.carries(marker):
+                    continue  # gone, or the listing named a job that is not the one carrying it
+                if not self._adoptable(root, job.event.name, marker):
+                    log_fields(
+                        logger.error,
+                        "a batch carrying a retry id has a retry state of its own: not adopted",
+                        {"id": marker, "name": job.event.name, "root": root.name},
+                    )
+                    continue
+                adopted[job.event.name] = job.event
+        if len(adopted) > 1:
+            raise _Ambiguous(
+                f"several batches carry the retry id {entry['id']} ({', '.join(sorted(adopted))}):"
+                " none is adopted and the lineage creates nothing more"
             )
-        return min(events, key=lambda e: e.name) if events else None
+        return next(iter(adopted.values()), None)
+
+    def _adoptable(self, root: OpRecord, name: str, marker: str) -> bool:
+        """Whether job ``name`` has no retry state of its own, but the member state this
+        lineage gave it (a runner that tracked it, then died before naming it)."""
+        state = self.runner.store.get_retry(name)
+        if state is None:
+            return True
+        found = state.doc.get("lineage") if state.status == RETRY_MEMBER else None
+        return (
+            isinstance(found, Mapping)
+            and found.get("root") == root.name
+            and found.get("id") in (marker, None)
+        )
 
     def _create(self, root: OpRecord, doc: Mapping[str, Any], entry: Mapping[str, Any]) -> OpEvent:
         runner = self.runner
         location = str(entry["input"])
-        model = doc.get("model")
-        if not isinstance(model, str) or not model:
-            model = batch_model(runner.client, root.name)
+        model = entry.get("model")
+        if not isinstance(model, str) or not model:  # a plan of the previous release
+            parent = entry.get("parent")
+            model = batch_model(runner.client, parent if isinstance(parent, str) else root.name)
         size = entry.get("bytes")
         if not isinstance(size, int) or size <= 0:  # not recorded: what the sink holds
             stored = runner.sink.head(runner.sink.resolve(location))
             size = stored.size if stored is not None else None
-        chunks: Iterable[bytes] = runner.sink.chunks(location)
+        sha256 = entry.get("sha256")
+        chunks: Iterable[bytes] = verified(
+            runner.sink.chunks(location),
+            sha256 if isinstance(sha256, str) and sha256 else None,
+            f"the input of retry batch {entry['id']} ({location})",
+        )
         try:
             file_name = upload_jsonl(
                 runner.client, chunks=chunks, size=size, display_name=str(entry["id"])
             )
             return create_or_delete(runner.client, model, file_name, str(entry["id"]))
-        except GatewayError:
+        except (GatewayError, IntegrityError):
             raise
+        except ValueError as exc:  # more or fewer bytes than recorded: the input changed
+            raise IntegrityError(
+                f"the input of retry batch {entry['id']} ({location}) changed: {exc}; "
+                "nothing is sent from it"
+            ) from None
         except Exception as exc:
             raise classify(exc) from exc
 
@@ -210,51 +285,113 @@ class Creator:
     def _refused(
         self, root: OpRecord, state: RetryState, child: str, exc: GatewayError
     ) -> RetryState:
-        runner = self.runner
         text = exc.sentence[:MAX_ERROR_TEXT]
-        if is_quota_refusal(exc):
-
-            def stopped(doc: dict[str, Any], entry: dict[str, Any]) -> None:
-                entry.update(phase=lineage.REFUSED, error=text, claimUntilNs=0)
-                for other in lineage.unfinished(doc):
-                    other.update(phase=lineage.REFUSED, error="the lineage stopped", claimUntilNs=0)
-                doc["stopped"] = f"Gemini refused to create a retry batch: {text}"
-
-            state = self._settle(root, state, child, stopped)  # counted once it is recorded
-            runner.result.stopped += 1
-            count("RetryStopped")
-            log_fields(logger.error, "retry lineage stopped", {"name": root.name, "why": text})
-            return state
-        retry_at = runner.clock_ns() + int(runner.config.check_s * NS_PER_SECOND)
-
-        def later(doc: dict[str, Any], entry: dict[str, Any]) -> None:
-            entry.update(error=text, claimUntilNs=retry_at)
-
-        state = self._settle(root, state, child, later)
-        runner.result.errors += 1
+        verdict = create_refusal(exc)
+        if verdict.kind == MONEY:
+            return self._stop(root, state, child, f"Gemini refused to create a retry batch: {text}")
+        if exc.status == 404:  # no such model or batch: asked again, the same answer
+            return self._stop(root, state, child, f"Gemini answered 404 for a retry batch: {text}")
+        if verdict.kind in (PASSING, DAILY):
+            return self._back_off(root, state, child, text, verdict.kind, verdict.delay_s)
+        self.runner.result.errors += 1
         log_fields(
             logger.warning,
             "retry batch not created",
             {"name": root.name, "id": child, "error": text, "transient": exc.transient},
         )
+        return self._later(root, state, child, text)
+
+    def _later(self, root: OpRecord, state: RetryState, child: str, text: str) -> RetryState:
+        """The claimed entry ``child`` stays ``creating``, tried again after ``check_s``."""
+        retry_at = self.runner.clock_ns() + int(self.runner.config.check_s * NS_PER_SECOND)
+
+        def later(doc: dict[str, Any], entry: dict[str, Any]) -> None:
+            entry.update(error=text, claimUntilNs=retry_at, refusals=0)
+
+        return self._settle(root, state, child, later)
+
+    def _stop(self, root: OpRecord, state: RetryState, child: str, why: str) -> RetryState:
+        """The lineage stops at the claimed entry ``child``: it and every unfinished entry are
+        ``refused``, nothing more is created; said once, counted in ``RetryStopped``."""
+        runner = self.runner
+        text = why[:MAX_ERROR_TEXT]
+
+        def stopped(doc: dict[str, Any], entry: dict[str, Any]) -> None:
+            entry.update(phase=lineage.REFUSED, error=text, claimUntilNs=0)
+            for other in lineage.unfinished(doc):
+                other.update(phase=lineage.REFUSED, error="the lineage stopped", claimUntilNs=0)
+            doc["stopped"] = text
+
+        state = self._settle(root, state, child, stopped)  # counted once it is recorded
+        runner.result.stopped += 1
+        count("RetryStopped")
+        log_fields(logger.error, "retry lineage stopped", {"name": root.name, "why": text})
         return state
 
-    def cancel_if_pending(self, name: str) -> bool:
-        """Read job ``name`` itself; cancel it (best effort) if it is still PENDING. True when
-        a cancel was sent."""
-        client = self.runner.client
+    def _back_off(
+        self,
+        root: OpRecord,
+        state: RetryState,
+        child: str,
+        text: str,
+        kind: str,
+        delay_s: float | None,
+    ) -> RetryState:
+        """A create refused as passing (or daily): tried again after the wait, never stopped."""
+        runner = self.runner
+        now = runner.clock_ns()
+        entry = lineage.find_child(state.doc, child) or {}
+        refusals = int(entry.get("refusals") or 0) + 1
+        if kind == DAILY:
+            retry_at = int(next_pacific_midnight_s(now / NS_PER_SECOND)) * NS_PER_SECOND
+        else:
+            retry_at = now + int(backoff_s(refusals, delay_s) * NS_PER_SECOND)
+
+        def wait(doc: dict[str, Any], entry: dict[str, Any]) -> None:
+            entry.update(
+                error=text, claimUntilNs=retry_at, backoffUntilNs=retry_at, refusals=refusals
+            )
+
+        state = self._settle(root, state, child, wait)
+        runner.result.waiting += 1
+        log_fields(
+            logger.warning,
+            "retry batch refused for now: backing off",
+            {
+                "name": root.name,
+                "id": child,
+                "error": text,
+                "kind": kind,
+                "refusals": refusals,
+                "retryAtNs": retry_at,
+            },
+        )
+        return state
+
+    def cancel(self, name: str) -> bool:
+        """Ask Gemini to cancel job ``name`` (best effort; the caller read it just before and
+        checked it may). True when the cancel was sent."""
         try:
-            event = read_batch(client, name)
-        except GatewayError as exc:
-            log_fields(logger.warning, "pending job not read", {"name": name, "error": exc.message})
-            return False
-        if event.state is not State.PENDING:
-            ingest(self.runner.store, event)
-            return False
-        try:
-            cancel_batch(client, name)
+            cancel_batch(self.runner.client, name)
         except GatewayError as exc:
             log_fields(logger.warning, "cancel refused", {"name": name, "error": exc.message})
             return False
         log_fields(logger.warning, "pending timeout: cancelled", {"name": name})
         return True
+
+
+def _with_nonce(entry: dict[str, Any]) -> str:
+    """``entry``'s id; an entry of a plan of the previous release (no ``nonce``: its id is
+    guessable) gets a nonce id now, its old id kept as ``legacyId`` (searched for too)."""
+    if not entry.get("nonce"):
+        old = str(entry["id"])
+        index = old.rsplit("-", 1)[-1]
+        child, nonce = lineage.new_child_id(
+            int(entry.get("attempt") or 0), int(index) if index.isdigit() else 0
+        )
+        entry.update(id=child, nonce=nonce, legacyId=old)
+    return str(entry["id"])
+
+
+class _Ambiguous(Exception):
+    """More than one job passes the adoption checks for one retry id."""

@@ -7,14 +7,19 @@ takes it one step further, by these rules (docs/retry.md):
    and nothing is ever resubmitted for it;
 2. children planned but not known to exist are created (``opstate.retry.children``: claimed
    under the revision, found again by their id after a crash, at most one per plan);
-3. a member still PENDING past ``pendingTimeoutHours`` is read (the job itself) and cancelled;
+3. a member still PENDING past ``pendingTimeoutHours`` is read (the job itself) and cancelled
+   when opstate created it and Gemini's ``createTime`` is that long ago (at least an hour;
+   ``opstate.retry.acting``), at most ``MAX_CANCELS_PER_LINEAGE`` times a lineage;
 4. while any member is open, or terminal with its results not settled, the root waits
    (due again after ``check_s``);
 5. when every member is settled, the next attempt is planned from the latest one: the
    transient failures (``opstate.retry.rules``) of each succeeded member, the whole input of an
    expired member (``resubmitExpired``), of one opstate cancelled, or of a retry child that
-   FAILED as a whole (while attempts are left); the child inputs are
-   written into the sink before the plan, the plan before any create;
+   FAILED as a whole (while attempts are left), each only when Gemini, read right then, says
+   so too (a name Gemini answers 404 for makes retry ``unavailable``: nothing is planned, the
+   final result is written with what is known), on the model Gemini says that batch runs on;
+   the child inputs are cut from the kept input's verified bytes and written into the sink
+   with their own sha256 before the plan, the plan before any create;
 6. when nothing is left to plan (or the lineage stopped), ``final.jsonl`` and ``final.json``
    are written beside the root's results and the root is ``done``.
 
@@ -25,29 +30,34 @@ failure of one root is logged and counted, never the end of the pass.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
-from itertools import islice
 from typing import Any
 
 from opstate.domain.model import OpRecord
-from opstate.domain.retry import RetryPolicy, policy_of
+from opstate.domain.retry import RetryPolicy
 from opstate.domain.states import State
 from opstate.domain.times import NS_PER_SECOND
 from opstate.gemini.errors import GatewayError
 from opstate.gemini.submit import inlined_requests
 from opstate.observability import count, log_fields, logger
-from opstate.outcomes.plan import prefix_of
 from opstate.outcomes.sink import Sink, SinkError
-from opstate.retry import lineage
+from opstate.retry import evidence, lineage, spend
+from opstate.retry.authority import INPUT_UNUSABLE, NOT_UNDER, acting_policy, reads_input
 from opstate.retry.children import Creator
-from opstate.retry.finalize import chunks_of, lines_of, output_location, write_final_of
-from opstate.retry.inputs import InputError, keep_input, keys_cover, source_chunks, subset
+from opstate.retry.cutting import retry_keys, write_inputs
+from opstate.retry.finalize import chunks_of, output_location, write_final_of
+from opstate.retry.inputs import (
+    InputError,
+    IntegrityError,
+    keep_input,
+    keys_cover,
+    source_chunks,
+    verified,
+)
 from opstate.retry.passes import LostRace, RetryConfig, RetryResult
-from opstate.retry.reading import KeyIndex, key_of
-from opstate.retry.selection import Selection, select_keys
+from opstate.retry.timeouts import pending_timeouts
 from opstate.store.port import ArchiveState, RetryableError
 from opstate.store.retry_state import RETRY_ACTIVE, RETRY_DONE, RetryState
 
@@ -80,6 +90,7 @@ class RetryRunner:
         self.result = RetryResult()
         self.time_left: Callable[[], float] | None = None
         self.creator = Creator(self)
+        self.every = False  # an operator's pass: a create backing off is tried at once
 
     # -- the pass ----------------------------------------------------------------------------
 
@@ -90,6 +101,7 @@ class RetryRunner:
         names: list[str] | None = None,
         every: bool = False,
     ) -> None:
+        self.every = every
         if remaining_s is not None:
             left = remaining_s
             self.time_left = lambda: left() - safety_s
@@ -146,18 +158,26 @@ class RetryRunner:
         records = {ref.name: self.store.get(ref.name) for ref in refs}
         archives = {ref.name: self.store.get_archive(ref.name) for ref in refs}
         state = self._note_ended(root, state, records)
-        state = self._pending_timeouts(root, state, refs, records)
+        state = pending_timeouts(self, self.creator.cancel, root, state, refs, records)
         if any(not _settled(records[r.name], archives[r.name]) for r in refs):
             self.result.waiting += 1
             self._wait(root, state, self.clock_ns() + int(self.config.check_s * NS_PER_SECOND))
             return
-        stopped = bool(state.doc.get("stopped"))
+        # ``unavailable`` on an active root: Gemini knew a member not (404); final follows.
+        stopped = bool(state.doc.get("stopped") or state.doc.get("unavailable"))
         if not stopped and not state.doc.get("covered"):
             state = self._check_cover(root, state, archives)
             if state.status != RETRY_ACTIVE:
                 return
         if not stopped:
-            planned = self._plan(root, state, refs, records, archives)
+            try:
+                planned = self._plan(root, state, refs, records, archives)
+            except evidence.Unknown as gone:
+                planned = None
+                state = evidence.mark_unknown(self, root, state, gone.name)
+            except IntegrityError as exc:
+                self.give_up(root, state, INPUT_UNUSABLE, str(exc))
+                return
             if planned is not None:
                 self.one(root, planned)  # create what was planned in the same pass
                 return
@@ -235,13 +255,16 @@ class RetryRunner:
         ]
         return min(later, default=now + int(self.config.check_s * NS_PER_SECOND))
 
-    def give_up(self, root: OpRecord, state: RetryState, why: str) -> RetryState:
-        """Retry is unavailable for ``root`` (said with ``why``): nothing is resubmitted."""
+    def give_up(self, root: OpRecord, state: RetryState, why: str, detail: str = "") -> RetryState:
+        """Retry is unavailable for ``root`` (said with ``why``; ``detail`` only in the log and
+        ``unavailableDetail``, never in a view): nothing is resubmitted."""
         doc = lineage.mutable(state.doc)
         doc["unavailable"] = why[:MAX_ERROR_TEXT]
+        doc |= {"unavailableDetail": detail[:MAX_ERROR_TEXT]} if detail else {}
         self.result.unavailable += 1
         count("RetryUnavailable")
-        log_fields(logger.warning, "retry unavailable", {"name": root.name, "why": why})
+        said = f"{why}: {detail}" if detail else why
+        log_fields(logger.warning, "retry unavailable", {"name": root.name, "why": said})
         return self.write(root, state, doc, status=RETRY_DONE, due_ns=0)
 
     # -- 1. the input ------------------------------------------------------------------------
@@ -251,6 +274,8 @@ class RetryRunner:
         source = kept.get("source")
         chunks: Callable[[], Iterable[bytes]]
         if isinstance(source, str) and source:
+            if not reads_input(doc, source, self.config.input_prefixes):
+                return self.give_up(root, state, INPUT_UNUSABLE, f"{source} {NOT_UNDER}")
             chunks = source_chunks(source)
         else:
             # Gemini gives a file input back never; inlined requests are in the job itself.
@@ -267,11 +292,11 @@ class RetryRunner:
             chunks = lambda: iter((data,))  # noqa: E731
         try:
             facts = keep_input(chunks, self.sink, self.config.max_line_bytes)
-        except (InputError, ValueError) as exc:
-            return self.give_up(root, state, f"the input {source} cannot be used: {exc}")
+        except (InputError, ValueError) as exc:  # exists? its format, its keys: the log's only
+            return self.give_up(root, state, INPUT_UNUSABLE, f"{source} cannot be used: {exc}")
         except SinkError as exc:
             if not exc.transient:
-                return self.give_up(root, state, f"the input {source} cannot be kept: {exc}")
+                return self.give_up(root, state, INPUT_UNUSABLE, f"{source} cannot be kept: {exc}")
             raise RetryableError(str(exc)) from exc
         kept.update(source=source, **facts.as_dict())
         doc["input"] = kept
@@ -283,46 +308,24 @@ class RetryRunner:
         """Once, when the root's output is archived: its input must hold every output key."""
         doc = lineage.mutable(state.doc)
         output = output_location(archives.get(root.name))
-        location = lineage.input_of(doc).get("location")
+        kept = lineage.input_of(doc)
+        location, sha256 = kept.get("location"), kept.get("sha256")
         if output is not None and isinstance(location, str):
-            missing = keys_cover(
-                chunks_of(self.sink, location),
-                chunks_of(self.sink, output),
-                self.config.max_line_bytes,
+            held = verified(
+                self.sink.chunks(location),
+                sha256 if isinstance(sha256, str) else None,
+                f"the kept input {location}",
             )
+            try:
+                missing = keys_cover(held, chunks_of(self.sink, output), self.config.max_line_bytes)
+            except IntegrityError as exc:
+                return self.give_up(root, state, INPUT_UNUSABLE, str(exc))
             if missing:
                 return self.give_up(root, state, f"the input lacks {missing} of the output's keys")
         doc["covered"] = True
         return self.write(root, state, doc)
 
     # -- 3. pending timeouts -----------------------------------------------------------------
-
-    def _pending_timeouts(
-        self,
-        root: OpRecord,
-        state: RetryState,
-        refs: list[lineage.MemberRef],
-        records: Mapping[str, OpRecord | None],
-    ) -> RetryState:
-        hours = policy_of(state.doc).pending_timeout_hours
-        if hours is None:
-            return state
-        now = self.clock_ns()
-        limit = int(hours * 3600 * NS_PER_SECOND)
-        done = set(lineage.cancelled(state.doc))
-        for ref in refs:
-            record = records.get(ref.name)
-            if record is None or record.state is not State.PENDING or ref.name in done:
-                continue
-            since = record.created_ns or record.update_time_ns
-            if not since or now - since < limit:
-                continue
-            if self.creator.cancel_if_pending(ref.name):
-                doc = lineage.mutable(state.doc)
-                doc["cancelled"] = [*lineage.cancelled(doc), ref.name]
-                state = self.write(root, state, doc)
-                self.result.cancelled += 1
-        return state
 
     # -- 5. planning -------------------------------------------------------------------------
 
@@ -336,14 +339,14 @@ class RetryRunner:
     ) -> RetryState | None:
         """Plan the next attempt (None: nothing to plan, the lineage is complete)."""
         doc = lineage.mutable(state.doc)
-        policy = policy_of(doc)
+        policy = acting_policy(doc)  # a policy of unknown origin resubmits nothing whole
         max_attempts = policy.max_attempts
         latest = max(ref.attempt for ref in refs)
         if lineage.highest_attempt(doc) > latest:
             return None  # planned children all refused (the lineage stopped)
         attempt = latest + 1
         room = self.config.max_batches - len(lineage.children(doc))
-        inputs: list[tuple[str, int, int, bool, str]] = []
+        inputs: list[lineage.ChildInput] = []
         generation = [ref for ref in refs if ref.attempt == latest]
         earlier = [ref for ref in refs if ref.attempt < latest]
         gone = set(lineage.cancelled(doc))
@@ -355,145 +358,47 @@ class RetryRunner:
             whole = _whole_case(record, ref, ref.name in gone, policy, attempt)
             if whole is not None:
                 if whole and ref.input and ref.rows:
-                    inputs.extend(self._whole_inputs(root, doc, ref, attempt, room, len(inputs)))
+                    inputs.extend(
+                        evidence.whole_input(
+                            self,
+                            root,
+                            doc,
+                            ref,
+                            ref.name in gone,
+                            policy,
+                            attempt,
+                            room,
+                            len(inputs),
+                        )
+                    )
                 continue
             output = output_location(archives.get(ref.name))
             if record.state is not State.SUCCEEDED or output is None:
                 continue
-            keys = self._retry_keys(root, doc, output, earlier, archives, attempt, max_attempts)
+            keys = retry_keys(self, doc, output, earlier, archives, attempt, max_attempts)
             if keys:
+                job = evidence.read(self, ref.name)
+                if job.state is not State.SUCCEEDED:
+                    evidence.not_said(self, root, job)
+                    continue
                 inputs.extend(
-                    self._write_inputs(root, doc, keys, attempt, ref.name, room, len(inputs))
+                    write_inputs(
+                        self, root, doc, keys, attempt, ref.name, room, len(inputs), job.model
+                    )
                 )
         if not inputs:
             return None
-        planned = lineage.plan_children(
-            doc, root=root.name, root_created_ns=root.created_ns, attempt=attempt, inputs=inputs
-        )
+        planned = lineage.plan_children(doc, attempt=attempt, inputs=inputs)
         self.result.planned += len(planned)
         log_fields(
             logger.info,
             "retry planned",
             {"name": root.name, "attempt": attempt, "children": [c["id"] for c in planned]},
         )
-        # due again later (re-dated, as ``_redate`` says): the create follows in this pass
+        spend.check(self, root, doc, refs, archives, planned)  # over budget: stopped (issue 41)
+        # due again later (re-dated, as ``_redate`` says): the create follows in this pass; a
+        # lineage the budget stopped gets its final result in this pass instead, never a create
         return self.write(root, state, doc, due_ns=self._later(self.clock_ns()))
-
-    def _retry_keys(
-        self,
-        root: OpRecord,
-        doc: Mapping[str, Any],
-        output: str,
-        earlier: list[lineage.MemberRef],
-        archives: Mapping[str, ArchiveState | None],
-        attempt: int,
-        max_attempts: int,
-    ) -> Selection:
-        """The keys of the root's input that attempt ``attempt`` retries from ``output``
-        (``opstate.retry.selection``: the rules over key digests, never the keys' text)."""
-        table, cap = self.config.table, self.config.max_line_bytes
-        location = lineage.input_of(doc).get("location")
-        assert isinstance(location, str)
-        index = KeyIndex(
-            key
-            for line in lines_of(self.sink.chunks(location), cap)
-            if (key := key_of(line)) is not None
-        )
-        locations = [output_location(archives.get(ref.name)) for ref in earlier]
-        # The failures of each candidate so far: every earlier member's output, then this one.
-        outputs = [
-            chunks_of(self.sink, loc) for loc in [*(x for x in locations if x is not None), output]
-        ]
-
-        def latest() -> Iterable[bytes]:
-            return lines_of(self.sink.chunks(output), cap)
-
-        def read(chunks: Callable[[], Iterable[bytes]]) -> Callable[[], Iterable[bytes]]:
-            return lambda: lines_of(chunks(), cap)
-
-        return select_keys(index, latest, map(read, outputs), table, attempt, max_attempts)
-
-    def _write_inputs(
-        self,
-        root: OpRecord,
-        doc: Mapping[str, Any],
-        keys: Selection,
-        attempt: int,
-        parent: str,
-        room: int,
-        start: int,
-    ) -> list[tuple[str, int, int, bool, str]]:
-        """The retry batches of ``keys``: the root input's original lines, in input order, at
-        most ``max_rows`` per file and ``room`` files in all (``start`` planned already in
-        this attempt), written before the plan names them."""
-        location = lineage.input_of(doc).get("location")
-        assert isinstance(location, str)
-        picked = (
-            line for _, line in subset(self.sink.chunks(location), keys, self.config.max_line_bytes)
-        )
-        return self._split(root, doc, picked, attempt, parent, room, start, whole=False)
-
-    def _whole_inputs(
-        self,
-        root: OpRecord,
-        doc: Mapping[str, Any],
-        ref: lineage.MemberRef,
-        attempt: int,
-        room: int,
-        start: int,
-    ) -> list[tuple[str, int, int, bool, str]]:
-        """A whole resubmit of ``ref``'s input: that input itself when it holds at most
-        ``max_rows`` rows, else its lines (bytes unchanged, in order) split into files of
-        ``max_rows``, like the keys of a row retry (at most ``room`` files in all)."""
-        assert ref.input is not None and ref.rows
-        if ref.rows <= self.config.max_rows:
-            return [(ref.input, ref.rows, ref.size or 0, True, ref.name)]
-        picked = (
-            line
-            for line in lines_of(self.sink.chunks(ref.input), self.config.max_line_bytes)
-            if line and not line.isspace()
-        )
-        return self._split(root, doc, picked, attempt, ref.name, room, start, whole=True)
-
-    def _split(
-        self,
-        root: OpRecord,
-        doc: Mapping[str, Any],
-        picked: Iterator[bytes],
-        attempt: int,
-        parent: str,
-        room: int,
-        start: int,
-        *,
-        whole: bool,
-    ) -> list[tuple[str, int, int, bool, str]]:
-        """``picked`` lines into files of at most ``max_rows`` lines, while fewer than
-        ``room`` children are planned in this attempt (``start`` already); each file is named
-        by the id its child will have (the plan's next indexes)."""
-        written: list[tuple[str, int, int, bool, str]] = []
-        index = len(lineage.children(doc)) + start
-        while start + len(written) < room:
-            batch = list(islice(picked, self.config.max_rows))
-            if not batch:
-                break
-            child = lineage.child_id(root.name, root.created_ns, attempt, index + len(written))
-            key = f"{prefix_of(root)}/retry/{child}.jsonl"
-            stored, size = self._put(key, root.name, batch)
-            written.append((stored, len(batch), size, whole, parent))
-            del batch  # let its lines go before the next are read
-        return written
-
-    def _put(self, key: str, name: str, lines: Iterable[bytes]) -> tuple[str, int]:
-        digest = hashlib.sha256()
-        size = 0
-        with self.sink.open(key, name=name) as out:
-            for line in lines:  # the line and its newline apart: a line is never copied
-                for data in (line, b"\n"):
-                    out.write(data)
-                    digest.update(data)
-                    size += len(data)
-            stored = out.commit(digest.hexdigest())
-        return stored.location, size
 
 
 def _whole_resubmit(record: OpRecord, cancelled_by_us: bool, resubmit_expired: bool) -> bool:

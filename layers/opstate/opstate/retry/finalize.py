@@ -1,9 +1,10 @@
 """Step 6 of a retry pass (``opstate.retry.engine``): when nothing is left to plan,
 ``final.jsonl`` (one line per original key, ``opstate.retry.final``) and ``final.json`` (its
-ledger and the lineage) are written beside the root's results, then the root's retry state
-says ``final`` (which announces ``Operation Results Final``) and ``done``. A batch of the
-lineage that ended as a whole without an output (FAILED, EXPIRED, CANCELLED) stands in the
-merge for one failed row per key of its input (``ended_whole``)."""
+ledger, the lineage, its cost, why it stopped if it did) are written beside the root's
+results, then the root's retry state says ``final`` (which announces ``Operation Results
+Final``) and ``done``. A batch of the lineage that ended as a whole without an output
+(FAILED, EXPIRED, CANCELLED) stands in the merge for one failed row per key of its input
+(``ended_whole``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
+from opstate.domain.costs import lineage_cost
 from opstate.domain.model import OpRecord
 from opstate.domain.states import State
 from opstate.domain.strict_json import dumps
@@ -47,12 +49,13 @@ def write_final_of(
     location = lineage.input_of(doc).get("location")
     assert isinstance(location, str)
     cap = runner.config.max_line_bytes
+    unknown = set(lineage.unknown(doc))  # Gemini knew them not (404): no end to report
     members = []
     for ref in refs:
         output = output_location(archives.get(ref.name))
         chunks = chunks_of(runner.sink, output) if output is not None else None
         held = chunks_of(runner.sink, ref.input) if ref.input else None
-        if chunks is None and held is not None:
+        if chunks is None and held is not None and ref.name not in unknown:
             record = runner.store.get(ref.name)
             if record is not None and record.terminal and record.state is not State.SUCCEEDED:
                 chunks = ended_whole(record, held, cap)
@@ -68,6 +71,11 @@ def write_final_of(
         ledger = write_final(members, chunks_of(runner.sink, location), write, cap)
         stored = out.commit(digest.hexdigest())
     summary = ledger.as_dict()
+    summary["cost"] = lineage_cost(
+        [r.name for r in refs],
+        {name: (a.as_dict() if a is not None else None) for name, a in archives.items()},
+    )
+    stopped = doc.get("stopped")
     document = json.dumps(
         {
             "name": root.name,
@@ -77,6 +85,7 @@ def write_final_of(
             "unreadable": ledger.unreadable,
             "foreign": ledger.foreign,
             "location": stored.location,
+            "stopped": stopped if isinstance(stopped, str) else None,
         },
         sort_keys=True,
         indent=1,
@@ -88,6 +97,8 @@ def write_final_of(
     runner.write(root, state, doc, status=RETRY_DONE, due_ns=0)
     runner.result.final += 1
     count("ResultsFinal")
+    if summary["cost"]["retries_usd"] is not None:
+        count("RetryCostUSD", float(summary["cost"]["retries_usd"]))
     left_out = {"unreadable": ledger.unreadable, "foreign": ledger.foreign}
     log_fields(logger.info, "results final", {"name": root.name, **summary["rows"], **left_out})
     if runner.on_final is not None:

@@ -17,9 +17,15 @@ transient ``SinkError`` otherwise (an S3 5xx, no answer).
 
 ``keep_input`` reads the source twice: once to check it, once to copy it into the sink at
 ``inputs/<sha256>/input.jsonl``; a source whose bytes changed between the two passes is refused
-and nothing is left in the sink. An object already at that key is reused, not rewritten: the key
-names its content, and a sink shows only whole objects (its sha256 is compared when the sink
-keeps one, as S3 does; a folder keeps none, then its size is).
+and nothing is left in the sink. An object already at that key is reused only when its own
+bytes, read and hashed, have that sha256 (issue 38: neither S3's metadata nor a file's size is
+trusted; whoever can write under the results location could have planted it); otherwise it
+is written again from the source.
+
+``verified`` passes a kept object's chunks through while hashing them and raises
+``IntegrityError`` at its end when they do not have the sha256 recorded for them, before the
+last chunk is handed on: an upload fed from it never finalizes with bytes opstate did not
+check.
 """
 
 from __future__ import annotations
@@ -65,6 +71,37 @@ class InputError(ValueError):
     def __init__(self, message: str, line: int | None = None) -> None:
         super().__init__(message if line is None else f"input line {line}: {message}")
         self.line = line
+
+
+class IntegrityError(InputError):
+    """A kept input (or a child's input) whose bytes no longer have their recorded sha256."""
+
+
+def verified(chunks: Iterable[bytes], sha256: str | None, what: str) -> Iterator[bytes]:
+    """``chunks`` passed through, hashed; ``IntegrityError`` (naming ``what``) once they end
+    when their sha256 is not ``sha256`` (None: nothing recorded to check against, passed as
+    they are: a plan written by the previous release)."""
+    digest = hashlib.sha256()
+    size = 0
+    for chunk in chunks:
+        digest.update(chunk)
+        size += len(chunk)
+        yield chunk
+    if sha256 is not None and digest.hexdigest() != sha256:
+        raise IntegrityError(
+            f"{what} no longer has its recorded sha256 {sha256[:16]}... ({size} bytes read): "
+            "it was changed or replaced after opstate kept it; nothing is sent from it"
+        )
+
+
+def held_intact(sink: Sink, location: str, sha256: str) -> bool:
+    """Whether the object at ``location`` has bytes whose sha256 is ``sha256`` (read whole)."""
+    try:
+        for _ in verified(sink.chunks(location), sha256, location):
+            pass
+    except IntegrityError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,8 +285,10 @@ def keep_input(
     facts = check_input(chunks_fn, max_line_bytes)
     key = input_key(facts.sha256)
     existing = sink.head(key)
-    if existing is not None and (
-        existing.sha256 == facts.sha256 or (not existing.sha256 and existing.size == facts.bytes)
+    if (
+        existing is not None
+        and existing.size == facts.bytes
+        and held_intact(sink, existing.location, facts.sha256)
     ):
         return KeptInput(existing.location, facts.sha256, facts.rows, facts.bytes)
     with sink.open(key, name=name or key) as out:

@@ -1,5 +1,11 @@
 """A root's lineage as its retry state's ``doc`` holds it (docs/retry.md): the members (the root
-and the children created so far), the planned children, and the deterministic child ids.
+and the children created so far), the planned children and their ids.
+
+A child's id carries a random nonce (``secrets.token_hex(16)``) written into the plan before
+the child is created (issue 38): it is the child's display name at Gemini, so nobody can
+create a batch that passes for the child beforehand. A plan written by the previous release
+holds ids derived from the root's name and creation time (``legacy_child_id``, no ``nonce``);
+the creator gives such an entry a nonce id when it claims it (``opstate.retry.children``).
 
 Pure: mappings in, mappings and small value objects out. The engine (``opstate.retry.engine``)
 reads a root's ``doc`` with these, changes a copy and writes it back under its revision.
@@ -9,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +23,7 @@ from typing import Any
 PLANNED = "planned"
 CREATING = "creating"
 CREATED = "created"
-REFUSED = "refused"  # Gemini refused to create it for quota or billing: the lineage stopped
+REFUSED = "refused"  # Gemini refused to create it for money: the lineage stopped
 PHASES = (PLANNED, CREATING, CREATED, REFUSED)
 FINAL = "final"
 PENDING = "pending"
@@ -32,11 +39,36 @@ class MemberRef:
     input: str | None
     rows: int | None
     size: int | None
+    sha256: str | None = None
 
 
-def child_id(root: str, root_created_ns: int, attempt: int, index: int) -> str:
-    """``opstate-<h12>-a<attempt>-<index>``: the planned child's id, also its Gemini display
-    name, so that a child created before a crash is found again by it."""
+@dataclass(frozen=True, slots=True)
+class ChildInput:
+    """What a planned child is given: its input in the sink (rows, bytes, sha256), whether it
+    is a member's whole input, the member it comes from, the model Gemini said that member
+    runs on, and its id when its input file was named after it (else one is drawn)."""
+
+    location: str
+    rows: int
+    size: int
+    whole: bool
+    parent: str
+    sha256: str | None
+    model: str | None
+    id: str | None = None
+
+
+def new_child_id(attempt: int, index: int) -> tuple[str, str]:
+    """``(id, nonce)``: ``opstate-<nonce>-a<attempt>-<index>``, the nonce 32 random hex
+    digits; the id is also the child's Gemini display name (found again by it after a crash,
+    adopted only after its own resource is read)."""
+    nonce = secrets.token_hex(16)
+    return f"opstate-{nonce}-a{attempt}-{index}", nonce
+
+
+def legacy_child_id(root: str, root_created_ns: int, attempt: int, index: int) -> str:
+    """The previous release's id ``opstate-<h12>-a<attempt>-<index>`` (from the root's name
+    and creation time: guessable). Only read: a stored plan may hold it."""
     digest = hashlib.sha256(f"{root}@{root_created_ns}".encode()).hexdigest()[:12]
     return f"opstate-{digest}-a{attempt}-{index}"
 
@@ -58,6 +90,10 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
 def input_of(doc: Mapping[str, Any]) -> Mapping[str, Any]:
     found = doc.get("input")
     return found if isinstance(found, Mapping) else {}
@@ -74,6 +110,7 @@ def members(root: str, doc: Mapping[str, Any]) -> list[MemberRef]:
             location if isinstance(location, str) and location else None,
             _int(kept.get("rows")),
             _int(kept.get("bytes")),
+            _text(kept.get("sha256")),
         )
     ]
     for child in children(doc):
@@ -86,6 +123,7 @@ def members(root: str, doc: Mapping[str, Any]) -> list[MemberRef]:
                     child.get("input") if isinstance(child.get("input"), str) else None,
                     _int(child.get("rows")),
                     _int(child.get("bytes")),
+                    _text(child.get("sha256")),
                 )
             )
     return found
@@ -101,33 +139,47 @@ def highest_attempt(doc: Mapping[str, Any]) -> int:
     return max((_int(c.get("attempt")) or 0 for c in children(doc)), default=0)
 
 
-def cancelled(doc: Mapping[str, Any]) -> list[str]:
-    found = doc.get("cancelled")
+def names_of(doc: Mapping[str, Any], key: str) -> list[str]:
+    found = doc.get(key)
     return [n for n in found if isinstance(n, str)] if isinstance(found, list) else []
+
+
+def cancelled(doc: Mapping[str, Any]) -> list[str]:
+    """The members opstate cancelled for their pending timeout."""
+    return names_of(doc, "cancelled")
+
+
+def unknown(doc: Mapping[str, Any]) -> list[str]:
+    """The members Gemini answered 404 for when opstate read them before acting."""
+    return names_of(doc, "unknown")
 
 
 def plan_children(
     doc: dict[str, Any],
     *,
-    root: str,
-    root_created_ns: int,
     attempt: int,
-    inputs: Sequence[tuple[str, int, int, bool, str]],
+    inputs: Sequence[ChildInput],
 ) -> list[dict[str, Any]]:
-    """Append planned children to ``doc`` (a ``mutable`` copy), one per
-    ``(input URI, rows, bytes, whole, parent)``; returns them."""
+    """Append planned children to ``doc`` (a ``mutable`` copy), one per ``ChildInput``, each
+    with its id and nonce (drawn now unless its input was named after one); returns them."""
     entries = doc.setdefault("children", [])
     added = []
-    for location, rows, size, whole, parent in inputs:
+    for given in inputs:
+        child, nonce = new_child_id(attempt, len(entries))
+        if given.id is not None:
+            child, nonce = given.id, given.id.split("-")[1]
         entry = {
-            "id": child_id(root, root_created_ns, attempt, len(entries)),
+            "id": child,
+            "nonce": nonce,
             "attempt": attempt,
-            "parent": parent,
+            "parent": given.parent,
             "name": None,
-            "rows": rows,
-            "bytes": size,
-            "input": location,
-            "whole": whole,
+            "rows": given.rows,
+            "bytes": given.size,
+            "sha256": given.sha256,
+            "model": given.model,
+            "input": given.location,
+            "whole": given.whole,
             "phase": PLANNED,
             "claims": 0,
             "claimUntilNs": 0,

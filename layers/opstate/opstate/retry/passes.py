@@ -23,6 +23,14 @@ class RetryConfig:
     check_s: float = 60.0
     lease_s: float = 900.0
     max_line_bytes: int = 32 * 1024 * 1024
+    # The deployment's budget (``opstate.retry.budget``).
+    max_active_lineages: int = 20
+    max_batches_per_hour: int = 60
+    # Where an input named over HTTP (or by a policy of unknown origin) may be read from
+    # (``OPSTATE_RETRY_INPUT_PREFIXES``; ``opstate.retry.authority.reads_input``).
+    input_prefixes: tuple[str, ...] = ()
+    # What retries may spend over every lineage in a UTC day (US dollars; None: no cap).
+    daily_budget_usd: float | None = None
 
 
 @dataclass
@@ -69,6 +77,7 @@ class Runner(Protocol):
     clock_ns: Callable[[], int]
     result: RetryResult
     on_final: Callable[[str], None] | None
+    every: bool  # an operator's pass (``opstate retry --once``)
     # Seconds the pass has left (None: no limit): the display-name search stops at 0.
     time_left: Callable[[], float] | None
 

@@ -16,6 +16,7 @@ from opstate.config import RetrySettings
 from opstate.domain.model import OpRecord
 from opstate.domain.retry import InvalidRetryError, RetryPolicy, enabled, retry_view
 from opstate.retry import lineage
+from opstate.retry.authority import VIAS
 from opstate.store.port import RetryingStore, Store, StoreUnavailableError
 from opstate.store.retry_state import RETRY_ACTIVE, RETRY_DONE, RETRY_MEMBER, RetryState
 
@@ -32,13 +33,6 @@ PENDING_FINAL: Mapping[str, Any] = {
     "retried": 0,
     "attempts": 0,
 }
-
-
-def model_of(record: OpRecord) -> str | None:
-    """The model a record's details name (``details.model``), if any: the retry batches'
-    model until the runner reads the batch itself."""
-    model = record.details.get("model")
-    return model if isinstance(model, str) and model else None
 
 
 def is_child(store: RetryingStore, name: str) -> bool:
@@ -60,21 +54,24 @@ def check_keepable(store: Store, name: str) -> RetryingStore:
 
 
 def keep_policy(
-    store: RetryingStore, record: OpRecord, policy: RetryPolicy, now_ns: int
+    store: RetryingStore, record: OpRecord, policy: RetryPolicy, now_ns: int, *, via: str
 ) -> dict[str, Any] | None:
-    """``attach_policy`` for the record a report left (its model from its details), and the
-    ``retry`` view of what was written (None: nothing was). ``ValueError`` when the record
-    became a retry child since ``check_keepable``."""
-    state = attach_policy(store, record, policy, model=model_of(record), now_ns=now_ns)
+    """``attach_policy`` for the record a report left, and the ``retry`` view of what was
+    written (None: nothing was). ``ValueError`` when the record became a retry child since
+    ``check_keepable``. No model is kept from the report's details (issue 38): the retry
+    runner reads the model off Gemini's own resource of the batch it resubmits."""
+    state = attach_policy(store, record, policy, model=None, now_ns=now_ns, via=via)
     return None if state is None else retry_view(state.doc)
 
 
 def settings_policy(settings: RetrySettings) -> RetryPolicy:
     """The deployment's default policy (``OPSTATE_RETRY_MAX_ATTEMPTS``,
-    ``OPSTATE_RETRY_RESUBMIT_EXPIRED``): what a ``"retry"`` object's missing keys take."""
+    ``OPSTATE_RETRY_RESUBMIT_EXPIRED``, ``OPSTATE_RETRY_MAX_COST_USD``): what a ``"retry"``
+    object's missing keys take."""
     return RetryPolicy(
         max_attempts=settings.retry_max_attempts,
         resubmit_expired=settings.retry_resubmit_expired,
+        max_cost_usd=settings.retry_max_cost_usd,
     )
 
 
@@ -85,9 +82,12 @@ def attach_policy(
     *,
     model: str | None,
     now_ns: int,
+    via: str,
     kept_input: Mapping[str, Any] | None = None,
+    submit_id: str | None = None,
 ) -> RetryState | None:
-    """Keep ``policy`` as the retry state of the root ``record`` and return the state written.
+    """Keep ``policy`` as the retry state of the root ``record`` and return the state written,
+    with how it came (``via``: ``opstate.retry.authority.VIAS``; the last attach's).
 
     Enabled: the state is ``active``, due at ``now_ns``; an existing state of the same record
     incarnation keeps its children, final result and input (``input.source`` becomes
@@ -98,7 +98,11 @@ def attach_policy(
     (None). A record that is a retry child is
     refused (``ValueError``): it takes its root's policy. The write is conditional on the
     state's ``rev``; a lost race is re-read and retried, ``ATTACH_ATTEMPTS`` times at most
-    (then ``StoreUnavailableError``, a retryable store fault)."""
+    (then ``StoreUnavailableError``, a retryable store fault). ``submit_id``: the id
+    ``opstate submit`` put in the batch's display name (``submitId``: opstate created it, so
+    its pending timeout may cancel it)."""
+    if via not in VIAS:
+        raise ValueError(f"unknown provenance {via!r}")
     created_ns = record.created_ns
     for _ in range(ATTACH_ATTEMPTS):
         current = store.get_retry(record.name)
@@ -114,7 +118,10 @@ def attach_policy(
             created_ns=created_ns,
             now_ns=now_ns,
             kept_input=kept_input,
+            via=via,
         )
+        if submit_id is not None:
+            state = replace(state, doc={**state.doc, "submitId": submit_id})
         expected = current.rev if current is not None else 0
         if store.set_retry(record.name, expected, state):
             return replace(state, rev=expected + 1)
@@ -135,10 +142,12 @@ def _root_state(
     created_ns: int,
     now_ns: int,
     kept_input: Mapping[str, Any] | None,
+    via: str,
 ) -> RetryState:
     doc: dict[str, Any] = dict(old)
     doc.pop("lineage", None)
     doc["policy"] = policy.as_doc()
+    doc["via"] = via
     if model is not None or "model" not in doc:
         doc["model"] = model
     old_input = old.get("input")

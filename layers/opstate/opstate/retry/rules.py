@@ -22,10 +22,13 @@ names, when that is one of the five names; a numeric code outside the table (400
 The *transient table* (``OPSTATE_RETRY_TRANSIENT``, default ``DEFAULT_TRANSIENT``) lists the
 reasons retried, each optionally with ``:N``, the most retries of one key for that reason
 (``INTERNAL:1``: one retry of a key that failed ``INTERNAL``; no ``:N``: as many as the
-policy's ``maxAttempts`` allows). A ``RESOURCE_EXHAUSTED`` row whose message names a quota, a
-spending cap or billing (``opstate.domain.retry.names_quota``, case-insensitive, Gemini's
-generic "(e.g. check quota)" hint left out) is permanent: retrying it would
-only be refused again. Every other failure is permanent.
+policy's ``maxAttempts`` allows). A ``RESOURCE_EXHAUSTED`` row is read by
+``opstate.domain.refusals.refusal_of``, its ``details`` (QuotaFailure, RetryInfo, ErrorInfo)
+first, then its message: a money refusal (depleted prepayment credits, a spending cap, billing
+disabled) is permanent, since retrying it would only be refused again; a rate limit (a retry
+delay, a per-minute quota, Gemini's standard "You exceeded your current quota, please check
+your plan and billing details" sentence) and a per-day quota are retried. Every other failure
+is permanent.
 
 ``lines`` splits a stream of chunks into lines (the input keeper refuses a line longer than
 its cap, ``LineTooLongError``; the output readers skip it, ``skip_long=True``).
@@ -40,8 +43,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, cast
 
-from opstate.domain.retry import names_quota, parse_transient
-from opstate.outcomes.ledger import is_blocked
+from opstate.domain.refusals import MONEY, refusal_of, sanitize_details
+from opstate.domain.retry import parse_transient
+from opstate.outcomes.ledger_reading import is_blocked
 from opstate.outcomes.plan import MAX_CODE_CHARS
 from opstate.retry.reading import read_output
 
@@ -103,7 +107,7 @@ class _LineCut:
         last = parts.pop()  # what follows the chunk's last newline (maybe b"")
         if parts and self.skipping:  # the end of a long line read past
             self.skipping = False
-            self.number += 1
+            self.number += 1  # only skip_long skips, and then no number is said: += 2 equivalent
             parts = parts[1:]
         elif parts and self.carry:
             self.carry += parts[0]
@@ -161,7 +165,7 @@ def lines(
     yield from cut.end()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True)  # slots=False: an equivalent mutant (only the memory)
 class TransientTable:
     """The reasons retried, each with its per-key limit of retries (None: no limit of its
     own)."""
@@ -198,12 +202,13 @@ def parse_table(text: str) -> TransientTable:
 DEFAULT_TABLE = parse_table(DEFAULT_TRANSIENT)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True)  # slots=False: an equivalent mutant (only the memory)
 class Row:
     """One output line, as much of it as retries need. ``answered``: it has a ``response``
     object (``blocked`` when that carries no answer); otherwise it failed, with the ``code``
     (as text, like the ledger's counts; None when absent), ``status`` text and ``message``
-    of its ``status`` (or ``error``) object."""
+    of its ``status`` (or ``error``) object, and its ``details`` as
+    ``opstate.domain.refusals.sanitize_details`` keeps them."""
 
     key: str | None
     answered: bool
@@ -211,6 +216,7 @@ class Row:
     code: str | None
     status: str | None
     message: str
+    details: tuple[Mapping[str, Any], ...] = ()
 
 
 def _code_text(code: object) -> str | None:
@@ -243,12 +249,13 @@ def row_of(value: object) -> Row | None:
         _code_text(status.get("code")),
         text if isinstance(text, str) else None,
         message if isinstance(message, str) else "",
+        tuple(sanitize_details(status.get("details"))),
     )
 
 
 def parse_line(line: bytes) -> Any:
     """A line's JSON value, or None when it is blank, not UTF-8 or not JSON."""
-    if not line or line.isspace():
+    if not line or line.isspace():  # fast path; json.loads refuses these too (or/and: equivalent)
         return None
     try:
         return json.loads(line.decode("utf-8"))
@@ -282,8 +289,11 @@ def is_transient(row: Row, table: TransientTable) -> str | None:
     reason = reason_of(row)
     if reason is None or reason not in table:
         return None
-    if reason == RESOURCE_EXHAUSTED and names_quota(row.message):
-        return None  # a quota, spending cap or billing refusal: retrying is refused again
+    if (
+        reason == RESOURCE_EXHAUSTED
+        and refusal_of(row.code, row.status, row.message, row.details).kind == MONEY
+    ):
+        return None  # the account cannot pay: retrying is refused again
     return reason
 
 

@@ -29,10 +29,12 @@ from opstate.domain.model import OpEvent, OpRecord
 from opstate.domain.retry import RetryPolicy, policy_of
 from opstate.domain.times import format_time
 from opstate.gemini.errors import GatewayError, classify
-from opstate.gemini.submit import create_or_delete, find_by_display_id, read_batch, upload_jsonl
+from opstate.gemini.submit import create_or_delete, find_by_display_id, upload_jsonl
 from opstate.ingest import ingest
 from opstate.observability import log_fields, logger
 from opstate.outcomes.sink import Sink
+from opstate.retry.acting import read_job
+from opstate.retry.authority import VIA_SUBMIT
 from opstate.retry.inputs import KeptInput, keep_input, source_chunks
 from opstate.retry.policy import attach_policy
 
@@ -114,7 +116,7 @@ def submit(
     assert record is not None
     if not created:
         _same_policy(store, record, policy)
-    _keep_state(store, record, policy, model, kept, clock_ns())
+    _keep_state(store, record, policy, model, kept, clock_ns(), marker_id)
     log_fields(
         logger.info,
         "batch submitted" if created else "submitted batch found again",
@@ -145,17 +147,19 @@ def _same_policy(store: Any, record: OpRecord, policy: RetryPolicy) -> None:
 
 
 def _found(client: Any, marker_id: str) -> OpEvent | None:
-    """The batch an earlier call created under ``marker_id``, or None. A search cut short
-    (``SearchCutError``: page cap, repeated token, ``SEARCH_SECONDS``) raises: nothing is
-    created on an unfinished search."""
+    """The batch an earlier call created under ``marker_id``: each job the listing names is
+    read itself and counts only when its own display name carries the id (issue 38). A search
+    cut short (``SearchCutError``: page cap, repeated token, ``SEARCH_SECONDS``) raises:
+    nothing is created on an unfinished search."""
     until = time.monotonic() + SEARCH_SECONDS
     try:
         names = find_by_display_id(client, marker_id, time_left=lambda: until - time.monotonic())
-        events = [read_batch(client, name) for name in names]
+        jobs = [read_job(client, name) for name in dict.fromkeys(names)]
     except GatewayError:
         raise
     except Exception as exc:
         raise classify(exc) from exc
+    events = [job.event for job in jobs if job.event is not None and job.carries(marker_id)]
     return min(events, key=lambda e: e.name) if events else None
 
 
@@ -169,9 +173,24 @@ def _write_marker(sink: Sink, key: str, model: str, shown: str, now_ns: int) -> 
 
 
 def _keep_state(
-    store: Any, record: OpRecord, policy: RetryPolicy, model: str, kept: KeptInput, now_ns: int
+    store: Any,
+    record: OpRecord,
+    policy: RetryPolicy,
+    model: str,
+    kept: KeptInput,
+    now_ns: int,
+    marker_id: str,
 ) -> None:
     """The policy and the input beside the record: an active root when the policy asks for
     anything, else a ``done`` state that still names the input (a later ``opstate track
     --retry-attempts N`` uses it)."""
-    attach_policy(store, record, policy, model=model, now_ns=now_ns, kept_input=kept.as_dict())
+    attach_policy(
+        store,
+        record,
+        policy,
+        model=model,
+        now_ns=now_ns,
+        via=VIA_SUBMIT,
+        kept_input=kept.as_dict(),
+        submit_id=marker_id,
+    )

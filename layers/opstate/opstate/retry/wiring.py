@@ -26,6 +26,10 @@ def config_from(settings: Settings) -> RetryConfig:
         check_s=settings.retry_check_s,
         lease_s=settings.retry_lease_s,
         max_line_bytes=settings.results_max_line_mib * MiB,
+        max_active_lineages=settings.retry_max_active_lineages,
+        max_batches_per_hour=settings.retry_max_batches_per_hour,
+        input_prefixes=settings.retry_input_prefixes,
+        daily_budget_usd=settings.retry_daily_budget_usd,
     )
 
 
@@ -117,12 +121,22 @@ def roots_of(store: Any, names: list[str]) -> list[str]:
     return list(dict.fromkeys(roots))
 
 
+def submit_request(settings: Settings, event: Any) -> dict[str, Any]:
+    """The submit function's event (``{"submit": {...}}``) submitted (``submit_event``);
+    ``SubmitRefusedError`` for any other event (nothing created)."""
+    if not isinstance(event, dict) or set(event) != {"submit"}:
+        raise SubmitRefusedError(
+            'the submit function takes {"submit": {"input": "s3://...", "model": ...}}'
+        )
+    return submit_event(settings, event["submit"])
+
+
 def submit_event(settings: Settings, request: Any) -> dict[str, Any]:
     """The submit function's request (``{"input": "s3://...", "model", "displayName",
     "retry": {...}}``, docs/retry.md) submitted; ``SubmitRefusedError`` when it is not one
     this system accepts (nothing created)."""
     from opstate.domain.retry import InvalidRetryError, parse_retry
-    from opstate.retry.inputs import InputError, source_chunks
+    from opstate.retry.inputs import InputError
     from opstate.retry.policy import settings_policy
 
     if not isinstance(request, dict):
@@ -130,13 +144,7 @@ def submit_event(settings: Settings, request: Any) -> dict[str, Any]:
     unknown = sorted(set(request) - {"input", "model", "displayName", "retry"})
     if unknown:
         raise SubmitRefusedError(f"'submit' has unknown keys {unknown}")
-    source, model = request.get("input"), request.get("model")
-    if not isinstance(source, str) or not source.startswith("s3://"):
-        raise SubmitRefusedError("'submit.input' must be an s3://BUCKET/KEY of a JSONL file")
-    try:
-        source_chunks(source)  # only parses it: s3://BUCKET alone names no object
-    except ValueError as exc:
-        raise SubmitRefusedError(str(exc)) from None
+    source, model = _submit_input(settings, request.get("input")), request.get("model")
     if not isinstance(model, str) or not model.strip():
         raise SubmitRefusedError("'submit.model' must name a model")
     display = request.get("displayName", "")
@@ -154,6 +162,27 @@ def submit_event(settings: Settings, request: Any) -> dict[str, Any]:
     except InputError as exc:
         raise SubmitRefusedError(f"nothing submitted: {exc}") from None
     return done.as_dict() | {"retry": policy.as_doc()}
+
+
+def _submit_input(settings: Settings, source: object) -> str:
+    """A submit request's input: an object under ``incoming/`` of the results bucket
+    (``OPSTATE_RESULTS_URL``'s), as the function's role says too: never someone's kept input
+    or output under ``results/`` (issue 38). ``SubmitRefusedError`` otherwise."""
+    from opstate.retry.authority import incoming_prefix, input_allowed
+    from opstate.retry.inputs import source_chunks
+
+    if not isinstance(source, str) or not source.startswith("s3://"):
+        raise SubmitRefusedError("'submit.input' must be an s3://BUCKET/KEY of a JSONL file")
+    try:
+        source_chunks(source)  # only parses it: s3://BUCKET alone names no object
+    except ValueError as exc:
+        raise SubmitRefusedError(str(exc)) from None
+    incoming = incoming_prefix(settings.results_url)
+    if incoming is None:
+        raise SubmitRefusedError("the submit function keeps inputs in S3: OPSTATE_RESULTS_URL")
+    if not input_allowed(source, (incoming,)):
+        raise SubmitRefusedError(f"'submit.input' must be an object under {incoming}")
+    return source
 
 
 class SubmitRefusedError(ValueError):

@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 from opstate.config import DEFAULT_RETENTION_DAYS
 from opstate.domain.model import OpRecord
+from opstate.store import dynamodb_counters
+from opstate.store.counters import is_counter
 from opstate.store.dynamodb_client import (
     CLIENT_CONFIG,
     make_client,
@@ -189,8 +191,11 @@ class DynamoDBStore:
         )
 
     def iter_all(self) -> Iterator[OpRecord]:
-        """Every record, in table order (operator listing only: a paginated, consistent Scan)."""
+        """Every record, in table order (operator listing only: a paginated, consistent Scan;
+        the counters' items, ``store.counters``, are no records)."""
         for item in self._table.pages("Scan", ConsistentRead=True):
+            if is_counter(item.get("name")):
+                continue
             yield record_from_item(item)
 
     def item(self, record: OpRecord) -> dict[str, Any]:
@@ -281,6 +286,14 @@ class DynamoDBStore:
         from opstate.store import dynamodb_retries
 
         return dynamodb_retries.iter_retry_due(self._table, now_ns)
+
+    # -- counters (store.counters) -------------------------------------------------------------
+
+    def add_counter(self, counter: str, amount: int, cap: int) -> bool:
+        return dynamodb_counters.add_counter(self._table, counter, amount, cap)
+
+    def get_counter(self, counter: str) -> int:
+        return dynamodb_counters.get_counter(self._table, counter)
 
     def close(self) -> None:
         """Close the client's connections, if this store built the client (a client passed in

@@ -29,7 +29,22 @@ class MemoryStore:
         self._polls: dict[str, PollState] = {}
         self._archives: dict[str, ArchiveState] = {}
         self._retries: dict[str, RetryState] = {}
+        self._counters: dict[str, int] = {}
         self._lock = threading.Lock()
+
+    def add_counter(self, counter: str, amount: int, cap: int) -> bool:
+        if amount < 0:
+            raise ValueError("a counter is only added to")
+        with self._lock:
+            value = self._counters.get(counter, 0) + amount
+            if value > cap:
+                return False
+            self._counters[counter] = value
+            return True
+
+    def get_counter(self, counter: str) -> int:
+        with self._lock:
+            return self._counters.get(counter, 0)
 
     def get(self, name: str) -> OpRecord | None:
         with self._lock:

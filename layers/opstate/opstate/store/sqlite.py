@@ -68,6 +68,7 @@ from opstate.store.port import (
     validate_record,
 )
 from opstate.store.sqlite_archives import SQLiteArchives
+from opstate.store.sqlite_counters import SQLiteCounters
 from opstate.store.sqlite_polls import SQLitePolls
 from opstate.store.sqlite_retries import SQLiteRetries
 from opstate.store.sqlite_schema import (
@@ -88,7 +89,7 @@ JOURNAL_SIZE_LIMIT_BYTES = 1024 * 1024
 SYNCHRONOUS = "FULL"
 
 
-class SQLiteStore(SQLitePolls, SQLiteArchives, SQLiteRetries):
+class SQLiteStore(SQLitePolls, SQLiteArchives, SQLiteRetries, SQLiteCounters):
     """The store port on one SQLite file (see the module docstring)."""
 
     def __init__(

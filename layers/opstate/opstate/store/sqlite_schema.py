@@ -36,6 +36,10 @@ CREATE TABLE IF NOT EXISTS operations (
 );
 CREATE INDEX IF NOT EXISTS operations_open ON operations (open_ns, name)
     WHERE open_ns IS NOT NULL;
+CREATE TABLE IF NOT EXISTS counters (
+    name        TEXT PRIMARY KEY,
+    value       INTEGER NOT NULL
+);
 """
 
 # Poll-state columns added after the first release (a file written by it lacks them).

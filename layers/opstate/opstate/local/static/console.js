@@ -277,6 +277,7 @@
             u.candidatesTokenCount + " output, " + u.thoughtsTokenCount + " thinking, " +
             u.cachedContentTokenCount + " cached)");
         }
+        if (results.cost) add("Cost", costText(results.cost));
         add("Results expire", formatTime(results.expiresAt));
         add("Archived", formatTime(results.archivedAt));
         for (const o of results.objects) add("Object", o.location + " (" + o.bytes + " bytes)");
@@ -337,7 +338,8 @@
     add("Retry", status);
     const p = retry.policy;
     add("Retry policy", p.maxAttempts + " retries per key, resubmit expired: " + (p.resubmitExpired ? "yes" : "no") +
-      ", pending timeout: " + (p.pendingTimeoutHours != null ? p.pendingTimeoutHours + " h" : "off"));
+      ", pending timeout: " + (p.pendingTimeoutHours != null ? p.pendingTimeoutHours + " h" : "off") +
+      (p.maxCostUSD != null ? ", max cost: $" + p.maxCostUSD : ""));
     const list = document.createElement("ul");
     list.className = "lineage";
     for (const child of retry.children) {
@@ -356,7 +358,23 @@
     const errors = Object.entries(final.errors || {});
     add("Final errors by code", errors.length ? errors.map(([c, n]) => c + ": " + n).join(", ") : "none");
     add("Attempts", final.attempts);
+    if (final.cost) {
+      const c = final.cost;
+      add("Lineage cost", costText(c) + (c.retries_usd != null ? "; retries added $" + c.retries_usd : ""));
+    }
+    if (final.stopped) add("Stopped", final.stopped);
     add("Final result", final.location);
+  }
+
+  // What a batch or a lineage cost (docs/results.md): US dollars at Batch API prices, or
+  // unknown with why (never shown as 0).
+  function costText(c) {
+    if (c.usd == null) return "unknown: " + (c.reason || "");
+    const d = c.batch_discount || {};
+    const how = d.by === "genai-prices" ? "genai-prices' batch price"
+      : "standard price × " + (d.factor || "?") + (d.by === "mixed" ? " for some bands" : "");
+    return "$" + c.usd + " at Batch API prices (" + (c.model || "?") + ", " + how +
+      (c.prices ? ", " + c.prices : "") + ")";
   }
 
   // A batch's progress (batchStats) as a progress bar with its counts beside it.

@@ -1,0 +1,95 @@
+"""The deployment's budget for what retries create (issue 38; docs/retry.md, "Budget"): at most
+``OPSTATE_RETRY_MAX_ACTIVE_LINEAGES`` lineages retrying at once and at most
+``OPSTATE_RETRY_MAX_BATCHES_PER_HOUR`` retry batches created in any hour, whatever the
+policies ask.
+
+Counted from the stored retry states, no counter of its own: once per pass, before its first
+create, the active roots are listed (``iter_retry_due``: every active root); a lineage is
+*retrying* when its root is active, not stopped, and has a child being created or created; a
+batch counts for the hour when its plan entry was created (``createdNs``) or claimed for
+creating (``claimedNs``) in the last hour. Then the pass adds what it creates itself. A root
+that is over the budget creates nothing: its children stay planned and it is due again later;
+counted in ``RetryBudgetReached`` (alarm ``RetryBudgetAlarm``) and logged once a pass.
+
+The bound is the deployment's, not a hard cap per instant: runners passing at the same time
+each count before the other's create (at most one batch over per concurrent runner), and a
+lineage that finished within the hour no longer counts for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from opstate.domain.model import OpRecord
+from opstate.domain.times import NS_PER_SECOND
+from opstate.observability import count, log_fields, logger
+from opstate.retry import lineage
+from opstate.retry.passes import Runner
+
+HOUR_NS = 3600 * NS_PER_SECOND
+# A due time past any root's: the listing of every active root.
+EVERY_NS = 2**62
+
+
+@dataclass
+class Budget:
+    """The budget as one pass sees it (loaded at its first create, then kept up to date)."""
+
+    runner: Runner
+    loaded: bool = False
+    retrying: set[str] = field(default_factory=set)
+    recent: int = 0
+    refused: set[str] = field(default_factory=set)
+
+    def _load(self) -> None:
+        since = self.runner.clock_ns() - HOUR_NS
+        for record, state in self.runner.store.iter_retry_due(EVERY_NS):
+            if state.created_ns != record.created_ns:
+                continue
+            started = False
+            for entry in lineage.children(state.doc):
+                phase = entry.get("phase")
+                at = {lineage.CREATED: "createdNs", lineage.CREATING: "claimedNs"}.get(str(phase))
+                if at is None:
+                    continue
+                started = True
+                when = entry.get(at)
+                if isinstance(when, int) and not isinstance(when, bool) and when >= since:
+                    self.recent += 1
+            if started and not state.doc.get("stopped"):
+                self.retrying.add(record.name)
+        self.loaded = True
+
+    def allows(self, root: OpRecord) -> bool:
+        """Whether ``root`` may create a retry batch now; said and counted once a pass when
+        it may not."""
+        if not self.loaded:
+            self._load()
+        config = self.runner.config
+        why = None
+        if self.recent >= config.max_batches_per_hour:
+            why = (
+                f"{self.recent} retry batches were created in the last hour, the most "
+                f"OPSTATE_RETRY_MAX_BATCHES_PER_HOUR ({config.max_batches_per_hour}) allows"
+            )
+        elif root.name not in self.retrying and len(self.retrying) >= config.max_active_lineages:
+            why = (
+                f"{len(self.retrying)} lineages are retrying, the most "
+                f"OPSTATE_RETRY_MAX_ACTIVE_LINEAGES ({config.max_active_lineages}) allows"
+            )
+        if why is None:
+            return True
+        if root.name not in self.refused:
+            self.refused.add(root.name)
+            count("RetryBudgetReached")
+            log_fields(
+                logger.warning,
+                "retry budget reached: nothing created, the root waits",
+                {"name": root.name, "why": why},
+            )
+        return False
+
+    def spent(self, root: OpRecord) -> None:
+        """``root`` created a retry batch in this pass."""
+        self.recent += 1
+        self.retrying.add(root.name)

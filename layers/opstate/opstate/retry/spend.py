@@ -1,0 +1,151 @@
+"""What retries may spend (issue 41; docs/retry.md, "What retries may spend"): a lineage's
+``maxCostUSD`` and the deployment's ``OPSTATE_RETRY_DAILY_BUDGET_USD``.
+
+Checked once per attempt, when its children are planned and before any is created
+(``check``): the lineage's cost so far (every batch of it, priced when archived:
+``domain.costs.lineage_cost``) plus an estimate of the planned children's (the answered rows'
+average cost so far times the rows they hold) against ``maxCostUSD``; then that estimate is
+reserved in the day's counter (``store.counters``: one atomic add under the cap, so lineages
+passing at once never go over it together). Over either, nothing is created: the planned
+children are ``refused``, the lineage ``stopped`` (its final result follows, with the failures
+kept), said once at error level and counted in ``RetryStopped`` (alarmed) and
+``RetryBudgetStopped``.
+
+A cap with an unknown cost creates nothing either (a batch priced by no model genai-prices
+knows, an archive of an earlier release, no answered row to estimate from: a whole expired
+batch resubmitted): what it would spend cannot be bounded, and the stop says why. The daily
+counter keeps what was reserved, not what Gemini billed: a crash between the reservation and
+the plan's write reserves again at the next pass (over-counted, never under).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal
+from typing import Any
+
+from opstate.domain.costs import decimal_of, lineage_cost
+from opstate.domain.model import OpRecord
+from opstate.domain.retry import policy_of
+from opstate.domain.times import format_time
+from opstate.observability import count, log_fields, logger
+from opstate.retry import lineage
+from opstate.retry.passes import Runner
+from opstate.store.counters import CountingStore
+from opstate.store.port import ArchiveState
+
+NANO = Decimal(1_000_000_000)
+DAILY_COUNTER = "retry-spend-nano-usd:{day}"
+REFUSED_ERROR = "over the retry budget"
+STOP_PREFIX = "the retry budget stopped it"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The lineage's cost so far and the planned children's estimate (None: unknown, ``why``)."""
+
+    so_far: Decimal | None
+    coming: Decimal | None
+    rows: int
+    why: str | None
+
+
+def _answered_rows(archive: ArchiveState | None) -> int:
+    """The rows of an archived batch that report their usage (what its cost was priced on)."""
+    if archive is None:
+        return 0
+    bands = archive.summary.get("usageBands")
+    return sum(
+        int(b.get("rows") or 0)
+        for b in (bands if isinstance(bands, list) else [])
+        if isinstance(b, Mapping)
+    )
+
+
+def estimate(
+    refs: list[lineage.MemberRef],
+    archives: Mapping[str, ArchiveState | None],
+    rows: int,
+) -> Estimate:
+    names = [ref.name for ref in refs]
+    cost = lineage_cost(names, {n: (a.as_dict() if a else None) for n, a in archives.items()})
+    so_far = decimal_of(cost)
+    if so_far is None:
+        return Estimate(None, None, rows, str(cost.get("reason")))
+    answered = sum(_answered_rows(archives.get(name)) for name in names)
+    if not answered:
+        why = "no row of the lineage was answered yet to estimate a retry batch's cost from"
+        return Estimate(so_far, None, rows, why)
+    return Estimate(so_far, so_far / answered * rows, rows, None)
+
+
+def _usd(value: Decimal) -> str:
+    return f"${value.quantize(Decimal('0.000001'), rounding=ROUND_CEILING)}"
+
+
+def over_cap(cap: float | None, est: Estimate) -> str | None:
+    """Why ``maxCostUSD`` stops the planned children (None: it does not)."""
+    if cap is None:
+        return None
+    if est.so_far is None or est.coming is None:
+        return f"{STOP_PREFIX} (maxCostUSD {cap:g}): {est.why}, so it cannot be bounded"
+    if est.so_far + est.coming > Decimal(str(cap)):
+        return (
+            f"{STOP_PREFIX}: the lineage cost {_usd(est.so_far)} so far and {est.rows} more "
+            f"rows would cost about {_usd(est.coming)}, over its maxCostUSD ${cap:g}"
+        )
+    return None
+
+
+def over_daily(runner: Runner, daily: float | None, est: Estimate) -> str | None:
+    """Reserve the planned children's estimate in today's counter; why it cannot be (None:
+    reserved, or no daily cap)."""
+    if daily is None:
+        return None
+    what = f"{STOP_PREFIX} (OPSTATE_RETRY_DAILY_BUDGET_USD {daily:g})"
+    if est.coming is None:
+        return f"{what}: {est.why}, so it cannot be bounded"
+    store = runner.store
+    if not isinstance(store, CountingStore):
+        return f"{what}: this store keeps no counters"
+    day = format_time(runner.clock_ns())[:10]
+    counter = DAILY_COUNTER.format(day=day)
+    amount = int((est.coming * NANO).to_integral_value(rounding=ROUND_CEILING))
+    cap = math.floor(daily * 1_000_000_000)
+    if store.add_counter(counter, amount, cap):
+        return None
+    spent = Decimal(store.get_counter(counter)) / NANO
+    return (
+        f"{what}: {est.rows} more rows would cost about {_usd(est.coming)}, and the retries "
+        f"of {day} (UTC) have reserved {_usd(spent)} of ${daily:g}"
+    )
+
+
+def check(
+    runner: Runner,
+    root: OpRecord,
+    doc: dict[str, Any],
+    refs: list[lineage.MemberRef],
+    archives: Mapping[str, ArchiveState | None],
+    planned: list[dict[str, Any]],
+) -> bool:
+    """Whether the children just ``planned`` (entries of ``doc``, a mutable copy) may be
+    created; when not, they are refused and ``doc`` says the budget stopped the lineage."""
+    cap = policy_of(doc).max_cost_usd
+    daily = getattr(runner.config, "daily_budget_usd", None)
+    if cap is None and daily is None:
+        return True
+    est = estimate(refs, archives, sum(int(e.get("rows") or 0) for e in planned))
+    why = over_cap(cap, est) or over_daily(runner, daily, est)
+    if why is None:
+        return True
+    for entry in planned:
+        entry.update(phase=lineage.REFUSED, error=REFUSED_ERROR, claimUntilNs=0)
+    doc["stopped"] = why
+    runner.result.stopped += 1
+    count("RetryStopped")
+    count("RetryBudgetStopped")
+    log_fields(logger.error, "retry lineage stopped", {"name": root.name, "why": why})
+    return False
