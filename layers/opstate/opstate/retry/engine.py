@@ -89,6 +89,7 @@ class RetryRunner:
         self.on_final = on_final
         self.result = RetryResult()
         self.time_left: Callable[[], float] | None = None
+        self._redated: tuple[str, int] | None = None  # (root, due) the last re-date wrote
         self.creator = Creator(self)
         self.every = False  # an operator's pass: a create backing off is tried at once
 
@@ -229,8 +230,11 @@ class RetryRunner:
     def _wait(self, root: OpRecord, state: RetryState, due_ns: int) -> None:
         """Look at ``root`` again at ``due_ns``: written only when the stored due time has
         passed or is later, so a pass over a root not yet due (``opstate retry --once``, a
-        bus trigger) writes nothing."""
-        if state.due_ns <= self.clock_ns() or due_ns < state.due_ns:
+        bus trigger) writes nothing; or when the stored due time is the one this pass re-dated
+        it to (``_later``): then the step's own time replaces it, a backoff longer than
+        ``check_s`` included."""
+        redated = self._redated == (root.name, state.due_ns)
+        if state.due_ns <= self.clock_ns() or due_ns < state.due_ns or redated:
             self.write(root, state, state.doc, due_ns=due_ns)
 
     def _redate(self, root: OpRecord, state: RetryState) -> RetryState:
@@ -239,13 +243,17 @@ class RetryRunner:
         dies on it (out of memory, out of time, killed) leaves it behind the roots due before,
         so the next pass takes those first. Whatever the step ends with writes its own due
         time over this one."""
-        now = self.clock_ns()
-        if state.due_ns > now:
+        if state.due_ns > self.clock_ns():
             return state  # not due (a pass over every root, a bus trigger): left as it is
-        return self.write(root, state, state.doc, due_ns=self._later(now))
+        return self._later(root, state, state.doc)
 
-    def _later(self, now: int) -> int:
-        return now + int(self.config.check_s * NS_PER_SECOND)
+    def _later(self, root: OpRecord, state: RetryState, doc: Mapping[str, Any]) -> RetryState:
+        """``doc`` written with ``root`` due again after ``check_s`` (the re-date), noted so
+        that ``_wait`` may put the step's own due time over it."""
+        due_ns = self.clock_ns() + int(self.config.check_s * NS_PER_SECOND)
+        written = self.write(root, state, doc, due_ns=due_ns)
+        self._redated = (root.name, due_ns)
+        return written
 
     def _soonest_claim(self, doc: Mapping[str, Any], now: int) -> int:
         later = [
@@ -398,7 +406,7 @@ class RetryRunner:
         spend.check(self, root, doc, refs, archives, planned)  # over budget: stopped (issue 41)
         # due again later (re-dated, as ``_redate`` says): the create follows in this pass; a
         # lineage the budget stopped gets its final result in this pass instead, never a create
-        return self.write(root, state, doc, due_ns=self._later(self.clock_ns()))
+        return self._later(root, state, doc)
 
 
 def _whole_resubmit(record: OpRecord, cancelled_by_us: bool, resubmit_expired: bool) -> bool:
