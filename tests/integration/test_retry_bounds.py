@@ -8,6 +8,7 @@ the real google-genai client talking to the fake Gemini (``test_retry_engine``'s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from opstate.retry.passes import RetryResult
 from opstate.retry.wiring import config_from
 from opstate.store.sqlite import SQLiteStore
 from tests.integration.test_retry_engine import Rig, creates, listings, make_rig
+from tests.integration.test_retry_guards import kept_path, swap
 from tests.integration.test_retry_scenario import settle
 from tests.support.fake_gemini import FakeGemini
 from tests.support.retry_rows import answered, failed, write_input
@@ -206,12 +208,39 @@ def test_a_whole_resubmit_is_split_by_max_rows(rig: Rig, monkeypatch: pytest.Mon
     ]
     source = (rig.tmp_path / "in-1.jsonl").read_bytes().splitlines(keepends=True)
     assert b"".join(rig.fake.batch_input(n) for n in created) == b"".join(source)
+    # each file a child of its own (issue 38): a nonce id, its own sha256, Gemini's model
+    assert len({c["nonce"] for c in children}) == 3
+    for index, (child, name) in enumerate(zip(children, created, strict=True)):
+        assert child["id"] == f"opstate-{child['nonce']}-a1-{index}"
+        assert len(child["nonce"]) == 32 and int(child["nonce"], 16) >= 0
+        assert child["sha256"] == hashlib.sha256(rig.fake.batch_input(name)).hexdigest()
+        assert child["model"] == f"models/{MODEL}"  # as Gemini names the expired batch's
     for name in created:
         rig.finish(name, [answered(k) for k in rig.child_keys(name)])
     assert rig.run().final == 1
     final, by_key = rig.final(root)
     assert final["rows"]["answered"] == 7 and final["attempts"] == 4
     assert {v["attempt"] for v in by_key.values()} == {1}
+
+
+def test_a_whole_resubmit_split_by_max_rows_is_cut_from_verified_bytes(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Split files are cut from the member's input as its bytes are hashed: a kept input
+    swapped after it was kept plans nothing (retry unavailable), no file is uploaded."""
+    monkeypatch.setenv("OPSTATE_RETRY_MAX_ROWS", "2")
+    keys = ["a", "b", "c"]
+    root = rig.submit(keys, "--resubmit-expired")
+    rig.fake.set_batch_state(root, "BATCH_STATE_EXPIRED")
+    settle(rig.cli, root)
+    held = rig.fake.files_held()
+    swap(kept_path(rig, root), keys)
+    result = rig.run()
+    assert (result.planned, result.submitted, result.unavailable) == (0, 0, 1)
+    assert rig.fake.batches_created() == [root] and rig.fake.files_held() == held
+    doc = rig.state(root).doc
+    assert not doc.get("children")
+    assert "no longer has its recorded sha256" in doc["unavailableDetail"]
 
 
 def test_children_of_two_parents_in_one_attempt_get_files_of_their_own(
