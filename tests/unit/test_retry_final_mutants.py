@@ -2,13 +2,25 @@
 public functions only (``write_final``, ``choose``, ``FinalLedger``) so that ``make mutate``
 kills what test_retry_final.py's simulations let through (issue 39): which line of a key is
 kept, the ``retried`` count, the line cap's boundaries, the codes counted, the missing lines.
+
+Mutants of final.py no test can kill (equivalent; said here, since final.py is being rewritten
+beside this work): ``_LINE_BITS`` 40 -> 41 and ``_ANSWERED``'s ``1 << 62`` -> ``2 << 62`` or
+``1 << 63`` (the bits only rank, Python's ints are unbounded); ``slots=False`` on ``Member`` and
+``FinalLedger`` (memory only); ``[0] * len(members)`` -> ``[1] * ...`` in ``_ranks`` (every
+entry is overwritten); ``old < 0`` -> ``old <= 0`` in ``_choose`` (an old value of 0 is rank 0,
+line 0, not answered, not retried: any later line replaces it either way); ``choose``'s mask
+``(1 << 20) - 1`` -> ``(2 << 20) - 1`` or ``(1 << 21) - 1`` (ranks stay below 2**20 and the bit
+above them is always 0).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterable
 from typing import Any
+
+import pytest
 
 from opstate.outcomes.plan import MAX_COUNTED_CODES, OTHER_CODES
 from opstate.retry.final import FinalLedger, Member, choose, write_final
@@ -213,3 +225,28 @@ def test_choose_tells_many_members_apart() -> None:
     assert choose(members, CAP) == {"k": 5}
     members = [member(i, f"m{i}", err(f"k{i}")) for i in range(6)]
     assert choose(members, CAP) == {f"k{i}": i for i in range(6)}
+
+
+def test_a_member_without_output_first_does_not_end_the_reading() -> None:
+    members = [Member(1, "expired", None, None), member(0, "r", ok("k")), member(2, "c", err("j"))]
+    by_key, order, ledger = final(members, inputs("k", "j"))
+    assert order == ["k", "j"] and "response" in by_key["k"] and by_key["j"]["attempt"] == 2
+    assert choose(members, CAP) == {"k": 1, "j": 2}
+    assert ledger.attempts == 3
+
+
+def test_input_lines_that_name_no_text_key_are_no_keys() -> None:
+    keys = b'[1]\n"s"\n{"key": 3}\n{"nokey": 1}\n{"key": "k"}\nnot json\n'
+    by_key, order, ledger = final([member(0, "r", ok("k"))], keys)
+    assert order == ["k"] and ledger.total == 1 and "response" in by_key["k"]
+    members = [member(0, "r"), member(1, "c", held=keys)]
+    _by_key, order, ledger = final(members, inputs("k"))
+    assert order == ["k"] and ledger.retried == 1
+
+
+def test_the_ledger_and_members_are_values() -> None:
+    assert FinalLedger().extra == 0 and FinalLedger().attempts == 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        FinalLedger().total = 1  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Member(0, "r", None).attempt = 1  # type: ignore[misc]

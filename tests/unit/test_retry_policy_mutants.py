@@ -14,6 +14,7 @@ from opstate.domain.retry import (
     RetryPolicy,
     check_input_uri,
     final_view,
+    lineage_names,
     lineage_of,
     parse_retry,
     parse_transient,
@@ -114,3 +115,33 @@ def test_the_final_view_gives_a_reason_only_while_unavailable_and_not_written() 
     written = final_view({"unavailable": "no input kept", "final": {"status": "final"}})
     assert written["status"] == "final" and "reason" not in written
     assert "reason" not in final_view({})
+
+
+def test_transient_names_and_limits_are_read_past_their_spaces() -> None:
+    assert parse_transient("INTERNAL :1 , UNAVAILABLE") == {"INTERNAL": 1, "UNAVAILABLE": None}
+    assert parse_transient("INTERNAL:1 ") == {"INTERNAL": 1}
+    message = "unknown transient reason 'NOPE'; known: RESOURCE_EXHAUSTED, UNAVAILABLE, "
+    message += "INTERNAL, DEADLINE_EXCEEDED, ABORTED"
+    with pytest.raises(InvalidRetryError, match="^" + re.escape(message) + "$"):
+        parse_transient("INTERNAL, NOPE ")
+
+
+@pytest.mark.parametrize("bad", ["2", True, None, [1]])
+def test_a_pending_timeout_of_the_wrong_type_reads_as_off(bad: object) -> None:
+    assert policy_of({"policy": {"pendingTimeoutHours": bad}}).pending_timeout_hours is None
+    assert policy_of({"policy": {"pendingTimeoutHours": 2}}).pending_timeout_hours == 2
+
+
+def test_a_child_without_an_attempt_counts_as_attempt_0_in_the_lineage() -> None:
+    doc = {
+        "children": [
+            {"name": "batches/second", "attempt": 1},
+            {"name": "batches/first"},
+            {"name": None, "attempt": 0},
+        ]
+    }
+    assert lineage_names(doc, "batches/root") == [
+        "batches/root",
+        "batches/first",
+        "batches/second",
+    ]

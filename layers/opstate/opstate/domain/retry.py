@@ -212,7 +212,7 @@ def parse_transient(text: str) -> dict[str, int | None]:
     ``opstate.retry.rules.parse_table`` reads the table with it too.)"""
     table: dict[str, int | None] = {}
     for entry in text.split(","):
-        name, colon, limit = entry.strip().partition(":")
+        name, colon, limit = entry.partition(":")  # each part stripped below
         name = name.strip().upper()
         if name not in TRANSIENT_REASONS:
             raise InvalidRetryError(

@@ -125,7 +125,7 @@ class _LineCut:
             if len(self.carry) > limit + 1:
                 self.number += 1  # the line being held: its number, should it raise
                 self.too_long(self.carry)
-                self.number -= 1
+                self.number -= 1  # only skip_long gets here, no number said: -= 2 equivalent
                 self.skipping = True
                 self.carry.clear()
 
@@ -196,6 +196,7 @@ def parse_table(text: str) -> TransientTable:
     parser (``opstate.domain.retry.parse_transient``: names any case, ``N`` 0-10, each name
     once), so no value passes the settings' check at init and fails here; ``""`` lists nothing.
     ``ValueError`` (``InvalidRetryError``) names the bad entry."""
+    # text.strip() and text.lstrip() are empty together: that mutant is equivalent
     return TransientTable(parse_transient(text) if text.strip() else {})
 
 
