@@ -181,12 +181,13 @@ PANELS: list[Panel] = [
         ],
     ),
     Panel(
-        "Retries: batches submitted, lineages final, stopped, unavailable",
+        "Retries: batches submitted, lineages final, stopped, unavailable, searches cut",
         [
             custom("RetrySubmitted", label="retry batches"),
             custom("ResultsFinal", label="final"),
             custom("RetryStopped", label="stopped (money, guard, budget)"),
             custom("RetryUnavailable", label="unavailable"),
+            custom("RetrySearchCut", label="search cut (nothing created)"),
             custom("RetryBudgetReached", label="over budget"),
         ],
     ),

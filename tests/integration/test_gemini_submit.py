@@ -21,6 +21,7 @@ from opstate.gemini.errors import GatewayError, classify
 from opstate.gemini.files import download
 from opstate.gemini.submit import (
     UPLOAD_CHUNK_BYTES,
+    SearchCutError,
     cancel_batch,
     create_batch,
     create_refusal,
@@ -147,6 +148,36 @@ def test_the_display_id_search_reads_every_listing_page(
         find_by_display_id(client, "my cut")
     with pytest.raises(ValueError, match="page_size"):
         find_by_display_id(client, "opstate-b", page_size=0)
+
+
+@pytest.mark.parametrize("mode", ["repeat", "fresh"])
+def test_the_display_id_search_stops_on_an_endless_listing_and_never_answers_not_found(
+    fake_gemini: FakeGemini, client: Any, mode: str
+) -> None:
+    """A listing whose next-page token never ends (the same token again, or a new one on every
+    page) is cut: at the repeated token, at the page cap, or when the caller's time is out;
+    the cut raises (transient), it never reads as "no such job"."""
+    fake_gemini.put_batch("batches/other", display_name="job")
+    fake_gemini.endless_listing(mode)
+    fake_gemini.reset_requests()
+    with pytest.raises(SearchCutError) as cut:
+        find_by_display_id(client, "opstate-lost-a1-0", max_pages=7)
+    pages = len([r for r in fake_gemini.requests if r.name == "batches"])
+    if mode == "repeat":
+        assert pages == 2 and "repeated" in cut.value.why
+    else:
+        assert pages == 7 and "page cap" in cut.value.why
+    assert cut.value.transient and cut.value.status is None
+    assert create_refusal(cut.value).kind == OTHER  # no money refusal, no back-off: due again
+    # the caller's time: checked before each next page
+    fake_gemini.endless_listing("fresh")
+    fake_gemini.reset_requests()
+    left = iter([5.0, 0.0])
+    with pytest.raises(SearchCutError, match="out of time"):
+        find_by_display_id(client, "opstate-lost-a1-0", time_left=lambda: next(left))
+    assert len([r for r in fake_gemini.requests if r.name == "batches"]) == 2
+    with pytest.raises(ValueError, match="max_pages"):
+        find_by_display_id(client, "opstate-b", max_pages=0)
 
 
 @pytest.mark.parametrize(

@@ -212,9 +212,10 @@ def test_a_quota_stop_while_another_runner_wrote_is_recorded_and_counted_once(
 
 # -- 5. store faults ----------------------------------------------------------------------------
 
-# The writes of the pass that plans and creates the child: the input covered, the plan, the
-# claim, the child's lineage beside its record, the child named in the plan.
-SET_STEPS = 5
+# The writes of the pass that plans and creates the child: the root re-dated (before any heavy
+# work), the input covered, the plan, the claim, the child's lineage beside its record, the
+# child named in the plan.
+SET_STEPS = 6
 
 
 @pytest.mark.parametrize("when", ["before", "after"])

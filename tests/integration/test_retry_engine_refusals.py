@@ -148,6 +148,27 @@ def test_a_per_day_quota_waits_for_midnight_pacific(rig: Rig) -> None:
     assert rig.run(int(midnight.timestamp()) * S, every=False).submitted == 1
 
 
+def test_a_backoff_longer_than_the_re_date_makes_the_root_due_when_it_ends(rig: Rig) -> None:
+    """A due root is re-dated ``check_s`` ahead before its heavy work (issue 39's bounded
+    passes); a create that then backs off for longer (a per-day quota: until midnight
+    Pacific; a full queue's doubled wait) writes the root due when the backoff ends, so the
+    scheduled passes between do not take it again every ``check_s``."""
+    keys = ["a", "b"]
+    root = rig.submit(keys, "--retry-attempts", "2")
+    rig.finish(root, [error_row("a", "per_day_429"), answered("b")])
+    rig.fake.fail_create(429, body=body("per_day_429"), times=1)
+    now = time.time_ns()
+    assert rig.run(now, every=False).waiting == 1
+    (entry,) = rig.state(root).doc["children"]
+    assert entry["claimUntilNs"] - now > 60 * S  # longer than the re-date's check_s
+    assert rig.state(root).due_ns == entry["claimUntilNs"]
+    # a scheduled pass before then does not take the root (nothing due, nothing written)
+    rev = rig.state(root).rev
+    assert rig.run(now + 61 * S, every=False).as_dict() == RetryResult().as_dict()
+    assert rig.state(root).rev == rev
+    assert rig.run(entry["claimUntilNs"], every=False).submitted == 1
+
+
 @pytest.mark.parametrize(
     ("fixture", "status"), [("prepay_depleted_402", 402), ("billing_disabled_403", 403)]
 )

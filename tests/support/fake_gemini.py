@@ -44,6 +44,8 @@ API (all thread-safe)::
         fake.api_key = "k"                          # then a wrong x-goog-api-key gets 401
         fake.requests                               # every request, in arrival order
         fake.hits("batches/a")                      # how many requests named it
+        fake.endless_listing("repeat")              # batches listing never ends ("fresh":
+                                                    # a new next-page token on every page)
 
 Uploads, batch create and cancel, and their helpers (``uploaded``, ``batches_created``,
 ``run_batch``, ``fail_create``, ``on_create``...) are in ``tests/support/fake_gemini_batches.py``.
@@ -153,6 +155,9 @@ class _State:
     delays: dict[str, float] = field(default_factory=dict)
     hooks: dict[str, Callable[[Request], None]] = field(default_factory=dict)
     routes: list[tuple[str, re.Pattern[str], Handler]] = field(default_factory=list)
+    # The batch listing never ends: "repeat" gives the same next-page token on every page,
+    # "fresh" a new one on every page (None: the listing ends after its last batch).
+    endless: str | None = None
 
 
 # --- REST shapes ---------------------------------------------------------------------------------
@@ -511,6 +516,15 @@ class FakeGemini(FakeBatches):
         with self._lock:
             self._state.routes.append((method.upper(), re.compile(pattern), handler))
 
+    def endless_listing(self, mode: str | None) -> None:
+        """Make the batch listing endless: every page holds every batch again and a next-page
+        token, the same one each time (``"repeat"``) or a new one each time (``"fresh"``);
+        None: the ordinary listing."""
+        if mode not in (None, "repeat", "fresh"):
+            raise ValueError(f"mode is 'repeat', 'fresh' or None, not {mode!r}")
+        with self._lock:
+            self._state.endless = mode
+
     def hits(self, name: str) -> int:
         with self._lock:
             return sum(1 for r in self.requests if r.name == name)
@@ -609,7 +623,11 @@ class FakeGemini(FakeBatches):
         start = int((request.query.get(token_key) or ["0"])[0] or 0)
         page = items[start : start + size]
         body: dict[str, Any] = {items_key: page}
-        if start + size < len(items):
+        endless = self._state.endless if prefix == "batches/" else None
+        if endless is not None:
+            body[items_key] = items[:size]
+            body["nextPageToken"] = "1" if endless == "repeat" else str(start + size)
+        elif start + size < len(items):
             next_key = "nextPageToken" if token_key == "pageToken" else "next_page_token"
             body[next_key] = str(start + size)
         return body

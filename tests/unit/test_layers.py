@@ -41,6 +41,8 @@ DOMAIN = (
     "opstate.waiters.model",  # the waiters' pure part (issue 26)
     "opstate.retry.rules",  # which rows are retried (issue 33)
     "opstate.retry.final",  # the final merge of a lineage's outputs (issue 33)
+    "opstate.retry.reading",  # how a retry pass reads a line: strictly, key digests (issue 39)
+    "opstate.retry.selection",  # the rules over key digests: which keys are retried (issue 39)
     "opstate.retry.authority",  # who attached a policy, which inputs it may name (issue 38)
 )
 # (layer name, module prefixes): "opstate.store" places opstate.store and opstate.store.*.

@@ -235,6 +235,7 @@ def test_extra_keys_missing_keys_and_members_without_output() -> None:
         retried=1,
         attempts=4,
         extra=1,
+        unreadable=1,  # b"garbage" (a line without a text key is no row of any key)
     )
     assert ledger.as_dict()["rows"] == {"total": 4, "answered": 1, "blocked": 0, "failed": 3}
 
@@ -242,3 +243,60 @@ def test_extra_keys_missing_keys_and_members_without_output() -> None:
 def test_a_quota_refusal_is_never_selected() -> None:
     row = read_row(jsonl([OUTCOMES["quota"]("q")]).strip())
     assert row is not None and is_transient(row, DEFAULT_TABLE) is None
+
+
+def strict(line: bytes) -> Any:
+    """A line read by a strict JSON parser: UTF-8, no NaN/Infinity, no lone surrogate."""
+
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    value = json.loads(line.decode("utf-8"), parse_constant=refuse)
+    json.dumps(value, ensure_ascii=False).encode("utf-8")  # a lone surrogate cannot encode
+    return value
+
+
+def test_unreadable_rows_are_left_out_and_every_final_line_is_strict_json() -> None:
+    """A lone surrogate escape, NaN or Infinity makes that row unreadable (counted), never the
+    whole final; 1e400 is valid JSON text and is kept as Gemini wrote it (bytes copied)."""
+    surrogate = b'{"key": "k1", "response": {"candidates": [{"content": {"parts": [{"text": '
+    surrogate += b'"\\ud800"}]}}]}}'
+    nan = b'{"key": "k2", "response": {"candidates": [], "x": NaN}}'
+    huge = b'{"key": "k3", "response": {"candidates": [{"avgLogprobs": 1e400, "content": {}}]}}'
+    infinity = b'{"key": "k4", "error": {"code": 503, "message": "later", "x": -Infinity}}'
+    root = Member(0, "batches/r", chunked(b"\n".join([surrogate, nan, huge, infinity]) + b"\n"))
+    answer = OUTCOMES["answered"]("k2") or {}
+    child = Member(1, "batches/c", chunked(jsonl([answer])), chunked(inputs(["k2"])))
+    out = bytearray()
+    ledger = write_final([root, child], chunked(inputs(["k1", "k2", "k3", "k4"])), out.extend, CAP)
+    written = bytes(out).splitlines()
+    assert [strict(line)["key"] for line in written] == ["k3", "k2", "k1", "k4"]
+    assert written[0] == huge[:-1] + b',"attempt":0}'  # the row's own text, 1e400 kept
+    assert strict(written[1]) == {**answer, "attempt": 1}
+    missing = {"code": "missing", "message": "no attempt returned this key"}
+    assert strict(written[2]) == {"key": "k1", "error": missing, "attempt": 0}
+    assert strict(written[3]) == {"key": "k4", "error": missing, "attempt": 0}
+    assert ledger.unreadable == 3
+    assert ledger.as_dict()["rows"] == {"total": 4, "answered": 2, "blocked": 0, "failed": 2}
+
+
+def test_a_member_row_counts_only_for_keys_that_member_was_given() -> None:
+    """A retry child answering a key it was never sent (the root answered it) or one the input
+    lacks does not replace the root's line: left out, counted ``foreign`` / ``extra``."""
+    ok, bad = OUTCOMES["answered"], OUTCOMES["unavailable"]
+    root = member(0, [bad("k1"), OUTCOMES["invalid"]("k2")])
+    stray = {"key": "k2", "response": {"candidates": [{"content": {"parts": [{"text": "?"}]}}]}}
+    child = Member(
+        1, "batches/c", chunked(jsonl([ok("k1"), stray, ok("k9")])), chunked(inputs(["k1"]))
+    )
+    final, ledger = run_final([root, child], inputs(["k1", "k2"]))
+    assert final == [
+        {**(OUTCOMES["invalid"]("k2") or {}), "attempt": 0},
+        {**(ok("k1") or {}), "attempt": 1},
+    ]
+    assert (ledger.foreign, ledger.extra, ledger.retried) == (1, 1, 1)
+    # a member whose input is not known is taken as given every key (as before)
+    unknown = member(1, [ok("k1"), stray])
+    final, ledger = run_final([root, unknown], inputs(["k1", "k2"]))
+    assert {row["key"]: row["attempt"] for row in final} == {"k1": 1, "k2": 1}
+    assert ledger.foreign == 0

@@ -106,6 +106,11 @@ METRICS: Final[Mapping[str, MetricSpec]] = {
         _spec("ResultsUnpriced", "archive", "archived batches whose cost is unknown"),
         _spec("RetryCostUSD", "archive", "US dollars retries added, at each final result"),
         _spec("RetryUnavailable", "archive", "roots whose input opstate cannot use for retries"),
+        _spec(
+            "RetrySearchCut",
+            "archive",
+            "display-name searches cut short (page cap, repeated token, time): nothing created",
+        ),
         _spec("RetryBudgetReached", "archive", "roots held back by the deployment's retry budget"),
         _spec("ResultsFinal", "archive", "lineages whose final.jsonl was written"),
         _spec("WaitersRegistered", "webhook", "waiters newly registered"),

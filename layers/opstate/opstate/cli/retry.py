@@ -148,7 +148,7 @@ def check_file(source: str, config: Settings, said: str = "nothing submitted") -
     from opstate.retry.inputs import InputError, check_input, source_chunks
 
     try:
-        return check_input(source_chunks(source)(), config.results_max_line_mib * 1024 * 1024).rows
+        return check_input(source_chunks(source), config.results_max_line_mib * 1024 * 1024).rows
     except InputError as exc:
         raise UsageError(f"{said}: {exc}") from None
 

@@ -98,6 +98,13 @@ def rest_listing(client: Any, page_size: int) -> Iterator[list[object]]:
     """The Gemini API's REST listing (``GET batches?pageSize&pageToken``: ``{"operations":
     [...], "nextPageToken"}``) page by page, each page's raw items, through the client's own
     request path; a failure as ``classify`` says."""
+    for page, _token in rest_listing_tokens(client, page_size):
+        yield page
+
+
+def rest_listing_tokens(client: Any, page_size: int) -> Iterator[tuple[list[object], str | None]]:
+    """``rest_listing`` with each page's next-page token (None on the last page), so a caller
+    can bound the listing (a token seen before, a page cap) before the next page is asked."""
     token: str | None = None
     while True:
         query: dict[str, Any] = {"pageSize": page_size}
@@ -111,9 +118,11 @@ def rest_listing(client: Any, page_size: int) -> Iterator[list[object]]:
         if not isinstance(body, Mapping):
             body = {}
         operations = body.get("operations")
-        yield list(operations) if isinstance(operations, list) else []
         token = body.get("nextPageToken")
         if not isinstance(token, str) or not token:
+            token = None
+        yield (list(operations) if isinstance(operations, list) else []), token
+        if token is None:
             return
 
 

@@ -24,14 +24,14 @@ from __future__ import annotations
 import io
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from opstate.domain.events import from_batch_job
 from opstate.domain.model import OpEvent
 from opstate.domain.refusals import Verdict, refusal_of
-from opstate.gemini.batches import rest_batch, rest_listing, rest_resource
+from opstate.gemini.batches import rest_batch, rest_listing_tokens, rest_resource
 from opstate.gemini.errors import GatewayError, classify
 from opstate.gemini.files import is_file_name
 
@@ -233,23 +233,71 @@ def read_batch(client: Any, name: str) -> OpEvent:
         raise classify(exc) from exc
 
 
-def find_by_display_id(client: Any, marker: str, page_size: int = 100) -> list[str]:
+# The display-name search reads at most this many pages (``MAX_SEARCH_PAGES`` x its page size
+# jobs, newest first as Gemini lists them) before it gives up (``SearchCutError``).
+MAX_SEARCH_PAGES = 100
+
+
+class SearchCutError(GatewayError):
+    """The display-name search stopped before the listing's end (its page cap, a next-page
+    token the listing gave before, or the caller's time): whether the job is there is not
+    known, so nothing may be created on it (transient: a later search may finish)."""
+
+    def __init__(self, marker: str, why: str) -> None:
+        super().__init__(
+            f"the search for {marker} stopped before the listing's end ({why}); nothing created",
+            transient=True,
+        )
+        self.why = why
+
+
+def find_by_display_id(
+    client: Any,
+    marker: str,
+    page_size: int = 100,
+    *,
+    max_pages: int = MAX_SEARCH_PAGES,
+    time_left: Callable[[], float] | None = None,
+) -> list[str]:
     """Names of the batches whose ``displayName`` holds ``marker`` as one of its space-separated
     words (``"<cut name> <id>"`` or ``"<id>"``: id ``...-a1-1`` never finds ``...-a1-10``), over
     every page of the REST listing (``GET batches?pageSize&pageToken``), in listing order. Any
     job counts, even one whose state this release does not know; read each with ``read_batch``
-    before acting."""
+    before acting.
+
+    Bounded: after ``max_pages`` pages, on a next-page token the listing gave before (a listing
+    that never ends) and once ``time_left()`` (seconds) is at or below 0 before a page, the
+    search raises ``SearchCutError`` instead of answering: an unfinished search never reads as
+    "not there"."""
     if not marker or marker.split() != [marker]:
         raise ValueError(f"a marker is one word, not {marker!r}")
     if isinstance(page_size, bool) or not 1 <= page_size <= 1000:
         raise ValueError(f"page_size must be 1..1000, not {page_size!r}")
+    if isinstance(max_pages, bool) or max_pages < 1:
+        raise ValueError(f"max_pages must be >= 1, not {max_pages!r}")
     found: list[str] = []
-    for page in rest_listing(client, page_size):
-        for item in page:
-            name, display = _named(item)
-            if name and marker in display.split():
-                found.append(name)
-    return found
+    tokens: set[str] = set()
+    for pages, (page, token) in enumerate(rest_listing_tokens(client, page_size), start=1):
+        found.extend(
+            name for name, display in map(_named, page) if name and marker in display.split()
+        )
+        if token is None:
+            return found
+        _check_search(marker, token in tokens, pages >= max_pages, time_left)
+        tokens.add(token)
+    return found  # pragma: no cover - rest_listing_tokens ends with a None token
+
+
+def _check_search(
+    marker: str, repeated: bool, capped: bool, time_left: Callable[[], float] | None
+) -> None:
+    """``SearchCutError`` when the display-name search must stop before its next page."""
+    if repeated:
+        raise SearchCutError(marker, "the listing repeated a next-page token")
+    if capped:
+        raise SearchCutError(marker, "its page cap was read")
+    if time_left is not None and time_left() <= 0:
+        raise SearchCutError(marker, "the pass ran out of time")
 
 
 def _named(item: object) -> tuple[str, str]:

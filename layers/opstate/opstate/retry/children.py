@@ -11,7 +11,10 @@ id, its input in the sink) and every create goes through this protocol:
    writing its name) is first looked for: the listing's display names are searched for its id
    (and its ``legacyId``) and each job found is read itself. One is adopted only when its own
    display name carries the id, it has no retry state of its own in the store (but the one
-   this lineage gave it) and it is the only one: several make the lineage stop, none adopted;
+   this lineage gave it) and it is the only one: several make the lineage stop, none adopted.
+   The search is bounded (``find_by_display_id``: a page cap, a repeated next-page token, the
+   pass's ``time_left``): one cut short fails closed (``SearchCutError``, counted in
+   ``RetrySearchCut``): nothing is created, the entry is due again;
 3. only when none is found, and the deployment's budget allows (``opstate.retry.budget``):
    upload its input (Files API), streamed from the sink through its sha256 check (a changed
    input stops the lineage before the upload finalizes), ``batches.create`` with the id as its
@@ -48,6 +51,7 @@ from opstate.domain.refusals import DAILY, MONEY, PASSING, backoff_s, next_pacif
 from opstate.domain.times import NS_PER_SECOND
 from opstate.gemini.errors import GatewayError, classify
 from opstate.gemini.submit import (
+    SearchCutError,
     batch_model,
     cancel_batch,
     create_or_delete,
@@ -151,7 +155,11 @@ class Creator:
         adopted: dict[str, OpEvent] = {}
         for marker in markers:
             try:
-                found = find_by_display_id(client, marker)
+                found = find_by_display_id(client, marker, time_left=self.runner.time_left)
+            except SearchCutError as exc:  # fails closed: no create, the entry is due again
+                count("RetrySearchCut")
+                log_fields(logger.warning, "retry search cut", {"id": marker, "why": exc.why})
+                raise
             except GatewayError:
                 raise
             except Exception as exc:

@@ -31,7 +31,6 @@ failure of one root is logged and counted, never the end of the pass.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
@@ -47,8 +46,8 @@ from opstate.outcomes.sink import Sink, SinkError
 from opstate.retry import evidence, lineage, spend
 from opstate.retry.authority import INPUT_UNUSABLE, NOT_UNDER, acting_policy, reads_input
 from opstate.retry.children import Creator
-from opstate.retry.cutting import write_inputs
-from opstate.retry.finalize import chunks_of, lines_of, output_location, write_final_of
+from opstate.retry.cutting import retry_keys, write_inputs
+from opstate.retry.finalize import chunks_of, output_location, write_final_of
 from opstate.retry.inputs import (
     InputError,
     IntegrityError,
@@ -58,11 +57,6 @@ from opstate.retry.inputs import (
     verified,
 )
 from opstate.retry.passes import LostRace, RetryConfig, RetryResult
-from opstate.retry.rules import (
-    reason_history,
-    select_retry,
-    transient_failures,
-)
 from opstate.retry.timeouts import pending_timeouts
 from opstate.store.port import ArchiveState, RetryableError
 from opstate.store.retry_state import RETRY_ACTIVE, RETRY_DONE, RetryState
@@ -94,6 +88,8 @@ class RetryRunner:
         self.clock_ns = clock_ns
         self.on_final = on_final
         self.result = RetryResult()
+        self.time_left: Callable[[], float] | None = None
+        self._redated: tuple[str, int] | None = None  # (root, due) the last re-date wrote
         self.creator = Creator(self)
         self.every = False  # an operator's pass: a create backing off is tried at once
 
@@ -107,6 +103,9 @@ class RetryRunner:
         every: bool = False,
     ) -> None:
         self.every = every
+        if remaining_s is not None:
+            left = remaining_s
+            self.time_left = lambda: left() - safety_s
         try:
             entries: Iterator[tuple[OpRecord, RetryState]]
             if names is None:
@@ -151,6 +150,7 @@ class RetryRunner:
     def one(self, root: OpRecord, state: RetryState) -> None:
         if state.created_ns != root.created_ns:
             return  # a state of an earlier incarnation: never acted on
+        state = self._redate(root, state)
         ready = self._ready(root, state)
         if ready is None:
             return
@@ -230,9 +230,30 @@ class RetryRunner:
     def _wait(self, root: OpRecord, state: RetryState, due_ns: int) -> None:
         """Look at ``root`` again at ``due_ns``: written only when the stored due time has
         passed or is later, so a pass over a root not yet due (``opstate retry --once``, a
-        bus trigger) writes nothing."""
-        if state.due_ns <= self.clock_ns() or due_ns < state.due_ns:
+        bus trigger) writes nothing; or when the stored due time is the one this pass re-dated
+        it to (``_later``): then the step's own time replaces it, a backoff longer than
+        ``check_s`` included."""
+        redated = self._redated == (root.name, state.due_ns)
+        if state.due_ns <= self.clock_ns() or due_ns < state.due_ns or redated:
             self.write(root, state, state.doc, due_ns=due_ns)
+
+    def _redate(self, root: OpRecord, state: RetryState) -> RetryState:
+        """A due root is first written due again after ``check_s``, before any heavy work
+        (reading its input and outputs, writing children or the final result): a pass that
+        dies on it (out of memory, out of time, killed) leaves it behind the roots due before,
+        so the next pass takes those first. Whatever the step ends with writes its own due
+        time over this one."""
+        if state.due_ns > self.clock_ns():
+            return state  # not due (a pass over every root, a bus trigger): left as it is
+        return self._later(root, state, state.doc)
+
+    def _later(self, root: OpRecord, state: RetryState, doc: Mapping[str, Any]) -> RetryState:
+        """``doc`` written with ``root`` due again after ``check_s`` (the re-date), noted so
+        that ``_wait`` may put the step's own due time over it."""
+        due_ns = self.clock_ns() + int(self.config.check_s * NS_PER_SECOND)
+        written = self.write(root, state, doc, due_ns=due_ns)
+        self._redated = (root.name, due_ns)
+        return written
 
     def _soonest_claim(self, doc: Mapping[str, Any], now: int) -> int:
         later = [
@@ -345,12 +366,24 @@ class RetryRunner:
             whole = _whole_case(record, ref, ref.name in gone, policy, attempt)
             if whole is not None:
                 if whole and ref.input and ref.rows:
-                    inputs.extend(evidence.whole_input(self, root, ref, ref.name in gone, policy))
+                    inputs.extend(
+                        evidence.whole_input(
+                            self,
+                            root,
+                            doc,
+                            ref,
+                            ref.name in gone,
+                            policy,
+                            attempt,
+                            room,
+                            len(inputs),
+                        )
+                    )
                 continue
             output = output_location(archives.get(ref.name))
             if record.state is not State.SUCCEEDED or output is None:
                 continue
-            keys = self._retry_keys(output, earlier, archives, attempt, max_attempts)
+            keys = retry_keys(self, doc, output, earlier, archives, attempt, max_attempts)
             if keys:
                 job = evidence.read(self, ref.name)
                 if job.state is not State.SUCCEEDED:
@@ -358,7 +391,7 @@ class RetryRunner:
                     continue
                 inputs.extend(
                     write_inputs(
-                        self, root, doc, keys, attempt, ref.name, room - len(inputs), job.model
+                        self, root, doc, keys, attempt, ref.name, room, len(inputs), job.model
                     )
                 )
         if not inputs:
@@ -371,29 +404,9 @@ class RetryRunner:
             {"name": root.name, "attempt": attempt, "children": [c["id"] for c in planned]},
         )
         spend.check(self, root, doc, refs, archives, planned)  # over budget: stopped (issue 41)
-        return self.write(root, state, doc, due_ns=self.clock_ns())
-
-    def _retry_keys(
-        self,
-        output: str,
-        earlier: list[lineage.MemberRef],
-        archives: Mapping[str, ArchiveState | None],
-        attempt: int,
-        max_attempts: int,
-    ) -> set[str]:
-        table, cap = self.config.table, self.config.max_line_bytes
-        candidates = transient_failures(lines_of(self.sink.chunks(output), cap), table)
-        if not candidates or attempt > max_attempts:
-            return set()
-        wanted = set(candidates)
-        # The failures of each candidate so far: every earlier member's output, then this one.
-        history: dict[str, Counter[str]] = {}
-        locations = [output_location(archives.get(ref.name)) for ref in earlier]
-        for location in [*(loc for loc in locations if loc is not None), output]:
-            seen = reason_history(lines_of(self.sink.chunks(location), cap), wanted, table)
-            for key, reasons in seen.items():
-                history.setdefault(key, Counter()).update(reasons)
-        return select_retry(candidates, history, table, attempt, max_attempts)
+        # due again later (re-dated, as ``_redate`` says): the create follows in this pass; a
+        # lineage the budget stopped gets its final result in this pass instead, never a create
+        return self._later(root, state, doc)
 
 
 def _whole_resubmit(record: OpRecord, cancelled_by_us: bool, resubmit_expired: bool) -> bool:

@@ -7,12 +7,16 @@ is planned and the final result follows with what is known."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from opstate.domain.model import OpRecord
 from opstate.domain.retry import RetryPolicy
 from opstate.gemini.errors import GatewayError
 from opstate.ingest import ingest
 from opstate.observability import count, log_fields, logger
 from opstate.retry import acting, lineage
+from opstate.retry.cutting import whole_inputs
 from opstate.retry.passes import Runner
 from opstate.store.port import RetryableError
 from opstate.store.retry_state import RetryState
@@ -29,22 +33,24 @@ class Unknown(Exception):
 def whole_input(
     runner: Runner,
     root: OpRecord,
+    doc: Mapping[str, Any],
     ref: lineage.MemberRef,
     cancelled_by_us: bool,
     policy: RetryPolicy,
+    attempt: int,
+    room: int,
+    start: int,
 ) -> list[lineage.ChildInput]:
-    """Member ``ref``'s whole input as a child, when Gemini, read now, says it ended so
-    (not the record: a report may have said it), on the model Gemini says it ran on."""
+    """Member ``ref``'s whole input as children of attempt ``attempt``, when Gemini, read now,
+    says it ended so (not the record: a report may have said it), on the model Gemini says it
+    ran on: its input itself, or split by ``max_rows`` (``cutting.whole_inputs``: at most
+    ``room`` children in the attempt, ``start`` planned already)."""
     assert ref.input is not None and ref.rows is not None
     job = read(runner, ref.name)
     if not acting.whole_evidence(job, ref.attempt, cancelled_by_us, policy.resubmit_expired):
         not_said(runner, root, job)
         return []
-    return [
-        lineage.ChildInput(
-            ref.input, ref.rows, ref.size or 0, True, ref.name, ref.sha256, job.model
-        )
-    ]
+    return whole_inputs(runner, root, doc, ref, attempt, room, start, job.model)
 
 
 def read(runner: Runner, name: str) -> acting.Job:

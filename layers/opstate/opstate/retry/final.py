@@ -3,27 +3,41 @@
 
 For each key the line kept is the one of the latest attempt that *answered* it (a ``response``
 row, blocked or not); a key no attempt answered keeps its latest failure. Equal attempts: the
-later member of the sequence wins, and within one member the later line. Memory holds
-key -> one int (``choose`` packs the member and the line number into it), never a line: the
-outputs are read twice, once to choose, once to write.
+later member of the sequence wins, and within one member the later line. A member's row counts
+only for a key that member was *given*: a retry batch whose input is known (``Member.input``)
+answering a key its input did not hold is left out for that key (counted ``foreign``), so a
+child never replaces the root's answer for a key it was never sent; the root was given every
+key of the input.
+
+Memory holds no key's text and no line: the input's keys are a ``reading.KeyIndex`` (8-byte
+digests), and per key one packed int (``choose``: the member and the line number), one byte for
+the highest attempt whose input held it, one byte per member with a known input (whether it
+was given the key) and one whether it was written; an output row is read strictly by
+``reading.read_output`` (only the fields the rules need are built). The outputs are read
+twice, once to choose, once to write.
 
 ``write_final`` writes ``final.jsonl``: first the chosen lines, in the order of the members
-and of their lines, each parsed and re-serialised compactly with ``"attempt": n`` added; then,
-in input order, a line for each original key no output held:
+and of their lines, each **the row's own bytes** with ``"attempt": n`` added as its last member
+(``reading.final_line``: never re-serialised, so a number such as ``1e400`` stays as written);
+then, in input order, a line for each original key no output held:
 ``{"key": k, "error": {"code": "missing", "message": "no attempt returned this key"},
 "attempt": n}`` where n is the highest attempt whose input held the key (0 when no member's
-input is known to). Output keys the input lacks are left out (counted ``extra``, one per line).
+input is known to). Output keys the input lacks are left out (counted ``extra``, one per line);
+so are unreadable lines (not UTF-8, not strict JSON: ``NaN``, ``Infinity``, a lone surrogate
+escape; counted ``unreadable``): every line of ``final.jsonl`` is strict JSON.
 """
 
 from __future__ import annotations
 
-import json
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from opstate.domain.strict_json import dumps
 from opstate.outcomes.plan import MAX_COUNTED_CODES, OTHER_CODES
-from opstate.retry.rules import lines, parse_line, row_of
+from opstate.retry.reading import KeyIndex, OutputRow, final_line, key_of, output_rows
+from opstate.retry.rules import lines, row_of
 
 MISSING_CODE = "missing"
 MISSING_MESSAGE = "no attempt returned this key"
@@ -50,7 +64,9 @@ class FinalLedger:
     """What ``final.jsonl`` holds: ``total`` lines (one per original key), ``answered`` (with
     ``blocked`` among them), ``failed`` by code text (``"missing"`` for a key no attempt
     returned), ``retried`` (original keys some attempt >= 1 held), ``attempts`` (members),
-    ``extra`` (output lines whose key the input lacks, left out)."""
+    ``extra`` (output lines whose key the input lacks, left out), ``foreign`` (output lines of
+    a key their member was not given, left out), ``unreadable`` (output lines that are not a
+    strict JSON object, left out)."""
 
     total: int = 0
     answered: int = 0
@@ -59,6 +75,8 @@ class FinalLedger:
     retried: int = 0
     attempts: int = 0
     extra: int = 0
+    foreign: int = 0
+    unreadable: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -83,61 +101,97 @@ def _ranks(members: Sequence[Member]) -> list[int]:
     return ranks
 
 
-def _keyed_rows(
+def _rows(
     output: Callable[[], Iterable[bytes]], max_line_bytes: int
-) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed line) of each output line that is a JSON object with a text key."""
-    for number, line in enumerate(lines(output(), max_line_bytes, skip_long=True)):
-        value = parse_line(line)
-        if isinstance(value, dict) and isinstance(value.get("key"), str):
-            yield number, value
-
-
-def _choose(
-    members: Sequence[Member], max_line_bytes: int, keys: Mapping[str, int] | None
-) -> tuple[dict[str, int], int]:
-    """key -> packed (answered, member rank, line number) of the line kept, with ``_RETRIED``
-    set when an attempt >= 1 had a line of the key; and how many lines were left out because
-    ``keys`` (when given) lacks their key."""
-    ranks = _ranks(members)
-    best: dict[str, int] = {}
-    extra = 0
-    for index, member in enumerate(members):
-        if member.output is None:
-            continue
-        base = ranks[index] << _LINE_BITS
-        retried = _RETRIED if member.attempt >= 1 else 0
-        for number, value in _keyed_rows(member.output, max_line_bytes):
-            key = value["key"]
-            if keys is not None and key not in keys:
-                extra += 1
-                continue
-            row = row_of(value)
-            packed = base | number | (_ANSWERED if row is not None and row.answered else 0)
-            old = best.get(key, -1)
-            if old < 0:
-                best[key] = packed | retried
-            elif packed > old & ~_RETRIED:
-                best[key] = packed | retried | (old & _RETRIED)
-            elif retried:
-                best[key] = old | retried
-    return best, extra
-
-
-def choose(members: Sequence[Member], max_line_bytes: int) -> dict[str, int]:
-    """key -> index in ``members`` of the member whose line is kept (see the module doc)."""
-    ranks = _ranks(members)
-    by_rank = {rank: index for index, rank in enumerate(ranks)}
-    best, _extra = _choose(members, max_line_bytes, None)
-    mask = (1 << 20) - 1
-    return {key: by_rank[(packed >> _LINE_BITS) & mask] for key, packed in best.items()}
+) -> Iterator[tuple[int, OutputRow | None]]:
+    """(line number, strictly read row or None) of each non-blank output line."""
+    return output_rows(lines(output(), max_line_bytes, skip_long=True))
 
 
 def _input_keys(chunks: Iterable[bytes], max_line_bytes: int) -> Iterator[str]:
     for line in lines(chunks, max_line_bytes, skip_long=True):
-        value = parse_line(line)
-        if isinstance(value, dict) and isinstance(value.get("key"), str):
-            yield value["key"]
+        key = key_of(line)
+        if key is not None:
+            yield key
+
+
+@dataclass
+class _Choice:
+    """``_choose``'s answer: per slot of the index, the packed choice (-1: none yet); the
+    lines left out."""
+
+    best: array[int]
+    extra: int = 0
+    foreign: int = 0
+    unreadable: int = 0
+
+
+def _choose(
+    members: Sequence[Member], max_line_bytes: int, index: KeyIndex, given: Sequence[Any]
+) -> _Choice:
+    """Per key slot: packed (answered, member rank, line number) of the line kept, with
+    ``_RETRIED`` set when an attempt >= 1 had a line of the key; ``given[i]``: member i's
+    given keys by slot (None: every key)."""
+    ranks = _ranks(members)
+    choice = _Choice(array("q", [-1]) * len(index))
+    best = choice.best
+    for position, member in enumerate(members):
+        if member.output is None:
+            continue
+        base = ranks[position] << _LINE_BITS
+        retried = _RETRIED if member.attempt >= 1 else 0
+        mine = given[position]
+        for number, row in _rows(member.output, max_line_bytes):
+            if row is None:
+                choice.unreadable += 1
+                continue
+            if row.key is None:
+                continue
+            slot = index.slot(row.key)
+            if slot is None:
+                choice.extra += 1
+                continue
+            if mine is not None and not mine[slot]:
+                choice.foreign += 1
+                continue
+            found = row_of(row.value)
+            packed = base | number | (_ANSWERED if found is not None and found.answered else 0)
+            best[slot] = _better(best[slot], packed, retried)
+    return choice
+
+
+def _better(old: int, packed: int, retried: int) -> int:
+    """The packed choice of a slot holding ``old`` (-1: none) once line ``packed`` is seen
+    (``retried``: ``_RETRIED`` when its member is an attempt >= 1)."""
+    if old < 0:
+        return packed | retried
+    if packed > old & ~_RETRIED:
+        return packed | retried | (old & _RETRIED)
+    return old | retried
+
+
+def choose(members: Sequence[Member], max_line_bytes: int) -> dict[str, int]:
+    """key -> index in ``members`` of the member whose line is kept (see the module doc), over
+    every key some output holds (each member taken as given every key)."""
+    keys = list(
+        dict.fromkeys(
+            row.key
+            for member in members
+            if member.output is not None
+            for _, row in _rows(member.output, max_line_bytes)
+            if row is not None and row.key is not None
+        )
+    )
+    index = KeyIndex(keys)
+    best = _choose(members, max_line_bytes, index, [None] * len(members)).best
+    by_rank = {rank: position for position, rank in enumerate(_ranks(members))}
+    mask = (1 << 20) - 1
+    chosen = {}
+    for key in keys:
+        slot = index.slot(key)
+        assert slot is not None
+        chosen[key] = by_rank[(best[slot] >> _LINE_BITS) & mask]
+    return chosen
 
 
 class _Tally:
@@ -166,20 +220,29 @@ class _Tally:
 
 
 def _dump(value: Mapping[str, Any]) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+    return dumps(value, compact=True).encode("utf-8") + b"\n"
 
 
-def _held(
-    members: Sequence[Member], keys: Mapping[str, int], max_line_bytes: int
-) -> dict[str, int]:
-    """key -> the highest attempt >= 1 whose input (when known) held it."""
-    held: dict[str, int] = {}
+def _given(
+    members: Sequence[Member], index: KeyIndex, max_line_bytes: int
+) -> tuple[list[bytearray | None], array[int]]:
+    """Per member, the keys its input held, by slot (None when its input is not known: every
+    key); and per slot the highest attempt >= 1 whose input held the key (0: none)."""
+    given: list[bytearray | None] = []
+    held: array[int] = array("B", bytes(len(index)))
     for member in members:
-        if member.attempt >= 1 and member.input is not None:
-            for key in _input_keys(member.input(), max_line_bytes):
-                if key in keys and held.get(key, -1) < member.attempt:
-                    held[key] = member.attempt
-    return held
+        if member.input is None:
+            given.append(None)
+            continue
+        mine = bytearray(len(index))
+        for key in _input_keys(member.input(), max_line_bytes):
+            slot = index.slot(key)
+            if slot is not None:
+                mine[slot] = 1
+                if member.attempt >= 1 and held[slot] < min(member.attempt, 255):
+                    held[slot] = min(member.attempt, 255)
+        given.append(mine)
+    return given, held
 
 
 def write_final(
@@ -190,36 +253,52 @@ def write_final(
 ) -> FinalLedger:
     """Write one line per key of the root's input (``input_chunks``) through ``write`` (each
     line ends with a newline) and return its ledger (order and shapes: the module doc)."""
-    keys: dict[str, int] = dict.fromkeys(_input_keys(input_chunks(), max_line_bytes), 0)
-    held = _held(members, keys, max_line_bytes)
-    best, extra = _choose(members, max_line_bytes, keys)
+    index = KeyIndex(_input_keys(input_chunks(), max_line_bytes))
+    given, held = _given(members, index, max_line_bytes)
+    choice = _choose(members, max_line_bytes, index, given)
+    best = choice.best
     ranks = _ranks(members)
     tally = _Tally()
-    for index, member in enumerate(members):
+    written = bytearray(len(index))
+    unreadable = choice.unreadable
+    for position, member in enumerate(members):
         if member.output is None:
             continue
-        base = ranks[index] << _LINE_BITS
-        for number, value in _keyed_rows(member.output, max_line_bytes):
-            key = value["key"]
-            packed = best.get(key)
-            if packed is None or packed & ~(_ANSWERED | _RETRIED) != base | number:
+        base = ranks[position] << _LINE_BITS
+        for number, row in _rows(member.output, max_line_bytes):
+            slot = index.slot(row.key) if row is not None and row.key is not None else None
+            if row is None or slot is None or written[slot]:
                 continue
-            tally.line(value, bool(packed & _RETRIED) or key in held)
-            value["attempt"] = member.attempt
-            write(_dump(value))
-            keys[key] = 1  # written
-    for key in [key for key, done in keys.items() if not done]:
-        attempt = held.get(key, 0)
+            packed = best[slot]
+            if packed < 0 or packed & ~(_ANSWERED | _RETRIED) != base | number:
+                continue
+            try:
+                pieces = final_line(row, member.attempt)
+            except ValueError:  # a large row with an attempt of its own: read as unreadable
+                unreadable += 1
+                continue
+            tally.line(row.value, bool(packed & _RETRIED) or held[slot] >= 1)
+            for piece in pieces:
+                write(piece)
+            written[slot] = 1
+    for key in _input_keys(input_chunks(), max_line_bytes):
+        slot = index.slot(key)
+        if slot is None or written[slot]:
+            continue
+        written[slot] = 1
+        attempt = held[slot]
         tally.failure(MISSING_CODE)
         tally.retried += attempt >= 1
         error = {"code": MISSING_CODE, "message": MISSING_MESSAGE}
         write(_dump({"key": key, "error": error, "attempt": attempt}))
     return FinalLedger(
-        total=len(keys),
+        total=len(index),
         answered=tally.answered,
         blocked=tally.blocked,
         failed=tally.failed,
         retried=tally.retried,
         attempts=len(members),
-        extra=extra,
+        extra=choice.extra,
+        foreign=choice.foreign,
+        unreadable=unreadable,
     )

@@ -15,13 +15,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from opstate.domain.costs import lineage_cost
 from opstate.domain.model import OpRecord
 from opstate.domain.states import State
+from opstate.domain.strict_json import dumps
 from opstate.observability import count, log_fields, logger
 from opstate.outcomes.plan import prefix_of
 from opstate.outcomes.sink import Sink
 from opstate.retry import lineage
 from opstate.retry.final import Member, write_final
 from opstate.retry.passes import Runner
-from opstate.retry.rules import lines, parse_line
+from opstate.retry.reading import key_of
+from opstate.retry.rules import lines
 from opstate.store.port import ArchiveState
 from opstate.store.retry_state import RETRY_DONE, RetryState
 
@@ -79,6 +81,9 @@ def write_final_of(
             "name": root.name,
             "lineage": [r.name for r in refs],
             **summary,
+            # output lines left out: not strict JSON objects; a key the member was not given
+            "unreadable": ledger.unreadable,
+            "foreign": ledger.foreign,
             "location": stored.location,
             "stopped": stopped if isinstance(stopped, str) else None,
         },
@@ -94,7 +99,8 @@ def write_final_of(
     count("ResultsFinal")
     if summary["cost"]["retries_usd"] is not None:
         count("RetryCostUSD", float(summary["cost"]["retries_usd"]))
-    log_fields(logger.info, "results final", {"name": root.name, **summary["rows"]})
+    left_out = {"unreadable": ledger.unreadable, "foreign": ledger.foreign}
+    log_fields(logger.info, "results final", {"name": root.name, **summary["rows"], **left_out})
     if runner.on_final is not None:
         runner.on_final(root.name)
 
@@ -114,10 +120,10 @@ def ended_whole(
 
     def chunks() -> Iterator[bytes]:
         for line in lines_of(held(), max_line_bytes):
-            value = parse_line(line)
-            if isinstance(value, dict) and isinstance(value.get("key"), str):
-                row = {"key": value["key"], "error": {"code": ended, "message": message}}
-                yield json.dumps(row, ensure_ascii=False).encode("utf-8") + b"\n"
+            key = key_of(line)
+            if key is not None:
+                row = {"key": key, "error": {"code": ended, "message": message}}
+                yield dumps(row).encode("utf-8") + b"\n"
 
     return chunks
 

@@ -4,8 +4,12 @@ its sha256, and read back by key (I/O, but no Gemini).
 An input is JSON Lines, one request a line: ``{"key": "...", "request": {...}}``. ``check_input``
 refuses (``InputError``, naming the line) a line that is not UTF-8, not JSON, not an object,
 longer than the cap, without a text ``key`` (1..``MAX_KEY_CHARS`` characters) or a ``request``
-object, a key seen before, and a blank line (a last newline is fine). It holds the set of keys,
-never the lines.
+object, a key seen before, and a blank line (a last newline is fine). A line is read as a
+retry pass reads it (``opstate.retry.reading``: only its ``key`` and its ``request``'s shape
+are built; a lone surrogate escape, ``NaN`` or ``Infinity`` anywhere is "not JSON"). It holds
+each key's 8-byte digest, never a key's text nor a line: a repeated key is found once every
+line is read (the digests sorted), and named by reading its line again when the source can be
+read again; a line that is wrong otherwise is named as it is met.
 
 A source that cannot be read is an ``InputError`` when reading again will not help (a local
 file that is not there or not readable, an S3 object that does not exist or is refused) and a
@@ -27,20 +31,38 @@ check.
 from __future__ import annotations
 
 import hashlib
-import json
-from collections.abc import Callable, Iterable, Iterator, Set
+from array import array
+from collections.abc import Callable, Container, Iterable, Iterator, Set
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from opstate.outcomes.sink import Sink, SinkError
-from opstate.retry.rules import LineTooLongError, lines, parse_line
+from opstate.retry.reading import (
+    BadLineError,
+    KeyIndex,
+    digest,
+    distinct,
+    input_line,
+    key_of,
+    repeated,
+    sorted_digests,
+    utf8_error,
+)
+from opstate.retry.rules import LineTooLongError, lines
 
 MAX_KEY_CHARS = 512
 CHUNK = 1024 * 1024
 INPUTS_PREFIX = "inputs"
 INPUT_NAME = "input.jsonl"
 SOURCE_FORMS = "file:///ABS/PATH or s3://BUCKET/KEY"
+
+
+type Chunks = Iterable[bytes] | Callable[[], Iterable[bytes]]
+
+
+def _stream(chunks: Chunks) -> Iterable[bytes]:
+    return chunks() if callable(chunks) else chunks
 
 
 class InputError(ValueError):
@@ -84,12 +106,11 @@ def held_intact(sink: Sink, location: str, sha256: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class InputFacts:
-    """A checked input: its rows, size, sha256 and keys."""
+    """A checked input: its rows, size and sha256."""
 
     rows: int
     bytes: int
     sha256: str
-    keys: Set[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,36 +146,34 @@ class _Hashing:
             yield chunk
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _check_line(line: bytes, number: int) -> str:
-    """The key of an input line (``InputError`` for anything but a request)."""
+    """The key of an input line (``InputError`` for anything but a request), read as the
+    retry pass reads lines (``opstate.retry.reading``: the ``key`` and the ``request``'s shape,
+    nothing else built)."""
+    bad = utf8_error(line)
+    if bad is not None:
+        raise InputError(f"not UTF-8 (byte {bad + 1})", number)
     try:
-        text = line.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 (byte {exc.start + 1})", number) from None
-    try:
-        value = json.loads(text, parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as exc:
-        raise InputError(f"not JSON ({exc})", number) from None
-    if not isinstance(value, dict):
-        raise InputError("not a JSON object", number)
-    key = value.get("key")
-    if not isinstance(key, str) or not key:
+        found = input_line(line)
+    except BadLineError as exc:
+        if exc.json_error:
+            raise InputError(f"not JSON ({exc})", number) from None
+        raise InputError("not a JSON object", number) from None
+    key = found.key
+    if not key:
         raise InputError('no "key" (a non-empty string)', number)
     if len(key) > MAX_KEY_CHARS:
         raise InputError(f'"key" is longer than {MAX_KEY_CHARS} characters', number)
-    if not isinstance(value.get("request"), dict):
+    if not found.request_object:
         raise InputError('no "request" object', number)
     return key
 
 
-def check_input(chunks: Iterable[bytes], max_line_bytes: int) -> InputFacts:
-    """Check every line of an input (module doc); its facts, or ``InputError``."""
-    hashing = _Hashing(chunks)
-    keys: set[str] = set()
+def check_input(chunks: Chunks, max_line_bytes: int) -> InputFacts:
+    """Check every line of an input (module doc); its facts, or ``InputError``. ``chunks``: a
+    chunk stream, or a callable giving one (then a repeated key is named: it is read again)."""
+    hashing = _Hashing(_stream(chunks))
+    digests: array[int] = array("Q")
     number = 0
     try:
         # lines() gives no empty last line for a final newline: every blank one is refused
@@ -162,15 +181,36 @@ def check_input(chunks: Iterable[bytes], max_line_bytes: int) -> InputFacts:
             number += 1
             if not line or line.isspace():
                 raise InputError("blank line", number)
-            key = _check_line(line, number)
-            if key in keys:
-                raise InputError(f"key {key[:80]!r} was seen on an earlier line", number)
-            keys.add(key)
+            digests.append(digest(_check_line(line, number)))
     except LineTooLongError as exc:
         raise InputError(f"longer than {max_line_bytes} bytes", exc.line) from None
-    if not keys:
+    if not digests:
         raise InputError("the input holds no request")
-    return InputFacts(len(keys), hashing.size, hashing.hash.hexdigest(), keys)
+    twice = repeated(sorted_digests(digests))
+    if twice:
+        number = _first_repeat(digests, twice)
+        key = _key_at(chunks, number, max_line_bytes) if callable(chunks) else None
+        said = f"key {key[:80]!r}" if key is not None else "its key"
+        raise InputError(f"{said} was seen on an earlier line", number)
+    return InputFacts(len(digests), hashing.size, hashing.hash.hexdigest())
+
+
+def _first_repeat(digests: array[int], twice: Set[int]) -> int:
+    """The 1-based line of the first key seen on an earlier line (every line holds a key)."""
+    seen: set[int] = set()
+    for index, value in enumerate(digests):
+        if value in twice:
+            if value in seen:
+                return index + 1
+            seen.add(value)
+    raise AssertionError("no repeated key")  # pragma: no cover - twice names one
+
+
+def _key_at(chunks: Callable[[], Iterable[bytes]], number: int, max_line_bytes: int) -> str | None:
+    for at, line in enumerate(lines(chunks(), max_line_bytes, skip_long=True), start=1):
+        if at == number:
+            return key_of(line)
+    return None  # pragma: no cover - the input changed under the check
 
 
 def _file_chunks(path: str) -> Iterator[bytes]:
@@ -242,7 +282,7 @@ def keep_input(
     unless an object is already there (module doc). ``name``: the operation it belongs to
     (the object's metadata). ``InputError`` when the input is bad or changed between passes
     (nothing written); ``SinkError`` when the storage fails."""
-    facts = check_input(chunks_fn(), max_line_bytes)
+    facts = check_input(chunks_fn, max_line_bytes)
     key = input_key(facts.sha256)
     existing = sink.head(key)
     if (
@@ -263,44 +303,29 @@ def keep_input(
     return KeptInput(stored.location, facts.sha256, facts.rows, facts.bytes)
 
 
-def _key_of(line: bytes) -> str | None:
-    value = parse_line(line)
-    if isinstance(value, dict):
-        key = value.get("key")
-        if isinstance(key, str):
-            return key
-    return None
-
-
 def subset(
-    input_chunks: Iterable[bytes], keys: Set[str], max_line_bytes: int
+    input_chunks: Iterable[bytes], keys: Container[str], max_line_bytes: int
 ) -> Iterator[tuple[str, bytes]]:
     """(key, line) of each line of a kept input whose key is in ``keys``, in input order; the
     line's bytes as they are, without the newline."""
     for line in lines(input_chunks, max_line_bytes, skip_long=True):
-        key = _key_of(line)
+        key = key_of(line)
         if key is not None and key in keys:
             yield key, line
 
 
-type Chunks = Iterable[bytes] | Callable[[], Iterable[bytes]]
-
-
-def _stream(chunks: Chunks) -> Iterable[bytes]:
-    return chunks() if callable(chunks) else chunks
-
-
 def keys_cover(input_chunks: Chunks, output_chunks: Chunks, max_line_bytes: int) -> int:
     """How many distinct keys of an output its input lacks (0: the input covers it). Each
-    side is a chunk stream, or a callable giving one."""
-    keys = {
+    side is a chunk stream, or a callable giving one. Holds the input's keys as digests
+    (``reading.KeyIndex``) and the lacking ones as digests too, never a key's text."""
+    index = KeyIndex(
         key
         for line in lines(_stream(input_chunks), max_line_bytes, skip_long=True)
-        if (key := _key_of(line)) is not None
-    }
-    lacking: set[str] = set()
+        if (key := key_of(line)) is not None
+    )
+    lacking: array[int] = array("Q")
     for line in lines(_stream(output_chunks), max_line_bytes, skip_long=True):
-        key = _key_of(line)
-        if key is not None and key not in keys:
-            lacking.add(key)
-    return len(lacking)
+        key = key_of(line)
+        if key is not None and index.slot_of(value := digest(key)) is None:
+            lacking.append(value)
+    return distinct(sorted_digests(lacking))

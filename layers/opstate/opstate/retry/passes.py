@@ -78,6 +78,8 @@ class Runner(Protocol):
     result: RetryResult
     on_final: Callable[[str], None] | None
     every: bool  # an operator's pass (``opstate retry --once``)
+    # Seconds the pass has left (None: no limit): the display-name search stops at 0.
+    time_left: Callable[[], float] | None
 
     def write(
         self, root: OpRecord, state: RetryState, doc: Mapping[str, Any], **change: Any

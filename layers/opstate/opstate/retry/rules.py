@@ -41,12 +41,13 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from opstate.domain.refusals import MONEY, refusal_of, sanitize_details
 from opstate.domain.retry import parse_transient
 from opstate.outcomes.ledger_reading import is_blocked
 from opstate.outcomes.plan import MAX_CODE_CHARS
+from opstate.retry.reading import read_output
 
 RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
 UNAVAILABLE = "UNAVAILABLE"
@@ -110,14 +111,15 @@ class _LineCut:
             parts = parts[1:]
         elif parts and self.carry:
             self.carry += parts[0]
-            parts[0] = bytes(self.carry)
-            self.carry.clear()
+            # handed over, not copied (a line may be the cap's size): a bytearray read as bytes
+            parts[0] = cast(bytes, self.carry)
+            self.carry = bytearray()
         limit = self.max
         for line in parts:
             self.number += 1
             if len(line) > limit and self.too_long(line):  # too_long decides: > or >= equivalent
                 continue
-            yield line[:-1] if line[-1:] == b"\r" else line
+            yield _without_cr(line)
         if not self.skipping:
             self.carry += last
             # limit + 2 would hold one byte more and cut the same lines (an equivalent mutant)
@@ -131,10 +133,20 @@ class _LineCut:
     def end(self) -> Iterator[bytes]:
         if self.carry:
             self.number += 1
-            line = bytes(self.carry)
-            self.carry.clear()
+            line = cast(bytes, self.carry)  # handed over, not copied
+            self.carry = bytearray()
             if not self.too_long(line):
-                yield line[:-1] if line[-1:] == b"\r" else line
+                yield _without_cr(line)
+
+
+def _without_cr(line: bytes) -> bytes:
+    """A line without its last ``\\r`` (a gathered bytearray trimmed in place, not copied)."""
+    if line[-1:] != b"\r":
+        return line
+    if isinstance(line, bytearray):
+        del line[-1]
+        return line
+    return line[:-1]
 
 
 def lines(
@@ -144,7 +156,9 @@ def lines(
     a newline is a line; an empty stream, or one ending with a newline, has no empty last
     line. A line longer than ``max_line_bytes`` (its ``\\r`` not counted) raises
     ``LineTooLongError``, or with ``skip_long`` is read past without being held: memory is
-    bounded by the cap and the chunk size, never by a line."""
+    bounded by the cap and the chunk size, never by a line. A line that spans chunks comes as
+    the ``bytearray`` it was gathered in (never copied again): a caller reads it, and copies
+    it only to keep it."""
     cut = _LineCut(max_line_bytes, skip_long)
     for chunk in chunks:
         if chunk:
@@ -252,8 +266,11 @@ def parse_line(line: bytes) -> Any:
 
 
 def read_row(line: bytes) -> Row | None:
-    """The ``Row`` of an output line; None when it is blank or not a JSON object."""
-    return row_of(parse_line(line))
+    """The ``Row`` of an output line; None when it is blank, not a JSON object or unreadable.
+    Read as ``opstate.retry.reading.read_output`` reads it: strictly, and building only the
+    fields a row's rules look at (a 32 MiB row is never built whole)."""
+    found = read_output(line)
+    return row_of(found.value) if found is not None else None
 
 
 def reason_of(row: Row) -> str | None:

@@ -39,6 +39,8 @@ from opstate.retry.inputs import KeptInput, keep_input, source_chunks
 from opstate.retry.policy import attach_policy
 
 MAX_DISPLAY_NAME_CHARS = 100
+# How long a re-run's search for the batch an earlier call created may take (seconds).
+SEARCH_SECONDS = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,9 +148,12 @@ def _same_policy(store: Any, record: OpRecord, policy: RetryPolicy) -> None:
 
 def _found(client: Any, marker_id: str) -> OpEvent | None:
     """The batch an earlier call created under ``marker_id``: each job the listing names is
-    read itself and counts only when its own display name carries the id (issue 38)."""
+    read itself and counts only when its own display name carries the id (issue 38). A search
+    cut short (``SearchCutError``: page cap, repeated token, ``SEARCH_SECONDS``) raises:
+    nothing is created on an unfinished search."""
+    until = time.monotonic() + SEARCH_SECONDS
     try:
-        names = find_by_display_id(client, marker_id)
+        names = find_by_display_id(client, marker_id, time_left=lambda: until - time.monotonic())
         jobs = [read_job(client, name) for name in dict.fromkeys(names)]
     except GatewayError:
         raise
