@@ -257,8 +257,14 @@ def test_the_ledger_and_members_are_values() -> None:
 
 
 def test_final_lines_are_utf_8_not_escaped() -> None:
+    # A member's row is copied as its own bytes (issue 39: final.jsonl keeps what Gemini wrote),
+    # so UTF-8 stays UTF-8; a line opstate writes itself (a key nothing answered) is UTF-8 too,
+    # never \\u-escaped (kills strict_json's ensure_ascii mutant through ``_dump``).
     out = bytearray()
-    members = [member(0, "r", ok("clé", "réponse ✓"))]
-    write_final(members, source(inputs("clé")), out.extend, CAP)
-    assert "réponse ✓".encode() in bytes(out) and b"\\u" not in bytes(out)
-    assert json.loads(bytes(out))["key"] == "clé"
+    row = '{"key":"clé","response":{"candidates":[{"finishReason":"STOP"}],"tag":"réponse ✓"}}'
+    members = [Member(0, "r", source(row.encode() + b"\n"), None)]
+    write_final(members, source(inputs("clé", "nié")), out.extend, CAP)
+    lines = bytes(out).splitlines()
+    assert "réponse ✓".encode() in lines[0] and b"\\u" not in bytes(out)
+    assert [json.loads(line)["key"] for line in lines] == ["clé", "nié"]
+    assert json.loads(lines[1])["error"]["code"] == "missing"
