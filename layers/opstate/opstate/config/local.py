@@ -8,7 +8,14 @@ from collections.abc import Mapping
 from dataclasses import field
 from typing import Any
 
-from opstate.config.parse import ConfigError, Part, given, read_int, read_str, settings_part
+from opstate.config.parse import (
+    Part,
+    given,
+    read_int,
+    read_str,
+    read_token,
+    settings_part,
+)
 from opstate.config.store import DEFAULT_LOCAL_STORE
 
 DEFAULT_RECONCILE_EVERY_S = 300.0
@@ -19,15 +26,7 @@ MIN_API_TOKEN_LENGTH = 32
 
 
 def _api_token(env: Mapping[str, str]) -> str | None:
-    token = read_str(env, "OPSTATE_API_TOKEN")
-    if token is None:
-        return None
-    if len(token) < MIN_API_TOKEN_LENGTH or any(c.isspace() for c in token):
-        raise ConfigError(
-            f"OPSTATE_API_TOKEN must be at least {MIN_API_TOKEN_LENGTH} characters without "
-            "spaces (e.g. the output of `openssl rand -hex 32`)"
-        )
-    return token
+    return read_token(env, "OPSTATE_API_TOKEN", MIN_API_TOKEN_LENGTH)
 
 
 @settings_part

@@ -74,6 +74,17 @@ def read_str(env: Mapping[str, str], key: str) -> str | None:
     return raw.strip()
 
 
+def read_token(env: Mapping[str, str], key: str, min_length: int) -> str | None:
+    """A bearer token: at least ``min_length`` characters without spaces; None when unset."""
+    token = read_str(env, key)
+    if token is not None and (len(token) < min_length or any(c.isspace() for c in token)):
+        raise ConfigError(
+            f"{key} must be at least {min_length} characters without spaces (e.g. the output "
+            "of `openssl rand -hex 32`)"
+        )
+    return token
+
+
 def read_bool(env: Mapping[str, str], key: str) -> bool | None:
     """``true``/``1``/``yes`` or ``false``/``0``/``no`` (any case); None when unset."""
     raw = read_str(env, key)

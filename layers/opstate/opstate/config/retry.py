@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import field
 from typing import Any
 
+from opstate.config.local import MIN_API_TOKEN_LENGTH
 from opstate.config.parse import (
     MAX_SECONDS,
     ConfigError,
@@ -18,6 +19,7 @@ from opstate.config.parse import (
     read_bool,
     read_float,
     read_str,
+    read_token,
     settings_part,
 )
 
@@ -38,21 +40,16 @@ DEFAULT_RETRY_MAX_BATCHES_PER_HOUR = 60
 MAX_RETRY_ACTIVE_LINEAGES = 10_000
 MAX_RETRY_BATCHES_PER_HOUR = 100_000
 # The retry token must be as strong as the API token (``config.local.MIN_API_TOKEN_LENGTH``).
-MIN_RETRY_TOKEN_LENGTH = 32
+MIN_RETRY_TOKEN_LENGTH = MIN_API_TOKEN_LENGTH
 # An input prefix: s3://BUCKET/ or s3://BUCKET/SOME/PATH/ (a key's folders, no ".", ".." or
 # empty segment); a missing last "/" is added, so "incoming" never admits "incoming-other/".
 _PREFIX = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/((?:[^/\x00-\x1f\x7f]+/)*)")
 
 
 def _retry_token(env: Mapping[str, str], key: str) -> str | None:
-    token = read_str(env, key)
+    token = read_token(env, key, MIN_RETRY_TOKEN_LENGTH)
     if token is None:
         return None
-    if len(token) < MIN_RETRY_TOKEN_LENGTH or any(c.isspace() for c in token):
-        raise ConfigError(
-            f"{key} must be at least {MIN_RETRY_TOKEN_LENGTH} characters without spaces (e.g. "
-            "the output of `openssl rand -hex 32`)"
-        )
     if token == read_str(env, "OPSTATE_API_TOKEN"):
         # The point of the second token is a second right: the same value would grant it to
         # every holder of the first.

@@ -45,14 +45,7 @@ def cost_view(cost: object) -> dict[str, Any]:
     priced_at, prices, batch_discount}`` and ``reason`` when ``usd`` is null. An archive of an
     earlier release carries none: unknown, with that reason."""
     if not isinstance(cost, Mapping):
-        return {
-            "usd": None,
-            "model": None,
-            "priced_at": None,
-            "prices": None,
-            "batch_discount": None,
-            "reason": REASON_PREVIOUS_RELEASE,
-        }
+        return _unknown(REASON_PREVIOUS_RELEASE)
     usd = decimal_of(cost)
     view = {
         "usd": None if usd is None else shown_usd(usd),
