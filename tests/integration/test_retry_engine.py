@@ -410,23 +410,32 @@ def test_internal_and_deadline_are_retried_once_unavailable_again(rig: Rig) -> N
     assert by_key["u503"]["attempt"] == 2 and "response" in by_key["u503"]
 
 
-def test_a_429_naming_money_is_never_retried(rig: Rig) -> None:
-    keys = ["q1", "q2", "q3", "rate", "fine"]
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [
+        (429, "Your prepayment credits are depleted."),
+        (429, "Billing account disabled"),
+        (8, "Your spending cap is reached"),
+    ],
+)
+def test_a_row_naming_money_is_never_retried_and_stops_the_lineage(
+    rig: Rig, code: int, message: str
+) -> None:
+    # Issue 39: a money refusal is permanent and stops the lineage; the rate-limited row beside
+    # it is not retried either, since a create would be refused for the same money.
+    keys = ["money", "rate", "fine"]
     root = rig.submit(keys, "--retry-attempts", "3")
     rows = [
-        {"key": "q1", "error": {"code": 429, "message": "Your prepayment credits are depleted."}},
-        {"key": "q2", "error": {"code": 429, "message": "Billing account disabled"}},
-        {"key": "q3", "error": {"code": 8, "message": "Your spending cap is reached"}},
+        {"key": "money", "error": {"code": code, "message": message}},
         {"key": "rate", "error": {"code": 429, "message": "Too many requests, slow down"}},
         answered("fine"),
     ]
     rig.finish(root, rows)
-    assert rig.run().submitted == 1
-    child = rig.fake.batches_created()[1]
-    assert rig.child_keys(child) == ["rate"]
-    rig.finish(child, [answered("rate")])
-    assert rig.run().final == 1
+    result = rig.run()
+    assert (result.submitted, result.stopped, result.final) == (0, 1, 1)
+    assert message in rig.state(root).doc["stopped"]
     final, by_key = rig.final(root)
-    assert final["errors"] == {"429": 2, "8": 1}
-    assert {by_key[k]["attempt"] for k in ("q1", "q2", "q3")} == {0}
-    assert len(rig.fake.batches_created()) == 2
+    expected = {"429": 2} if code == 429 else {"8": 1, "429": 1}
+    assert final["errors"] == expected
+    assert {by_key[k]["attempt"] for k in ("money", "rate")} == {0}
+    assert len(rig.fake.batches_created()) == 1

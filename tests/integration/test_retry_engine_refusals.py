@@ -56,11 +56,10 @@ def creates(requests: list[Request]) -> list[Request]:
 def test_a_per_minute_429_row_is_retried_and_the_create_honours_gemini_s_delay(
     rig: Rig,
 ) -> None:
-    keys = ["minute", "money", "fine"]
+    keys = ["minute", "fine"]
     root = rig.submit(keys, "--retry-attempts", "2")
     rows = [
         error_row("minute", "per_minute_429"),  # QuotaFailure ...PerMinute..., RetryInfo 26s
-        error_row("money", "prepay_depleted_429"),  # "Your prepayment credits are depleted."
         answered("fine"),
     ]
     rig.finish(root, rows)
@@ -80,13 +79,46 @@ def test_a_per_minute_429_row_is_retried_and_the_create_honours_gemini_s_delay(
     assert creates(rig.requests()) == []
     assert rig.run(now + 26 * S, every=False).submitted == 1
     child = rig.fake.batches_created()[1]
-    assert rig.child_keys(child) == ["minute"]  # the money row is permanent
+    assert rig.child_keys(child) == ["minute"]
     rig.finish(child, [answered("minute")])
     assert rig.run(every=True).final == 1
     final, by_key = rig.final(root)
-    assert final["rows"] == {"total": 3, "answered": 2, "blocked": 0, "failed": 1}
-    assert final["errors"] == {"429": 1}
-    assert by_key["money"]["attempt"] == 0 and by_key["minute"]["attempt"] == 1
+    assert final["rows"] == {"total": 2, "answered": 2, "blocked": 0, "failed": 0}
+    assert by_key["fine"]["attempt"] == 0 and by_key["minute"]["attempt"] == 1
+
+
+def test_a_row_refused_for_money_stops_the_lineage_before_any_create(rig: Rig) -> None:
+    # Issue 39: "prepay depleted, 402, a spending cap, billing disabled -> a money refusal:
+    # rows permanent, the lineage stops, said once and alarmed". The per-minute row beside it
+    # would be retried, but a create now would be refused for the same money: nothing is made.
+    keys = ["minute", "money", "fine"]
+    root = rig.submit(keys, "--retry-attempts", "2")
+    rows = [
+        error_row("minute", "per_minute_429"),
+        error_row("money", "prepay_depleted_429"),  # "Your prepayment credits are depleted."
+        answered("fine"),
+    ]
+    rig.finish(root, rows)
+    rig.fake.reset_requests()
+    result = rig.run(every=False)
+    assert (result.planned, result.submitted, result.stopped, result.final) == (0, 0, 1, 1)
+    assert creates(rig.requests()) == []
+    state = rig.state(root)
+    assert state.status == RETRY_DONE
+    assert "refused requests for money" in state.doc["stopped"]
+    assert "prepayment credits are depleted" in state.doc["stopped"]
+    assert state.doc.get("children", []) == []
+    final, by_key = rig.final(root)
+    assert final["rows"] == {"total": 3, "answered": 1, "blocked": 0, "failed": 2}
+    assert final["errors"] == {"429": 2}
+    location = Path(str(final["location"]).removeprefix("file://"))
+    summary = json.loads(location.with_name("final.json").read_text())
+    assert summary["stopped"] == state.doc["stopped"]
+    assert by_key["money"]["attempt"] == 0 and by_key["minute"]["attempt"] == 0
+    rig.fake.reset_requests()
+    again = rig.run(every=True)  # said once: a later pass finds nothing to do
+    assert (again.stopped, again.final) == (0, 0)
+    assert creates(rig.requests()) == []
 
 
 def test_a_full_batch_queue_backs_off_then_the_child_is_created_when_there_is_room(

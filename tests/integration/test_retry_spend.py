@@ -29,7 +29,7 @@ from opstate.notify.entries import (
 )
 from opstate.outcomes import run as run_module
 from opstate.retry import finalize as finalize_module
-from opstate.retry import spend
+from opstate.retry import passes, spend
 from opstate.store.sqlite import SQLiteStore
 from tests.integration.test_retry_engine import Rig, make_rig
 from tests.integration.test_retry_scenario import ok
@@ -52,7 +52,9 @@ def rig(
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     names: list[str] = []
-    monkeypatch.setattr(spend, "count", lambda name, *a, **k: names.append(name))
+    record = lambda name, *a, **k: names.append(name)  # noqa: E731
+    monkeypatch.setattr(spend, "count", record)
+    monkeypatch.setattr(passes, "count", record)  # RetryStopped: passes.stop_lineage
     return names
 
 

@@ -15,6 +15,7 @@ from opstate.retry.rules import (
     LineTooLongError,
     Row,
     TransientTable,
+    is_money_refusal,
     lines,
     read_row,
     reason_history,
@@ -87,3 +88,18 @@ def test_the_number_of_a_last_line_over_the_cap() -> None:
     with pytest.raises(LineTooLongError) as long:
         list(lines([b"a\nb\n", b"cdefgh"], 3))
     assert long.value.line == 3
+
+
+@pytest.mark.parametrize(
+    ("row", "money"),
+    [
+        (Row("k", False, False, "402", None, "anything"), True),
+        (Row("k", False, False, "429", None, "Your prepayment credits are depleted."), True),
+        (Row("k", False, False, "429", "RESOURCE_EXHAUSTED", "You exceeded your quota"), False),
+        (Row("k", False, False, "503", None, "Billing is fine"), False),
+        # an answered row is never a refusal, whatever it says
+        (Row("k", True, False, None, None, "Your prepayment credits are depleted."), False),
+    ],
+)
+def test_a_money_refusal_is_a_failed_row_whose_refusal_is_money(row: Row, money: bool) -> None:
+    assert is_money_refusal(row) is money

@@ -56,7 +56,8 @@ from opstate.retry.inputs import (
     source_chunks,
     verified,
 )
-from opstate.retry.passes import LostRace, RetryConfig, RetryResult
+from opstate.retry.passes import LostRace, RetryConfig, RetryResult, stop_lineage
+from opstate.retry.selection import Selection
 from opstate.retry.timeouts import pending_timeouts
 from opstate.store.port import ArchiveState, RetryableError
 from opstate.store.retry_state import RETRY_ACTIVE, RETRY_DONE, RetryState
@@ -358,6 +359,7 @@ class RetryRunner:
         generation = [ref for ref in refs if ref.attempt == latest]
         earlier = [ref for ref in refs if ref.attempt < latest]
         gone = set(lineage.cancelled(doc))
+        money: str | None = None  # a row refused for money (issue 39): the lineage stops
         for ref in generation:
             if room <= len(inputs):
                 break
@@ -384,16 +386,13 @@ class RetryRunner:
             if record.state is not State.SUCCEEDED or output is None:
                 continue
             keys = retry_keys(self, doc, output, earlier, archives, attempt, max_attempts)
-            if keys:
-                job = evidence.read(self, ref.name)
-                if job.state is not State.SUCCEEDED:
-                    evidence.not_said(self, root, job)
-                    continue
-                inputs.extend(
-                    write_inputs(
-                        self, root, doc, keys, attempt, ref.name, room, len(inputs), job.model
-                    )
-                )
+            money = money or keys.money
+            if keys and money is None:
+                inputs.extend(self._row_inputs(root, doc, keys, attempt, ref.name, room, inputs))
+        if money is not None:  # the account cannot pay: a create would be refused the same way
+            why = f"Gemini refused requests for money ({money}): add credits or raise the cap"
+            stop_lineage(self, root, doc, why)
+            return self._later(root, state, doc)  # its final result follows in this pass
         if not inputs:
             return None
         planned = lineage.plan_children(doc, attempt=attempt, inputs=inputs)
@@ -407,6 +406,24 @@ class RetryRunner:
         # due again later (re-dated, as ``_redate`` says): the create follows in this pass; a
         # lineage the budget stopped gets its final result in this pass instead, never a create
         return self._later(root, state, doc)
+
+    def _row_inputs(
+        self,
+        root: OpRecord,
+        doc: Mapping[str, Any],
+        keys: Selection,
+        attempt: int,
+        parent: str,
+        room: int,
+        planned: list[lineage.ChildInput],
+    ) -> list[lineage.ChildInput]:
+        """The retry batches of ``keys`` from ``parent``'s output, once Gemini says ``parent``
+        SUCCEEDED (``evidence``), on the model it names; none when it says otherwise."""
+        job = evidence.read(self, parent)
+        if job.state is not State.SUCCEEDED:
+            evidence.not_said(self, root, job)
+            return []
+        return write_inputs(self, root, doc, keys, attempt, parent, room, len(planned), job.model)
 
 
 def _whole_resubmit(record: OpRecord, cancelled_by_us: bool, resubmit_expired: bool) -> bool:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from opstate.domain.model import OpRecord
+from opstate.observability import count, log_fields, logger
 from opstate.outcomes.sink import Sink
 from opstate.retry.rules import TransientTable
 from opstate.store.retry_state import RetryState
@@ -84,3 +85,13 @@ class Runner(Protocol):
     def write(
         self, root: OpRecord, state: RetryState, doc: Mapping[str, Any], **change: Any
     ) -> RetryState: ...
+
+
+def stop_lineage(runner: Runner, root: OpRecord, doc: dict[str, Any], why: str) -> None:
+    """``doc`` (a mutable copy of ``root``'s retry state) says the lineage stopped and why:
+    nothing more is created and its final result follows with the failures kept; said once at
+    error level and counted in ``RetryStopped`` (alarmed)."""
+    doc["stopped"] = why
+    runner.result.stopped += 1
+    count("RetryStopped")
+    log_fields(logger.error, "retry lineage stopped", {"name": root.name, "why": why})

@@ -299,6 +299,14 @@ def is_transient(row: Row, table: TransientTable) -> str | None:
     return reason
 
 
+def is_money_refusal(row: Row) -> bool:
+    """Whether a failed row says the account cannot pay (``refusal_of``: HTTP 402, depleted
+    prepayment credits, a spending cap, billing disabled): permanent, and its lineage stops."""
+    return not row.answered and (
+        refusal_of(row.code, row.status, row.message, row.details).kind == MONEY
+    )
+
+
 def transient_failures(output_lines: Iterable[bytes], table: TransientTable) -> dict[str, str]:
     """key -> reason of each key whose (last) row in the output is a transient failure."""
     found: dict[str, str] = {}

@@ -26,6 +26,7 @@ from opstate.retry.rules import (
     REASONS,
     Row,
     TransientTable,
+    is_money_refusal,
     is_transient,
     read_row,
     select_retry,
@@ -41,6 +42,9 @@ class Selection:
         self.index = index
         self.chosen = bytearray(len(index))
         self.count = 0
+        # The message of a row of the latest output refused for money (``is_money_refusal``),
+        # or None: the lineage stops, whatever else was chosen (issue 39).
+        self.money: str | None = None
 
     def __contains__(self, key: object) -> bool:
         slot = self.index.slot(key) if isinstance(key, str) else None
@@ -64,7 +68,7 @@ def select_keys(
     selection = Selection(index)
     if next_attempt > max_attempts or next_attempt < 1:
         return selection
-    reason = _reasons(latest, index, table)
+    reason = _reasons(latest, index, table, selection)
     if not any(reason):
         return selection
     history = _history(outputs, index, table, reason)
@@ -80,13 +84,18 @@ def select_keys(
     return selection
 
 
-def _reasons(latest: Lines, index: KeyIndex, table: TransientTable) -> bytearray:
+def _reasons(
+    latest: Lines, index: KeyIndex, table: TransientTable, selection: Selection
+) -> bytearray:
     """Per slot: the transient reason of the key's last row in ``latest`` (its index in
-    ``REASONS`` + 1), 0 when that row is no transient failure or there is none."""
+    ``REASONS`` + 1), 0 when that row is no transient failure or there is none; the first
+    money refusal's message goes to ``selection.money``."""
     reason = bytearray(len(index))
     for slot, row in _rows(latest(), index):
         found = is_transient(row, table)
         reason[slot] = REASONS.index(found) + 1 if found is not None else 0
+        if found is None and selection.money is None and is_money_refusal(row):
+            selection.money = row.message[:200] or f"code {row.code}"
     return reason
 
 

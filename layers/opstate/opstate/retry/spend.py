@@ -30,9 +30,9 @@ from opstate.domain.costs import decimal_of, lineage_cost
 from opstate.domain.model import OpRecord
 from opstate.domain.retry import policy_of
 from opstate.domain.times import format_time
-from opstate.observability import count, log_fields, logger
+from opstate.observability import count
 from opstate.retry import lineage
-from opstate.retry.passes import Runner
+from opstate.retry.passes import Runner, stop_lineage
 from opstate.store.counters import CountingStore
 from opstate.store.port import ArchiveState
 
@@ -143,9 +143,6 @@ def check(
         return True
     for entry in planned:
         entry.update(phase=lineage.REFUSED, error=REFUSED_ERROR, claimUntilNs=0)
-    doc["stopped"] = why
-    runner.result.stopped += 1
-    count("RetryStopped")
+    stop_lineage(runner, root, doc, why)
     count("RetryBudgetStopped")
-    log_fields(logger.error, "retry lineage stopped", {"name": root.name, "why": why})
     return False
