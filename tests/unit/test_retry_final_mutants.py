@@ -3,18 +3,9 @@ public functions only (``write_final``, ``choose``, ``FinalLedger``) so that ``m
 kills what test_retry_final.py's simulations let through (issue 39): which line of a key is
 kept, the ``retried`` count, the line cap's boundaries, the codes counted, the missing lines.
 
-Mutants of final.py no test can kill (equivalent; said here, since final.py is being rewritten
-beside this work): ``_LINE_BITS`` 40 -> 41 and ``_ANSWERED``'s ``1 << 62`` -> ``2 << 62`` or
-``1 << 63`` (the bits only rank, Python's ints are unbounded); ``slots=False`` on ``Member`` and
-``FinalLedger`` (memory only); ``[0] * len(members)`` -> ``[1] * ...`` in ``_ranks`` (every
-entry is overwritten); ``old < 0`` -> ``old <= 0`` in ``_choose`` (an old value of 0 is rank 0,
-line 0, not answered, not retried: any later line replaces it either way); ``choose``'s mask
-``(1 << 20) - 1`` -> ``(2 << 20) - 1`` or ``(1 << 21) - 1`` (ranks stay below 2**20 and the bit
-above them is always 0); ``best.get(key, -1)`` -> ``-2`` and ``old < 0`` -> ``old < 1`` (the
-same argument as ``<=``); ``packed > old & ~_RETRIED`` -> ``>=`` (one line is never seen twice,
-so two packed values of a key never tie); in ``_held``, ``held.get(key, -1) < member.attempt``
--> ``<=`` or ``-2`` (an equal attempt writes the same value; attempts there are >= 1);
-``keys[key] = 1`` -> ``2`` (only its truth is read).
+Mutants of final.py no test can kill (equivalent: no input tells them apart) are said in a
+comment beside their line in final.py (``# mutant ...: equivalent, because ...``), so the reason
+stays with the code it is about.
 """
 
 from __future__ import annotations
@@ -268,3 +259,49 @@ def test_final_lines_are_utf_8_not_escaped() -> None:
     assert "réponse ✓".encode() in lines[0] and b"\\u" not in bytes(out)
     assert [json.loads(line)["key"] for line in lines] == ["clé", "nié"]
     assert json.loads(lines[1])["error"]["code"] == "missing"
+
+
+def test_a_line_without_a_key_does_not_end_a_members_reading() -> None:
+    # a readable line naming no text key is passed over (neither extra nor unreadable), and the
+    # member's later lines still count, in ``write_final`` and in ``choose``
+    members = [member(0, "r", {"no": "key"}, {"key": 3}, ok("k"))]
+    by_key, order, ledger = final(members, inputs("k"))
+    assert order == ["k"] and "response" in by_key["k"]
+    assert (ledger.answered, ledger.extra, ledger.unreadable) == (1, 0, 0)
+    assert choose(members, CAP) == {"k": 0}
+
+
+def test_choose_passes_over_unreadable_and_keyless_lines() -> None:
+    rows = b'not json\n{"key":"a","n":NaN}\n{"no":"key"}\n' + jsonl(err("k"))
+    members = [Member(0, "r", source(rows + jsonl(err("j"))), None), member(1, "c", ok("k"))]
+    assert choose(members, CAP) == {"k": 1, "j": 0}
+
+
+def test_a_large_row_with_an_attempt_of_its_own_is_unreadable_and_the_next_row_is_read() -> None:
+    # over 1 MiB (reading.SMALL_BYTES) with an "attempt" member of its own: final_line refuses to
+    # re-serialise it; the line is counted unreadable once and the member's next line is kept
+    big = {"key": "big", "attempt": 7, "response": {"pad": "x" * (1 << 20)}}
+    members = [member(0, "r", big, ok("k", "after"))]
+    by_key, order, ledger = final(members, inputs("big", "k"), cap=1 << 21)
+    assert order == ["k", "big"]
+    assert by_key["k"]["response"]["tag"] == "after" and by_key["k"]["attempt"] == 0
+    assert by_key["big"]["error"]["code"] == "missing"
+    assert (ledger.unreadable, ledger.answered, ledger.failed) == (1, 1, {"missing": 1})
+
+
+def test_a_missing_line_is_compact_strict_json() -> None:
+    out = bytearray()
+    write_final([member(1, "c", held=inputs("k"))], source(inputs("k")), out.extend, CAP)
+    assert bytes(out) == (
+        b'{"key":"k","error":{"code":"missing","message":"no attempt returned this key"},'
+        b'"attempt":1}\n'
+    )
+
+
+def test_the_attempt_written_for_a_missing_key_stops_at_255() -> None:
+    # the highest attempt whose input held a key is kept in one byte: attempts above 255 are
+    # written as 255 (still counted retried), 255 itself as is
+    for attempt, written in ((255, 255), (256, 255), (300, 255), (254, 254)):
+        members = [member(0, "r"), member(attempt, "c", held=inputs("k"))]
+        by_key, _order, ledger = final(members, inputs("k"))
+        assert by_key["k"]["attempt"] == written and ledger.retried == 1
