@@ -36,7 +36,6 @@ its cap, ``LineTooLongError``; the output readers skip it, ``skip_long=True``).
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, field
@@ -253,16 +252,6 @@ def row_of(value: object) -> Row | None:
         message if isinstance(message, str) else "",
         tuple(sanitize_details(status.get("details"))),
     )
-
-
-def parse_line(line: bytes) -> Any:
-    """A line's JSON value, or None when it is blank, not UTF-8 or not JSON."""
-    if not line or line.isspace():  # fast path; json.loads refuses these too (or/and: equivalent)
-        return None
-    try:
-        return json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return None
 
 
 def read_row(line: bytes) -> Row | None:
