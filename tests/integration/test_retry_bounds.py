@@ -24,6 +24,7 @@ from opstate.outcomes.wiring import results_url_for, sink_from_url
 from opstate.retry import children as children_module
 from opstate.retry import engine as engine_module
 from opstate.retry import lineage
+from opstate.retry import passes as passes_module
 from opstate.retry.engine import retry_once
 from opstate.retry.passes import RetryResult
 from opstate.retry.wiring import config_from
@@ -90,6 +91,7 @@ def test_an_endless_listing_ends_the_search_and_nothing_is_created(
 ) -> None:
     counted: list[str] = []
     monkeypatch.setattr(children_module, "count", lambda name, *a, **k: counted.append(name))
+    monkeypatch.setattr(passes_module, "count", lambda name, *a, **k: counted.append(name))
     root, keys, later = a_claimed_child(rig)
     (before,) = rig.state(root).doc["children"]
     rig.fake.endless_listing(mode)

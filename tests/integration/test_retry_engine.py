@@ -25,6 +25,7 @@ from opstate.gemini.client import make_client
 from opstate.outcomes.wiring import results_url_for, sink_from_url
 from opstate.retry import children as children_module
 from opstate.retry import lineage
+from opstate.retry import passes as passes_module
 from opstate.retry.engine import retry_once
 from opstate.retry.passes import RetryResult
 from opstate.retry.wiring import config_from
@@ -173,12 +174,14 @@ def test_a_create_refused_for_money_stops_the_lineage_once(
     said: list[str] = []
     real_log = observability.log_fields
     monkeypatch.setattr(children_module, "count", lambda name, *a, **k: counted.append(name))
+    monkeypatch.setattr(passes_module, "count", lambda name, *a, **k: counted.append(name))
 
     def log(level: Any, message: str, fields: Any, **kw: Any) -> None:
         said.append(message)
         real_log(level, message, fields, **kw)
 
     monkeypatch.setattr(children_module, "log_fields", log)
+    monkeypatch.setattr(passes_module, "log_fields", log)  # passes.said_stopped says the stop
     keys = [f"k{i}" for i in range(5)]
     root = rig.submit(keys, "--retry-attempts", "3")
     rig.finish(root, [failed(k, 503, "UNAVAILABLE") for k in keys[:2]] + [answered(keys[2])])

@@ -25,6 +25,7 @@ from opstate.gemini.client import make_client
 from opstate.outcomes.file_sink import FileSink
 from opstate.retry import children as children_module
 from opstate.retry import lineage
+from opstate.retry import passes as passes_module
 from opstate.retry.engine import retry_once
 from opstate.retry.passes import RetryConfig, RetryResult
 from opstate.retry.rules import DEFAULT_TABLE
@@ -187,6 +188,7 @@ def test_a_quota_stop_while_another_runner_wrote_is_recorded_and_counted_once(
 ) -> None:
     counted: list[str] = []
     monkeypatch.setattr(children_module, "count", lambda name, *a, **k: counted.append(name))
+    monkeypatch.setattr(passes_module, "count", lambda name, *a, **k: counted.append(name))
     keys = ["a", "b", "c"]
     root = failing_root(rig, keys)
     rig.fake.fail_create(429, "Your prepayment credits are depleted.", times=None)

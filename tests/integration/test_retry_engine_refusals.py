@@ -22,6 +22,7 @@ import pytest
 
 from opstate.retry import children as children_module
 from opstate.retry import lineage
+from opstate.retry import passes as passes_module
 from opstate.retry.passes import RetryResult
 from opstate.store.retry_state import RETRY_ACTIVE, RETRY_DONE
 from tests.integration.test_retry_engine import CREATE_VERB, Rig, make_rig
@@ -211,6 +212,7 @@ def test_a_money_refusal_stops_the_lineage_once_with_its_final_result(
 ) -> None:
     counted: list[str] = []
     monkeypatch.setattr(children_module, "count", lambda name, *a, **k: counted.append(name))
+    monkeypatch.setattr(passes_module, "count", lambda name, *a, **k: counted.append(name))
     keys = ["a", "b"]
     root = rig.submit(keys, "--retry-attempts", "2")
     rig.finish(root, [error_row("a", "per_minute_429"), answered("b")])

@@ -64,7 +64,7 @@ from opstate.observability import count, log_fields, logger
 from opstate.retry import acting, lineage
 from opstate.retry.budget import Budget
 from opstate.retry.inputs import IntegrityError, verified
-from opstate.retry.passes import LostRace, Runner
+from opstate.retry.passes import LostRace, Runner, said_stopped
 from opstate.store.retry_state import RETRY_MEMBER, RetryState
 
 MAX_ERROR_TEXT = 300
@@ -323,9 +323,7 @@ class Creator:
             doc["stopped"] = text
 
         state = self._settle(root, state, child, stopped)  # counted once it is recorded
-        runner.result.stopped += 1
-        count("RetryStopped")
-        log_fields(logger.error, "retry lineage stopped", {"name": root.name, "why": text})
+        said_stopped(runner, root, text)
         return state
 
     def _back_off(

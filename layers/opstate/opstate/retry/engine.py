@@ -56,7 +56,7 @@ from opstate.retry.inputs import (
     source_chunks,
     verified,
 )
-from opstate.retry.passes import LostRace, RetryConfig, RetryResult, stop_lineage
+from opstate.retry.passes import LostRace, RetryConfig, RetryResult, said_stopped
 from opstate.retry.selection import Selection
 from opstate.retry.timeouts import pending_timeouts
 from opstate.store.port import ArchiveState, RetryableError
@@ -248,12 +248,21 @@ class RetryRunner:
             return state  # not due (a pass over every root, a bus trigger): left as it is
         return self._later(root, state, state.doc)
 
-    def _later(self, root: OpRecord, state: RetryState, doc: Mapping[str, Any]) -> RetryState:
+    def _later(
+        self,
+        root: OpRecord,
+        state: RetryState,
+        doc: Mapping[str, Any],
+        then: Callable[[], None] | None = None,
+    ) -> RetryState:
         """``doc`` written with ``root`` due again after ``check_s`` (the re-date), noted so
-        that ``_wait`` may put the step's own due time over it."""
+        that ``_wait`` may put the step's own due time over it; ``then`` runs once it is
+        written (a stop is said and counted only when its write won)."""
         due_ns = self.clock_ns() + int(self.config.check_s * NS_PER_SECOND)
         written = self.write(root, state, doc, due_ns=due_ns)
         self._redated = (root.name, due_ns)
+        if then is not None:
+            then()
         return written
 
     def _soonest_claim(self, doc: Mapping[str, Any], now: int) -> int:
@@ -391,8 +400,8 @@ class RetryRunner:
                 inputs.extend(self._row_inputs(root, doc, keys, attempt, ref.name, room, inputs))
         if money is not None:  # the account cannot pay: a create would be refused the same way
             why = f"Gemini refused requests for money ({money}): add credits or raise the cap"
-            stop_lineage(self, root, doc, why)
-            return self._later(root, state, doc)  # its final result follows in this pass
+            doc["stopped"] = why  # its final result follows in this pass
+            return self._later(root, state, doc, lambda: said_stopped(self, root, why))
         if not inputs:
             return None
         planned = lineage.plan_children(doc, attempt=attempt, inputs=inputs)
@@ -402,10 +411,11 @@ class RetryRunner:
             "retry planned",
             {"name": root.name, "attempt": attempt, "children": [c["id"] for c in planned]},
         )
-        spend.check(self, root, doc, refs, archives, planned)  # over budget: stopped (issue 41)
+        allowed = spend.check(self, root, doc, refs, archives, planned)  # issue 41's budgets
         # due again later (re-dated, as ``_redate`` says): the create follows in this pass; a
         # lineage the budget stopped gets its final result in this pass instead, never a create
-        return self._later(root, state, doc)
+        said = None if allowed else lambda: spend.said(self, root, str(doc["stopped"]))
+        return self._later(root, state, doc, said)
 
     def _row_inputs(
         self,

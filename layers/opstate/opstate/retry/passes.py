@@ -87,11 +87,9 @@ class Runner(Protocol):
     ) -> RetryState: ...
 
 
-def stop_lineage(runner: Runner, root: OpRecord, doc: dict[str, Any], why: str) -> None:
-    """``doc`` (a mutable copy of ``root``'s retry state) says the lineage stopped and why:
-    nothing more is created and its final result follows with the failures kept; said once at
-    error level and counted in ``RetryStopped`` (alarmed)."""
-    doc["stopped"] = why
+def said_stopped(runner: Runner, root: OpRecord, why: str) -> None:
+    """A lineage's stop, once its state saying so is written (a write that lost its race
+    counts nothing): said at error level and counted in ``RetryStopped`` (alarmed)."""
     runner.result.stopped += 1
     count("RetryStopped")
     log_fields(logger.error, "retry lineage stopped", {"name": root.name, "why": why})

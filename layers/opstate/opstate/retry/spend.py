@@ -32,7 +32,7 @@ from opstate.domain.retry import policy_of
 from opstate.domain.times import format_time
 from opstate.observability import count
 from opstate.retry import lineage
-from opstate.retry.passes import Runner, stop_lineage
+from opstate.retry.passes import Runner, said_stopped
 from opstate.store.counters import CountingStore
 from opstate.store.port import ArchiveState
 
@@ -132,7 +132,8 @@ def check(
     planned: list[dict[str, Any]],
 ) -> bool:
     """Whether the children just ``planned`` (entries of ``doc``, a mutable copy) may be
-    created; when not, they are refused and ``doc`` says the budget stopped the lineage."""
+    created; when not, they are refused and ``doc`` says the budget stopped the lineage (the
+    caller writes it, then ``said``)."""
     cap = policy_of(doc).max_cost_usd
     daily = getattr(runner.config, "daily_budget_usd", None)
     if cap is None and daily is None:
@@ -143,6 +144,11 @@ def check(
         return True
     for entry in planned:
         entry.update(phase=lineage.REFUSED, error=REFUSED_ERROR, claimUntilNs=0)
-    stop_lineage(runner, root, doc, why)
-    count("RetryBudgetStopped")
+    doc["stopped"] = why
     return False
+
+
+def said(runner: Runner, root: OpRecord, why: str) -> None:
+    """A budget's stop, once written: ``RetryStopped`` and ``RetryBudgetStopped``."""
+    said_stopped(runner, root, why)
+    count("RetryBudgetStopped")
