@@ -20,7 +20,7 @@ from opstate.domain.states import State
 from opstate.domain.times import parse_time
 from opstate.ingest import ingest
 from opstate.notify.entries import build_entry
-from opstate.retry import spend
+from opstate.retry import passes, spend
 from opstate.retry.lineage import MemberRef
 from opstate.retry.passes import RetryConfig, RetryResult
 from opstate.retry.rules import parse_table
@@ -153,6 +153,7 @@ def test_the_daily_budget_holds_across_lineages_on_every_store(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(spend, "count", lambda *a, **k: None)
+    monkeypatch.setattr(passes, "count", lambda *a, **k: None)
     # Each root cost $0.01 over 10 answered rows: a retry of 4 rows is estimated at $0.004.
     config = RetryConfig(table=parse_table("UNAVAILABLE"), daily_budget_usd=0.01)
     runner = StubRunner(harness.store, config)
@@ -169,6 +170,7 @@ def test_the_daily_budget_holds_across_lineages_on_every_store(
         if not ok:
             assert "OPSTATE_RETRY_DAILY_BUDGET_USD" in doc["stopped"]
             assert planned[0]["phase"] == "refused"
+            spend.said(runner, _record(root), doc["stopped"])  # the engine, once it is written
     assert allowed == [True, True, False, False]  # $0.004 + $0.004; a third would pass $0.01
     counter = spend.DAILY_COUNTER.format(day="2026-06-01")
     assert counting(harness).get_counter(counter) == 8_000_000
