@@ -116,7 +116,9 @@ def test_track_report_get_and_list(cli, tmp_path):
         store.close()
 
     text = cli("get", "batches/b").out
-    assert "state       SUCCEEDED" in text and '{"k": 1}' in text
+    # nested details as an indented block, not JSON (issue 49)
+    assert "state       SUCCEEDED" in text and "details" in text.splitlines()
+    assert "  k  1" in text.splitlines() and '{"k": 1}' not in text
 
     listed = cli("list", "--json").json()
     assert [r["name"] for r in listed] == ["batches/a", "batches/b"]
@@ -313,7 +315,9 @@ def test_unreachable_store_is_one_sentence(cli, moto_server, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", moto_server.endpoint)
     result = cli("get", "batches/x", "--store", "dynamodb://no-such-table-here")
     assert_one_sentence(result, EXIT_FAILURE)
-    assert "unavailable" in result.err
+    # a missing table is named as such, not "unavailable, try again later" (issue 49)
+    assert "no store at dynamodb://no-such-table-here" in result.err
+    assert "does not exist" in result.err and "try again later" not in result.err
 
 
 # --- reconcile --once (fake Gemini) ---------------------------------------------------

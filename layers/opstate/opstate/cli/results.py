@@ -20,8 +20,8 @@ from opstate.cli.common import (
     settings_for,
     store_error,
 )
+from opstate.cli.views import print_view
 from opstate.config import ConfigError
-from opstate.domain.strict_json import dumps
 
 # What the retry runner writes beside final.jsonl (opstate.retry.finalize.FINAL_LEDGER_KEY).
 FINAL_LEDGER_NAME = "final.json"
@@ -56,7 +56,7 @@ def cmd_archive(args: argparse.Namespace) -> int:
     from opstate.outcomes.wiring import archive_from_settings, archiving
 
     try:
-        with open_store(config) as store:
+        with open_store(config, empty_if_missing=True) as store:
             # Nothing due: no key needed, no client made (google-genai never loaded).
             if next(archiving(store).iter_archive_due(time.time_ns()), None) is None:
                 result = ArchiveResult()
@@ -123,7 +123,7 @@ def cmd_results(args: argparse.Namespace) -> int:
     from opstate.outcomes.wiring import archiving
 
     name = name_arg(args.name)
-    with open_store(config) as store:
+    with open_store(config, must_exist=True) as store:
         if store.get(name) is None:
             raise CliError(f"no record for {name} in {config.store_url}")
         view = results_json(store, name)
@@ -137,10 +137,7 @@ def cmd_results(args: argparse.Namespace) -> int:
     if args.json:
         print_json(view)
         return EXIT_OK
-    width = max(len(key) for key in view)
-    for key, value in view.items():
-        shown = dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
-        out(f"{key:<{width}}  {'-' if shown is None else shown}")
     if state.last_error:
-        out(f"{'error':<{width}}  {state.last_error} (attempts: {state.attempts})")
+        view = {**view, "error": f"{state.last_error} (attempts: {state.attempts})"}
+    print_view(view)
     return EXIT_OK

@@ -244,7 +244,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
     from opstate.wiring.lineages import MembersRead, open_members, read_members
 
     try:
-        with open_store(config) as store:
+        with open_store(config, empty_if_missing=True) as store:
             if open_members(store).roots == 0:  # nothing to do for Gemini: no client, no key
                 result, members = RetryResult(), MembersRead()
             else:
@@ -273,7 +273,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from opstate.retry.policy import StopRefusedError, stop_lineage
     from opstate.store.port import RetryingStore
 
-    with open_store(config) as store:
+    with open_store(config, must_exist=True) as store:
         if not isinstance(store, RetryingStore):  # pragma: no cover - every store of ours is
             raise CliError(f"the store {config.store_url} keeps no retry policies")
         try:

@@ -17,10 +17,10 @@ from opstate.cli.common import (
     err,
     name_arg,
     open_store,
-    out,
     print_json,
     settings_for,
 )
+from opstate.cli.views import print_view
 from opstate.domain.model import OpRecord
 from opstate.domain.strict_json import dumps
 from opstate.domain.times import NS_PER_SECOND
@@ -79,7 +79,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
         raise UsageError(f"--until {when}: {ARCHIVING_UNAVAILABLE}")
     config = settings_for(args)
     name = name_arg(args.name)
-    with open_store(config) as store:
+    with open_store(config, must_exist=True) as store:
         read = store_status(store, wiring.results_reader_for(store))
         if read(name, False).record is None:
             err(f"opstate: {name} is not tracked (yet) in {config.store_url}; waiting")
@@ -116,10 +116,7 @@ def _show(view: Mapping[str, Any], *, as_json: bool) -> None:
     expired = isinstance(details, Mapping) and details.get("reason") == "expired"
     if view.get("state") == "FAILED" and expired:  # as get's text: how it ended
         view = {**view, "state": "FAILED (EXPIRED)"}
-    width = max(len(key) for key in view)
-    for key, value in view.items():
-        shown = dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
-        out(f"{key:<{width}}  {'-' if shown is None else shown}")
+    print_view(view)
 
 
 def _unanswered(final: Mapping[str, Any] | None) -> str | None:

@@ -34,6 +34,7 @@ from opstate.config.local import (
     DEFAULT_RECONCILE_EVERY_S,
     MIN_API_TOKEN_LENGTH,
     LocalSettings,
+    checked_api_token,
     serve_store_url,
 )
 from opstate.config.notify import NotifySettings
@@ -64,6 +65,8 @@ from opstate.config.store import (
     DEFAULT_RETENTION_DAYS,
     MAX_FUTURE_SKEW_LIMIT_S,
     StoreSettings,
+    sqlite_file,
+    store_location,
 )
 from opstate.config.waiters import DEFAULT_MAX_WAITERS, WaiterSettings
 from opstate.config.webhook import (
@@ -116,9 +119,12 @@ __all__ = [
     "StoreSettings",
     "WaiterSettings",
     "WebhookSettings",
+    "checked_api_token",
     "parse_overdue",
     "serve_store_url",
     "settings",
+    "sqlite_file",
+    "store_location",
 ]
 
 PARTS: tuple[type[Part], ...] = (
