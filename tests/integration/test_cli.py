@@ -17,7 +17,7 @@ import boto3
 import pytest
 
 from opstate.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-from opstate.cli.replay import Progress
+from opstate.cli.progress import LineBar
 from opstate.config import settings
 from opstate.domain.views import record_to_json
 from opstate.signatures import StaticSecretsVerifier
@@ -262,13 +262,15 @@ def test_replay_of_good_lines_exits_0_and_draws_a_bar_on_a_terminal(cli, tmp_pat
     monkeypatch.setattr(sys, "stderr", terminal)
     result = cli("replay", str(path))
     assert result.code == EXIT_OK
-    assert "\r[" in terminal.getvalue() and "5/5 lines" in terminal.getvalue()
+    # drawn by tqdm (issue 49): a bar redrawn in place, the count of lines
+    assert "\r" in terminal.getvalue() and "5/5 lines" in terminal.getvalue()
+    assert "100%|" in terminal.getvalue()
     assert "5 applied, 0 dropped, 0 bad" in result.out
 
 
 def test_progress_draws_nothing_when_disabled():
     stream = io.StringIO()
-    progress = Progress(3, stream, enabled=False)
+    progress = LineBar(3, False, stream)
     for _ in range(3):
         progress.advance()
     progress.message("x.jsonl:2: bad")

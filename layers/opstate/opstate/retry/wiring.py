@@ -12,7 +12,7 @@ from opstate.outcomes.sink import Sink
 from opstate.retry.engine import retry_once
 from opstate.retry.passes import RetryConfig, RetryResult
 from opstate.retry.rules import parse_table
-from opstate.retry.submit import Submitted, submit
+from opstate.retry.submit import ProgressHook, Submitted, submit
 
 MiB = 1024 * 1024
 
@@ -86,8 +86,10 @@ def submit_from_settings(
     policy: RetryPolicy,
     display_name: str = "",
     store: Any | None = None,
+    progress: ProgressHook | None = None,
 ) -> Submitted:
-    """``opstate submit`` and the submit function: keep, upload, create, track."""
+    """``opstate submit`` and the submit function: keep, upload, create, track
+    (``progress``: told each stage's bytes, ``retry.submit.ProgressHook``)."""
     with _opened(settings, store) as (used, sink, client):
         return submit(
             used,
@@ -98,6 +100,7 @@ def submit_from_settings(
             policy=policy,
             display_name=display_name,
             max_line_bytes=settings.results_max_line_mib * MiB,
+            progress=progress,
         )
 
 
