@@ -10,7 +10,14 @@ import re
 import tomllib
 from pathlib import Path
 
-from opstate.cli.progress import ByteSteps, LineBar, WaitBar, wait_counts
+from opstate.cli.progress import (
+    MAX_COUNT_NAME,
+    MAX_COUNTS,
+    ByteSteps,
+    LineBar,
+    WaitBar,
+    wait_counts,
+)
 from opstate.cli.views import MAX_DEPTH, view_lines
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,6 +81,16 @@ def test_wait_counts_reads_whatever_counts_the_details_show() -> None:
         "running": 2,
         "rows": 7,
     }
+
+
+def test_wait_counts_from_outside_cannot_drive_the_terminal_or_grow_the_line() -> None:
+    hostile = {"batch_stats": {"\x1b[2Jwiped": 1, "\u202eevil": 2, "x" * 500: 3}}
+    hostile |= {f"k{i}": i for i in range(10_000)}
+    counts = wait_counts(hostile)
+    assert len(counts) == MAX_COUNTS
+    assert "\\x1b[2Jwiped" in counts and "\\u202eevil" in counts
+    assert all(len(name) <= MAX_COUNT_NAME for name in counts)
+    assert not any(ch < " " or ch == "\u202e" for name in counts for ch in name)
 
 
 def test_text_views_nest_as_blocks_and_stay_bounded() -> None:

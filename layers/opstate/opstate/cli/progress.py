@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any
 
-from opstate.terminal import printable_lines
+from opstate.terminal import printable, printable_lines
 
 
 def enabled(no_progress: bool, stream: IO[str] | None = None) -> bool:
@@ -121,18 +121,26 @@ class LineBar:
             self._bar = None
 
 
+# The bar shows at most this many counts, each name cut to this length: details come from
+# outside (a producer's report, Gemini's answer), a million keys must not make a million-column
+# line.
+MAX_COUNTS = 12
+MAX_COUNT_NAME = 40
+
+
 def wait_counts(details: Mapping[str, Any]) -> dict[str, int]:
     """The counts a record's details show, by name: every whole number at the top or one
     level down (``batch_stats.successfulRequestCount``, a job's parts done / held / running,
-    whatever a producer reports), so the bar follows what the record says."""
+    whatever a producer reports), so the bar follows what the record says. Names come from
+    outside: control characters escaped (``opstate.terminal``), cut, at most ``MAX_COUNTS``."""
     counts: dict[str, int] = {}
     for key, value in details.items():
-        if isinstance(value, int) and not isinstance(value, bool):
-            counts[str(key)] = value
-        elif isinstance(value, Mapping):
-            for inner, number in value.items():
-                if isinstance(number, int) and not isinstance(number, bool):
-                    counts[str(inner)] = number
+        found = value.items() if isinstance(value, Mapping) else [(key, value)]
+        for name, number in found:
+            if isinstance(number, int) and not isinstance(number, bool):
+                counts[printable(str(name))[:MAX_COUNT_NAME]] = number
+            if len(counts) >= MAX_COUNTS:
+                return counts
     return counts
 
 
@@ -150,7 +158,7 @@ def _phases(retry: Mapping[str, Any] | None) -> str:
     phases: dict[str, int] = {}
     for child in children if isinstance(children, list) else []:
         if isinstance(child, Mapping):
-            phase = str(child.get("phase") or "planned")
+            phase = printable(str(child.get("phase") or "planned"))[:MAX_COUNT_NAME]
             phases[phase] = phases.get(phase, 0) + 1
     if not phases:
         return ""
