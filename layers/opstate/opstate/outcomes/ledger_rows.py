@@ -22,11 +22,27 @@ from typing import Annotated
 
 import msgspec
 
+from opstate.outcomes.ledger_reading import (
+    DETAIL_FIELDS,
+    DETAIL_KEYS,
+    MAX_COUNT,
+    MODALITIES,
+    USAGE_FIELDS,
+)
 from opstate.outcomes.plan import BLOCKING_FINISH_REASONS
 
-# A token count as the structs take it: an int >= 0. Any other value the ledger counts by its
-# definition (``ledger._count``: a float that is whole, decimal text, else 0) through ``line``.
-type Count = Annotated[int, msgspec.Meta(ge=0)]
+# A token count as the structs take it: an int of 0..MAX_COUNT. Any other value the ledger reads
+# by its definition (``ledger_reading._count``: decimal text, else an unreadable row) through
+# ``line``.
+type Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+
+
+class ModalityCount(msgspec.Struct, rename="camel"):
+    """One item of a ``*TokensDetails`` list (a modality that is not a string is refused, so
+    ``line`` reads it: as ``OTHER``)."""
+
+    modality: str | None = None
+    token_count: Count = 0
 
 
 class Usage(msgspec.Struct, rename="camel"):
@@ -39,6 +55,11 @@ class Usage(msgspec.Struct, rename="camel"):
     cached_content_token_count: Count = 0
     tool_use_prompt_token_count: Count = 0
     total_token_count: Count = 0
+    # The per-modality counts (``ledger_reading.DETAIL_FIELDS``; None: missing).
+    prompt_tokens_details: list[ModalityCount] | None = None
+    candidates_tokens_details: list[ModalityCount] | None = None
+    cache_tokens_details: list[ModalityCount] | None = None
+    tool_use_prompt_tokens_details: list[ModalityCount] | None = None
 
 
 class PromptFeedback(msgspec.Struct, rename="camel"):
@@ -94,7 +115,36 @@ decode_row = msgspec.json.Decoder(Row).decode
 # (the camelCase name in ledger.USAGE_FIELDS, the getter of that count on a Usage)
 USAGE_GETTERS: tuple[tuple[str, attrgetter[int]], ...] = tuple(
     (Usage.__struct_encode_fields__[i], attrgetter(name))
-    for i, name in enumerate(Usage.__struct_fields__)
+    for i, name in enumerate(Usage.__struct_fields__[: len(USAGE_FIELDS)])
 )
+_DETAIL_GETTERS = tuple(attrgetter(name) for name in Usage.__struct_fields__[len(USAGE_FIELDS) :])
+assert tuple(Usage.__struct_encode_fields__[len(USAGE_FIELDS) :]) == DETAIL_FIELDS
+_MODALITY_AT = {m: i for i, m in enumerate(MODALITIES)}
+_OTHER_AT = MODALITIES.index("OTHER")
+_WIDTH = len(MODALITIES)
+
+
+def add_details(usage: Usage, sums: list[int], offset: int) -> bool:
+    """Add ``usage``'s per-modality counts to ``sums[offset:]`` (``DETAIL_KEYS`` order);
+    whether it had any list."""
+    found = False
+    for d, get in enumerate(_DETAIL_GETTERS):
+        items = get(usage)
+        if items:
+            found = True
+            base = offset + d * _WIDTH
+            for item in items:
+                sums[base + _MODALITY_AT.get(item.modality, _OTHER_AT)] += item.token_count
+    return found
+
+
+def counts_of(usage: Usage) -> list[int]:
+    """One row's counts as a band sums them (``USAGE_FIELDS`` then ``DETAIL_KEYS``)."""
+    counts = [get(usage) for _key, get in USAGE_GETTERS]
+    counts.extend([0] * len(DETAIL_KEYS))
+    add_details(usage, counts, len(USAGE_FIELDS))
+    return counts
+
+
 # What decode_row raises for a line it cannot read exactly (both are msgspec.MsgspecError).
 ROW_ERRORS: tuple[type[Exception], ...] = (msgspec.MsgspecError, RecursionError)
