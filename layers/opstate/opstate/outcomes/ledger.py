@@ -317,9 +317,7 @@ class BatchLedger(Digest):
             block = [sum(map(get, usages)) for _key, get in USAGE_GETTERS]
             for (key, _get), total in zip(USAGE_GETTERS, block, strict=True):
                 sums[key] += total
-            details = self._details
-            for usage in usages:
-                add_details(usage, details, 0)
+            add_details(usages, self._details, 0)
             priced = responses
             if len(usages) < len(responses):
                 priced = [r for r in responses if r.usage_metadata is not None]
@@ -389,7 +387,7 @@ class BatchLedger(Digest):
                 known.add(self._usual)
             if name is not None and name not in known and len(known) >= MAX_BAND_MODELS:
                 key = (OTHER_MODEL, key[1])
-            sums = bands.setdefault(key, [0] * (1 + len(counts)))
+            sums = bands.setdefault(key, [0] * (1 + len(USAGE_FIELDS) + len(DETAIL_KEYS)))
         sums[0] += 1
         for i, value in enumerate(counts, 1):
             sums[i] += value
@@ -467,9 +465,9 @@ class BatchLedger(Digest):
         sums = self.usage
         for key, n in zip(USAGE_FIELDS, counts, strict=False):
             sums[key] += n
-        details = self._details
-        for i, n in enumerate(counts[len(USAGE_FIELDS) :]):
-            if n:
+        if len(counts) > len(USAGE_FIELDS):
+            details = self._details
+            for i, n in enumerate(counts[len(USAGE_FIELDS) :]):
                 details[i] += n
 
     def _add_failed(self, code: object) -> None:

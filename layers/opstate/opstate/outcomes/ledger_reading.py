@@ -92,9 +92,15 @@ def _details(value: object) -> list[tuple[int, int]]:
 
 
 def usage_counts(usage: Mapping[str, Any]) -> list[int]:
-    """A ``usageMetadata`` object's counts as a band sums them: ``USAGE_FIELDS`` then
-    ``DETAIL_KEYS`` (``UnreadableRowError`` for a value that is no count)."""
-    counts = [_count(usage.get(key)) for key in USAGE_FIELDS]
+    """A ``usageMetadata`` object's counts as a band sums them: ``USAGE_FIELDS``, then
+    ``DETAIL_KEYS`` only when it has a per-modality list (``UnreadableRowError`` for a value
+    that is no count). The usual count (an int in range, or none) is read inline."""
+    counts = [
+        0 if v is None else v if type(v) is int and 0 <= v <= MAX_COUNT else _count(v)
+        for v in map(usage.get, USAGE_FIELDS)
+    ]
+    if usage.keys().isdisjoint(DETAIL_FIELDS):
+        return counts
     counts.extend([0] * len(DETAIL_KEYS))
     for d, name in enumerate(DETAIL_FIELDS):
         base = len(USAGE_FIELDS) + d * len(MODALITIES)

@@ -124,25 +124,22 @@ _OTHER_AT = MODALITIES.index("OTHER")
 _WIDTH = len(MODALITIES)
 
 
-def add_details(usage: Usage, sums: list[int], offset: int) -> bool:
-    """Add ``usage``'s per-modality counts to ``sums[offset:]`` (``DETAIL_KEYS`` order);
-    whether it had any list."""
-    found = False
+def add_details(usages: list[Usage], sums: list[int], offset: int) -> None:
+    """Add the per-modality counts of ``usages`` to ``sums[offset:]`` (``DETAIL_KEYS``
+    order); a row without a list costs one C-level look per list."""
+    at, other = _MODALITY_AT.get, _OTHER_AT
     for d, get in enumerate(_DETAIL_GETTERS):
-        items = get(usage)
-        if items:
-            found = True
-            base = offset + d * _WIDTH
+        base = offset + d * _WIDTH
+        for items in filter(None, map(get, usages)):
             for item in items:
-                sums[base + _MODALITY_AT.get(item.modality, _OTHER_AT)] += item.token_count
-    return found
+                sums[base + at(item.modality, other)] += item.token_count
 
 
 def counts_of(usage: Usage) -> list[int]:
     """One row's counts as a band sums them (``USAGE_FIELDS`` then ``DETAIL_KEYS``)."""
     counts = [get(usage) for _key, get in USAGE_GETTERS]
     counts.extend([0] * len(DETAIL_KEYS))
-    add_details(usage, counts, len(USAGE_FIELDS))
+    add_details([usage], counts, len(USAGE_FIELDS))
     return counts
 
 
