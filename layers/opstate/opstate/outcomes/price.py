@@ -281,6 +281,22 @@ def _batch_price(model_price: Any) -> Any:
     return ModelPrice(**prices)
 
 
+def has_image_output(ref: str, when: datetime) -> bool:
+    """Whether genai-prices prices image output of model ``ref`` (at ``when``) at a rate of its
+    own (``UnpricedError`` when it does not know the model)."""
+    try:
+        import genai_prices
+
+        calc = genai_prices.calc_price(
+            genai_prices.Usage(), ref, provider_id=PROVIDER, genai_request_timestamp=when
+        )
+    except ImportError as exc:  # pragma: no cover - every function that acts installs it
+        raise UnpricedError(REASON_NOT_PRICED) from exc
+    except LookupError as exc:
+        raise UnpricedError(f"{prices_version()} does not know the model {ref!r}") from exc
+    return getattr(calc.model_price, "output_image_mtok", None) is not None
+
+
 def _check_tiers(model_price: Any, ref: str) -> None:
     """A tiered price of the model must start at one of ``PRICE_TIER_STARTS`` (the ledger's
     band edges), else a band could hold rows of two tiers: not priced."""
@@ -308,13 +324,11 @@ def _has_batch_price(model: Any, when: datetime) -> bool:
 
 def discount_of(by: Iterable[str]) -> dict[str, Any]:
     """``batch_discount``: how the Batch API price was had. ``by``: ``opstate`` (the standard
-    price times ``factor``), ``genai-prices`` (its own batch price, ``factor`` null) or
-    ``mixed`` (some bands each way)."""
+    price's input and output rates times ``factor``, its cache rates kept), ``genai-prices``
+    (its own batch price, ``factor`` null) or ``mixed`` (some bands each way)."""
     ways = set(by)
     shown = ways.pop() if len(ways) == 1 else "mixed" if ways else "opstate"
-    if shown == "genai-prices":
-        return {"by": shown, "factor": None}
-    return {"by": shown, "factor": str(BATCH_FACTOR), "cache_factor": str(BATCH_CACHE_FACTOR)}
+    return {"by": shown, "factor": None if shown == "genai-prices" else str(BATCH_FACTOR)}
 
 
 def cost_of(

@@ -3,19 +3,21 @@
 
 Checked once per attempt, when its children are planned and before any is created
 (``check``): the lineage's cost so far (every batch of it, priced when archived:
-``domain.costs.lineage_cost``) plus an estimate of the planned children's (the answered rows'
-average cost so far times the rows they hold) against ``maxCostUSD``; then that estimate is
-reserved in the day's counter (``store.counters``: one atomic add under the cap, so lineages
-passing at once never go over it together). Over either, nothing is created: the planned
+``domain.costs.lineage_cost``) plus the planned children's bound (issue 47: each child's own
+input rows read from the sink by ``outcomes.estimate.estimate_rows``: their bytes as input
+tokens, their ``maxOutputTokens`` or the model's output limit as output, at the model's batch
+price, image output at the image rate) against ``maxCostUSD``; then that bound is reserved in
+the day's counter (``store.counters``: one atomic add under the cap, so lineages passing at
+once never go over it together). Over either, nothing is created: the planned
 children are ``refused``, the lineage ``stopped`` (its final result follows, with the failures
 kept), said once at error level and counted in ``RetryStopped`` (alarmed) and
 ``RetryBudgetStopped``.
 
 A cap with an unknown cost creates nothing either (a batch priced by no model genai-prices
-knows, an archive of an earlier release, no answered row to estimate from: a whole expired
-batch resubmitted): what it would spend cannot be bounded, and the stop says why. The daily
-counter keeps what was reserved, not what Gemini billed: a crash between the reservation and
-the plan's write reserves again at the next pass (over-counted, never under).
+knows, an archive of an earlier release, a row whose bytes do not bound its tokens): what it
+would spend cannot be bounded, and the stop says why. The daily counter keeps what was
+reserved: a crash between the reservation and the plan's write reserves again at the next
+pass (over-counted, never under).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
@@ -31,6 +34,7 @@ from opstate.domain.model import OpRecord
 from opstate.domain.retry import policy_of
 from opstate.domain.times import format_time
 from opstate.observability import count
+from opstate.outcomes.estimate import estimate_rows
 from opstate.retry import lineage
 from opstate.retry.passes import Runner, said_stopped
 from opstate.store.counters import CountingStore
@@ -52,33 +56,38 @@ class Estimate:
     why: str | None
 
 
-def _answered_rows(archive: ArchiveState | None) -> int:
-    """The rows of an archived batch that report their usage (what its cost was priced on)."""
-    if archive is None:
-        return 0
-    bands = archive.summary.get("usageBands")
-    return sum(
-        int(b.get("rows") or 0)
-        for b in (bands if isinstance(bands, list) else [])
-        if isinstance(b, Mapping)
-    )
+def planned_bound(runner: Runner, planned: list[dict[str, Any]]) -> tuple[Decimal | None, str]:
+    """At most what the ``planned`` children cost (``estimate_rows`` of each one's input in
+    the sink, on its model), or (None, why not)."""
+    when = datetime.fromtimestamp(runner.clock_ns() / 1e9, tz=UTC)
+    total = Decimal(0)
+    for entry in planned:
+        bound = estimate_rows(
+            runner.sink.chunks(str(entry["input"])),
+            entry.get("model"),
+            when=when,
+            max_line_bytes=runner.config.max_line_bytes,
+        )
+        if bound.usd is None:
+            return None, f"a retry batch's rows cannot be bounded ({bound.reason})"
+        total += bound.usd
+    return total, ""
 
 
 def estimate(
+    runner: Runner,
     refs: list[lineage.MemberRef],
     archives: Mapping[str, ArchiveState | None],
-    rows: int,
+    planned: list[dict[str, Any]],
 ) -> Estimate:
+    rows = sum(int(e.get("rows") or 0) for e in planned)
     names = [ref.name for ref in refs]
     cost = lineage_cost(names, {n: (a.as_dict() if a else None) for n, a in archives.items()})
     so_far = decimal_of(cost)
     if so_far is None:
         return Estimate(None, None, rows, str(cost.get("reason")))
-    answered = sum(_answered_rows(archives.get(name)) for name in names)
-    if not answered:
-        why = "no row of the lineage was answered yet to estimate a retry batch's cost from"
-        return Estimate(so_far, None, rows, why)
-    return Estimate(so_far, so_far / answered * rows, rows, None)
+    coming, why = planned_bound(runner, planned)
+    return Estimate(so_far, coming, rows, why or None)
 
 
 def _usd(value: Decimal) -> str:
@@ -94,7 +103,7 @@ def over_cap(cap: float | None, est: Estimate) -> str | None:
     if est.so_far + est.coming > Decimal(str(cap)):
         return (
             f"{STOP_PREFIX}: the lineage cost {_usd(est.so_far)} so far and {est.rows} more "
-            f"rows would cost about {_usd(est.coming)}, over its maxCostUSD ${cap:g}"
+            f"rows may cost up to {_usd(est.coming)}, over its maxCostUSD ${cap:g}"
         )
     return None
 
@@ -118,7 +127,7 @@ def over_daily(runner: Runner, daily: float | None, est: Estimate) -> str | None
         return None
     spent = Decimal(store.get_counter(counter)) / NANO
     return (
-        f"{what}: {est.rows} more rows would cost about {_usd(est.coming)}, and the retries "
+        f"{what}: {est.rows} more rows may cost up to {_usd(est.coming)}, and the retries "
         f"of {day} (UTC) have reserved {_usd(spent)} of ${daily:g}"
     )
 
@@ -138,7 +147,7 @@ def check(
     daily = getattr(runner.config, "daily_budget_usd", None)
     if cap is None and daily is None:
         return True
-    est = estimate(refs, archives, sum(int(e.get("rows") or 0) for e in planned))
+    est = estimate(runner, refs, archives, planned)
     why = over_cap(cap, est) or over_daily(runner, daily, est)
     if why is None:
         return True
