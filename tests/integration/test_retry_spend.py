@@ -12,6 +12,7 @@ SQLite store, the results folder and the fake Gemini (``test_retry_engine``'s ri
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -21,6 +22,7 @@ import genai_prices
 import pytest
 
 from opstate.domain.costs import BATCH_FACTOR, shown_usd
+from opstate.domain.times import format_time
 from opstate.notify.entries import (
     RESULTS_ARCHIVED_DETAIL_TYPE,
     RESULTS_FINAL_DETAIL_TYPE,
@@ -313,3 +315,44 @@ def test_the_daily_budget_holds_across_lineages(
     why = rig.state(roots[1]).doc["stopped"]
     assert "OPSTATE_RETRY_DAILY_BUDGET_USD" in why
     assert len(rig.fake.batches_created()) == 3  # two roots, one retry
+
+
+def test_an_archived_retry_is_charged_what_it_cost_beyond_its_bound(
+    rig: Rig, counted: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47: the daily counter kept only what was reserved (0.6.0 never added the real cost
+    found at archive). A retry that really cost more than its bound (here Gemini reports a
+    10 million prompt tokens for a short line) adds the difference once it is archived."""
+    monkeypatch.setenv("OPSTATE_RETRY_DAILY_BUDGET_USD", "10")
+    keys = ["a", "b", "c"]
+    root = rig.submit(keys, "--retry-attempts", "2")
+    rig.finish(root, [failed(k, 503, "UNAVAILABLE") for k in keys[:2]] + [answered("c")])
+    now = time.time_ns()
+    assert rig.run(now).submitted == 1
+    (entry,) = rig.state(root).doc["children"]
+    counter = entry["reservedIn"]
+    assert counter == spend.DAILY_COUNTER.format(day=format_time(now)[:10])
+    store = rig.store()
+    try:
+        assert store.get_counter(counter) == entry["boundNanoUsd"]
+    finally:
+        store.close()
+    heavy = [answered(k) for k in keys[:2]]
+    for row in heavy:
+        row["response"]["usageMetadata"]["promptTokenCount"] = 10_000_000
+    rig.finish(entry["name"], heavy)
+    real = results(rig, entry["name"])["cost"]["usd"]
+    assert real > entry["boundNanoUsd"] / 1e9
+    assert rig.run(now + 1).final == 1
+    (entry,) = rig.state(root).doc["children"]
+    store = rig.store()
+    try:
+        assert store.get_counter(counter) == entry["charged"] == round(real * 1e9)
+    finally:
+        store.close()
+    rig.run(now + 2)  # charged once
+    store = rig.store()
+    try:
+        assert store.get_counter(counter) == entry["charged"]
+    finally:
+        store.close()

@@ -15,9 +15,12 @@ kept), said once at error level and counted in ``RetryStopped`` (alarmed) and
 
 A cap with an unknown cost creates nothing either (a batch priced by no model genai-prices
 knows, an archive of an earlier release, a row whose bytes do not bound its tokens): what it
-would spend cannot be bounded, and the stop says why. The daily counter keeps what was
-reserved: a crash between the reservation and the plan's write reserves again at the next
-pass (over-counted, never under).
+would spend cannot be bounded, and the stop says why. Each child reserved for records its
+bound (``boundNanoUsd``) and the counter (``reservedIn``); once it is archived and priced,
+``charge`` adds what it really cost beyond its bound to that day's counter (issue 47; a cost
+below the bound is not given back, an unknown one adds nothing: the bound stands). A crash
+between the reservation and the plan's write reserves again at the next pass, and a charge
+whose write loses a race is added again by the winner (over-counted, never under).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from datetime import UTC, datetime
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
-from opstate.domain.costs import decimal_of, lineage_cost
+from opstate.domain.costs import decimal_of, lineage_cost, stored_usd
 from opstate.domain.model import OpRecord
 from opstate.domain.retry import policy_of
 from opstate.domain.times import format_time
@@ -39,8 +42,10 @@ from opstate.retry import lineage
 from opstate.retry.passes import Runner, said_stopped
 from opstate.store.counters import CountingStore
 from opstate.store.port import ArchiveState
+from opstate.store.retry_state import RetryState
 
 NANO = Decimal(1_000_000_000)
+UNCAPPED = 2**62  # a charge of what was spent is added whatever the cap
 DAILY_COUNTER = "retry-spend-nano-usd:{day}"
 REFUSED_ERROR = "over the retry budget"
 STOP_PREFIX = "the retry budget stopped it"
@@ -70,6 +75,7 @@ def planned_bound(runner: Runner, planned: list[dict[str, Any]]) -> tuple[Decima
         )
         if bound.usd is None:
             return None, f"a retry batch's rows cannot be bounded ({bound.reason})"
+        entry["boundNanoUsd"] = _nano(bound.usd)
         total += bound.usd
     return total, ""
 
@@ -108,7 +114,37 @@ def over_cap(cap: float | None, est: Estimate) -> str | None:
     return None
 
 
-def over_daily(runner: Runner, daily: float | None, est: Estimate) -> str | None:
+def _nano(usd: Decimal) -> int:
+    return int((usd * NANO).to_integral_value(rounding=ROUND_CEILING))
+
+
+def charge(
+    runner: Runner, root: OpRecord, state: RetryState, archives: Mapping[str, ArchiveState | None]
+) -> RetryState:
+    """Add each archived child's real cost beyond its bound to the day's counter it reserved
+    in (once: ``charged`` records what it cost, null when unknown); the state written when a
+    child was charged."""
+    doc = lineage.mutable(state.doc)
+    store, changed = runner.store, False
+    for entry in lineage.children(doc):
+        counter, bound = entry.get("reservedIn"), entry.get("boundNanoUsd")
+        archive = archives.get(str(entry.get("name")))
+        if not counter or "charged" in entry or archive is None:
+            continue
+        if archive.status not in ("archived", "none") or not isinstance(store, CountingStore):
+            continue
+        usd, _why = stored_usd(archive.as_dict())
+        real = None if usd is None else _nano(usd)
+        if real is not None and real > int(bound or 0):
+            store.add_counter(str(counter), real - int(bound or 0), UNCAPPED)
+        entry["charged"] = real
+        changed = True
+    return runner.write(root, state, doc) if changed else state
+
+
+def over_daily(
+    runner: Runner, daily: float | None, est: Estimate, planned: list[dict[str, Any]]
+) -> str | None:
     """Reserve the planned children's estimate in today's counter; why it cannot be (None:
     reserved, or no daily cap)."""
     if daily is None:
@@ -121,9 +157,11 @@ def over_daily(runner: Runner, daily: float | None, est: Estimate) -> str | None
         return f"{what}: this store keeps no counters"
     day = format_time(runner.clock_ns())[:10]
     counter = DAILY_COUNTER.format(day=day)
-    amount = int((est.coming * NANO).to_integral_value(rounding=ROUND_CEILING))
+    amount = sum(int(e.get("boundNanoUsd") or 0) for e in planned) or _nano(est.coming)
     cap = math.floor(daily * 1_000_000_000)
     if store.add_counter(counter, amount, cap):
+        for entry in planned:
+            entry["reservedIn"] = counter
         return None
     spent = Decimal(store.get_counter(counter)) / NANO
     return (
@@ -148,7 +186,7 @@ def check(
     if cap is None and daily is None:
         return True
     est = estimate(runner, refs, archives, planned)
-    why = over_cap(cap, est) or over_daily(runner, daily, est)
+    why = over_cap(cap, est) or over_daily(runner, daily, est, planned)
     if why is None:
         return True
     for entry in planned:
