@@ -17,6 +17,7 @@ Imported only by ``opstate.outcomes.ledger``, which works without msgspec (slowe
 
 from __future__ import annotations
 
+from itertools import chain
 from operator import attrgetter
 from typing import Annotated
 
@@ -37,7 +38,7 @@ from opstate.outcomes.plan import BLOCKING_FINISH_REASONS
 type Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
 
 
-class ModalityCount(msgspec.Struct, rename="camel"):
+class ModalityCount(msgspec.Struct, rename="camel", gc=False):
     """One item of a ``*TokensDetails`` list (a modality that is not a string is refused, so
     ``line`` reads it: as ``OTHER``)."""
 
@@ -122,17 +123,26 @@ assert tuple(Usage.__struct_encode_fields__[len(USAGE_FIELDS) :]) == DETAIL_FIEL
 _MODALITY_AT = {m: i for i, m in enumerate(MODALITIES)}
 _OTHER_AT = MODALITIES.index("OTHER")
 _WIDTH = len(MODALITIES)
+_MODALITY_OF = attrgetter("modality")
+_TOKENS_OF = attrgetter("token_count")
 
 
 def add_details(usages: list[Usage], sums: list[int], offset: int) -> None:
     """Add the per-modality counts of ``usages`` to ``sums[offset:]`` (``DETAIL_KEYS``
-    order); a row without a list costs one C-level look per list."""
-    at, other = _MODALITY_AT.get, _OTHER_AT
+    order). Each list's items over the block are gathered and read by C-level getters; a list
+    of one modality only (Gemini's usual TEXT) is one sum."""
     for d, get in enumerate(_DETAIL_GETTERS):
+        items = list(chain.from_iterable(filter(None, map(get, usages))))
+        if not items:
+            continue
         base = offset + d * _WIDTH
-        for items in filter(None, map(get, usages)):
-            for item in items:
-                sums[base + at(item.modality, other)] += item.token_count
+        modalities = list(map(_MODALITY_OF, items))
+        first = modalities[0]
+        if modalities.count(first) == len(modalities):
+            sums[base + _MODALITY_AT.get(first, _OTHER_AT)] += sum(map(_TOKENS_OF, items))
+            continue
+        for modality, n in zip(modalities, map(_TOKENS_OF, items), strict=True):
+            sums[base + _MODALITY_AT.get(modality, _OTHER_AT)] += n
 
 
 def counts_of(usage: Usage) -> list[int]:
