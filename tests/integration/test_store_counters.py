@@ -280,6 +280,16 @@ def test_a_priced_archive_reads_back_on_every_store(harness: Harness) -> None:
     bands = [
         {"model": None, "band": 0, "rows": 3, "usage": {"promptTokenCount": 3600}},
         {"model": "gemini-2.0-flash", "band": 3, "rows": 1, "usage": {"promptTokenCount": 2**62}},
+        {  # issue 47: per-modality sums, a nested map of maps
+            "model": "gemini-3-pro-image-preview",
+            "band": 0,
+            "rows": 8,
+            "usage": {"promptTokenCount": 160, "candidatesTokenCount": 8960},
+            "modalities": {
+                "promptTokensDetails": {"TEXT": 160},
+                "candidatesTokensDetails": {"IMAGE": 8960},
+            },
+        },
     ]
     summary = {"rows": {"total": 4}, "usageBands": bands, "cost": cost}
     state = ArchiveState("archived", created_ns=record.created_ns, summary=summary)
