@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -29,6 +29,7 @@ from opstate.retry.passes import RetryConfig, RetryResult
 from opstate.retry.rules import parse_table
 from opstate.store.counters import RESERVED_PREFIX, CountingStore
 from opstate.store.port import ArchiveState
+from opstate.store.retry_state import RetryState
 from opstate.store.sqlite import SQLiteStore
 from tests.support.stores import STORE_KINDS, Harness, harness_of
 
@@ -300,3 +301,38 @@ def test_a_priced_archive_reads_back_on_every_store(harness: Harness) -> None:
     view = results_json(harness.store, name)
     assert view is not None and view["cost"] == cost_view(cost)
     assert view["cost"]["usd"] == 0.00036
+
+
+@dataclass
+class WritingRunner(StubRunner):
+    """A runner whose writes are kept here (``spend.charge`` writes the plan once charged)."""
+
+    writes: list[dict[str, Any]] = field(default_factory=list)
+
+    def write(self, root: Any, state: RetryState, doc: Any) -> RetryState:
+        self.writes.append(dict(doc))
+        return replace(state, doc=dict(doc), rev=state.rev + 1)
+
+
+def test_an_archived_child_is_charged_beyond_its_bound_once_on_every_store(
+    harness: Harness,
+) -> None:
+    """Issue 47: a child reserved $0.000000100 and really cost $0.00036: the difference is
+    added to the day it reserved in, once, even over the daily cap (what was spent is spent)."""
+    counter = spend.DAILY_COUNTER.format(day="2026-06-01")
+    assert counting(harness).add_counter(counter, 100, 100)
+    child = {
+        "id": "c",
+        "name": "batches/child",
+        "phase": "created",
+        "boundNanoUsd": 100,
+        "reservedIn": counter,
+    }
+    state = RetryState("active", created_ns=1, doc={"children": [child]})
+    runner = WritingRunner(harness.store, RetryConfig(table=parse_table("UNAVAILABLE")))
+    archives: dict[str, ArchiveState | None] = {"batches/child": priced_archive("0.00036", 3)}
+    state = spend.charge(runner, _record("batches/root"), state, archives)
+    assert counting(harness).get_counter(counter) == 360_000
+    assert state.doc["children"][0]["charged"] == 360_000
+    spend.charge(runner, _record("batches/root"), state, archives)
+    assert counting(harness).get_counter(counter) == 360_000 and len(runner.writes) == 1
