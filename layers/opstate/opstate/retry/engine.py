@@ -159,7 +159,7 @@ class RetryRunner:
         refs = lineage.members(root.name, state.doc)
         records = {ref.name: self.store.get(ref.name) for ref in refs}
         archives = {ref.name: self.store.get_archive(ref.name) for ref in refs}
-        state = self._note_ended(root, state, records)
+        state = spend.charge(self, root, self._note_ended(root, state, records), archives)
         state = pending_timeouts(self, self.creator.cancel, root, state, refs, records)
         if any(not _settled(records[r.name], archives[r.name]) for r in refs):
             self.result.waiting += 1
