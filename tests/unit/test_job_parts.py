@@ -212,3 +212,48 @@ def test_halving_converges_on_a_lower_real_cap_in_few_refusals() -> None:
         part = cap
         refusals += 1
     assert refusals == 5
+
+
+def test_a_plan_holds_parts_in_input_order_with_unpublished_nonces() -> None:
+    from opstate.retry import jobs
+
+    ranges = [PartRange(0, 2, 0, 20, 10), PartRange(2, 2, 20, 40, 10)]
+    plan = jobs.new_plan("abc", "m", {"bytes": 40}, ranges)
+    assert [p["phase"] for p in plan["parts"]] == [jobs.HELD, jobs.HELD]
+    nonces = {p["nonce"] for p in plan["parts"]}
+    assert len(nonces) == 2 and all(len(n) == 32 for n in nonces)
+    assert jobs.display_name(plan, 1) == "opstate-job-abc-p1"
+    assert all(n not in jobs.display_name(plan, 0) for n in nonces)
+    # A part backing off holds back the parts after it (unless an operator's pass).
+    jobs.claim(plan, 0, 99)
+    jobs.released(plan, 0, 1_000, refused=True)
+    assert jobs.waiting(plan, 1_000) == []
+    assert [h.key for h in jobs.waiting(plan, 1_000, every=True)] == ["0", "1"]
+    # Split: pieces replace the part in place, numbered after every part.
+    jobs.split(plan, 0, [PartRange(0, 1, 0, 10, 5), PartRange(1, 1, 10, 20, 5)])
+    assert [(p["n"], p["start"]) for p in plan["parts"]] == [(2, 0), (3, 10), (1, 20)]
+    with pytest.raises(jobs.PlanError, match="do not cover"):
+        jobs.split(plan, 1, [PartRange(2, 1, 20, 30, 5)])
+    summary = jobs.summary(plan, 100)
+    assert summary["parts"] == {"held": 3, "creating": 0, "created": 0, "ended": 0}
+    assert summary["waitingFor"] == "room in the model's queue" and summary["rows"] == 4
+    for n in (2, 3, 1):
+        jobs.claim(plan, n, 5)
+        jobs.created(plan, n, f"batches/b{n}")
+    assert jobs.summary(plan, 100)["enqueuedTokens"] == 20
+    jobs.ended(plan, 2)
+    jobs.stop(plan, "retry --stop")
+    assert not jobs.finished(plan)  # created parts still open
+    jobs.ended(plan, 3)
+    jobs.ended(plan, 1)
+    assert jobs.finished(plan) and jobs.summary(plan, 100)["waitingFor"] == "nothing"
+
+
+def test_a_plan_over_its_parts_bound_is_refused_before_anything() -> None:
+    from opstate.retry import jobs
+
+    many = (PartRange(i, 1, i, i + 1, 4) for i in range(jobs.MAX_PARTS + 1))
+    with pytest.raises(jobs.PlanError, match="more than 400 parts"):
+        jobs.new_plan("abc", "m", {}, many)
+    with pytest.raises(jobs.PlanError, match="empty input"):
+        jobs.new_plan("abc", "m", {}, [])
