@@ -1,0 +1,143 @@
+"""A job in the retry pass (opstate.retry.job_step, issue 46): ``submit_job`` keeps and plans an
+input of four times the model's cap, ``retry_once`` feeds its parts to the fake Gemini enforcing
+the Batch API's limits, each part becomes attempt 0 of its own lineage, and once every part's
+lineage wrote its final result the job writes one ``final.jsonl`` over the whole input, in its
+order. SQLite store, results folder, the real google-genai client (``test_retry_engine``'s rig)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opstate.config import SubmitSettings, settings
+from opstate.domain.retry import RetryPolicy
+from opstate.domain.states import State
+from opstate.outcomes.wiring import results_url_for, sink_from_url
+from opstate.retry import jobs
+from opstate.retry.inputs import source_chunks
+from opstate.retry.job_step import JOB
+from opstate.retry.job_submit import submit_job
+from tests.integration.test_job_feeding import CAP, big_input
+from tests.integration.test_retry_engine import Rig, make_rig
+from tests.support.fake_gemini import FakeGemini
+from tests.support.fake_gemini_limits import QueueLimits
+
+MODEL = "gemini-2.5-flash"
+
+
+@pytest.fixture
+def rig(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: Any, fake_gemini: FakeGemini
+) -> Iterator[Rig]:
+    yield from make_rig(monkeypatch, tmp_path, capsys, fake_gemini)
+
+
+def submit(rig: Rig, data: bytes, policy: RetryPolicy) -> str:
+    path = rig.tmp_path / "big.jsonl"
+    path.write_bytes(data)
+    current = settings()
+    store = rig.store()
+    try:
+        job = submit_job(
+            store,
+            sink_from_url(results_url_for(current), current),
+            source_chunks(path.as_uri()),
+            model=MODEL,
+            policy=policy,
+            limits=SubmitSettings(submit_enqueued_tokens=((MODEL, CAP),)),
+        )
+    finally:
+        store.close()
+    assert job is not None
+    return job.name
+
+
+def answer_open(rig: Rig) -> None:
+    for name in rig.fake.batches_created():
+        if not (rig.fake.resource(name) or {}).get("done"):
+            keys = [json.loads(line)["key"] for line in rig.fake.batch_input(name).splitlines()]
+            rig.finish(name, [{"key": k, "response": {"candidates": []}} for k in keys])
+
+
+def run_job(rig: Rig, name: str, passes: int = 40) -> dict[str, Any]:
+    for _ in range(passes):
+        rig.run()
+        state = rig.state(name)
+        if state.doc.get("final"):
+            return dict(state.doc)
+        answer_open(rig)
+    raise AssertionError(f"{name} did not finish: {rig.state(name).doc[JOB]}")
+
+
+def test_a_job_of_four_times_the_cap_ends_with_one_final_in_input_order(rig: Rig) -> None:
+    data = big_input(600)
+    rig.fake.limits = QueueLimits(enqueued_tokens={MODEL: CAP}, max_open=100)
+    name = submit(rig, data, RetryPolicy(max_attempts=1))
+    assert name.startswith("jobs/")
+    doc = run_job(rig, name)
+    plan = doc[JOB]
+    assert len(plan["parts"]) >= 4 and jobs.finished(plan)
+    # Every line sent exactly once, byte for byte.
+    sent = b"".join(rig.fake.batch_input(p["batch"]) for p in plan["parts"])
+    assert sent == data
+    assert len(rig.fake.limits.refusals) <= 2
+    assert rig.fake.limits.peak_tokens[MODEL] <= CAP
+    # One final result over the whole input, one line per input line, in its order.
+    final = Path(doc["final"]["location"].removeprefix("file://")).read_bytes()
+    keys = [json.loads(line)["key"] for line in final.splitlines()]
+    assert keys == [json.loads(line)["key"] for line in data.splitlines()]
+    assert all("response" in json.loads(line) for line in final.splitlines())
+    store = rig.store()
+    try:
+        record = store.get(name)
+        # Each part is attempt 0 of its own lineage, with a final result of its own.
+        for part in plan["parts"]:
+            state = store.get_retry(part["batch"])
+            assert state is not None and state.doc["final"]["status"] == "final"
+    finally:
+        store.close()
+    assert record is not None and record.state is State.SUCCEEDED
+
+
+def test_a_stopped_job_creates_no_more_parts_and_its_unsent_lines_are_errors(rig: Rig) -> None:
+    data = big_input(600)
+    rig.fake.limits = QueueLimits(enqueued_tokens={MODEL: CAP})
+    name = submit(rig, data, RetryPolicy())
+    rig.run()
+    assert len(rig.fake.batches_created()) == 1
+    store = rig.store()
+    try:
+        state = store.get_retry(name)
+        assert state is not None
+        plan = jobs.changed(state.doc[JOB])
+        jobs.stop(plan, "stopped by the operator (opstate retry --stop)")
+        assert store.set_retry(name, state.rev, replace(state, doc={**state.doc, JOB: plan}))
+    finally:
+        store.close()
+    doc = run_job(rig, name)
+    assert len(rig.fake.batches_created()) == 1
+    final = [
+        json.loads(line)
+        for line in Path(doc["final"]["location"].removeprefix("file://")).read_bytes().splitlines()
+    ]
+    assert [row["key"] for row in final] == [json.loads(line)["key"] for line in data.splitlines()]
+    sent = {
+        json.loads(line)["key"]
+        for line in rig.fake.batch_input(rig.fake.batches_created()[0]).splitlines()
+    }
+    for row in final:
+        if row["key"] in sent:
+            assert "response" in row
+        else:
+            assert row["error"]["code"] == "NOT_SUBMITTED"
+    store = rig.store()
+    try:
+        record = store.get(name)
+    finally:
+        store.close()
+    assert record is not None and record.state is State.CANCELLED
