@@ -99,6 +99,7 @@ def test_a_job_of_four_times_the_cap_ends_with_one_final_in_input_order(rig: Rig
         for part in plan["parts"]:
             state = store.get_retry(part["batch"])
             assert state is not None and state.doc["final"]["status"] == "final"
+            assert state.doc["policy"]["maxAttempts"] == 1  # the job's policy
     finally:
         store.close()
     assert record is not None and record.state is State.SUCCEEDED

@@ -28,9 +28,17 @@ model (later ones never overtake it), and no more than the open-batch bound are 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
+# A job's part phases (``opstate.retry.jobs``).
+HELD = "held"
+CREATING = "creating"
+CREATED = "created"
+ENDED = "ended"
+PHASES = (HELD, CREATING, CREATED, ENDED)
 BYTES_PER_TOKEN = 2
 # The least a line is counted: a request carries a role and parts beside its text.
 MIN_LINE_TOKENS = 4
@@ -192,3 +200,51 @@ def held_backoff_s(refusals: int) -> float:
     if refusals < 1:
         return 0.0
     return min(MAX_HELD_BACKOFF_S, HELD_BACKOFF_S * 2.0 ** min(refusals - 1, 16))
+
+
+def job_finished(plan: Mapping[str, Any]) -> bool:
+    """Whether no part of a job's plan will be created or is open: every part ended, or the
+    job stopped and every part created has ended (held parts then never will be)."""
+    phases = {p.get("phase") for p in _parts(plan)}
+    if plan.get("stopped"):
+        return not phases & {CREATING, CREATED}
+    return phases == {ENDED}
+
+
+def _parts(plan: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    parts = plan.get("parts")
+    return [p for p in parts if isinstance(p, Mapping)] if isinstance(parts, list) else []
+
+
+def job_view(plan: Mapping[str, Any], configured_cap: int | None = None) -> dict[str, Any]:
+    """What a job's record shows: parts per phase, rows, the tokens it has enqueued against
+    the cap (and a cap Gemini taught), whether it stopped, and what it waits for."""
+    parts = _parts(plan)
+    phases = Counter(p.get("phase") for p in parts)
+    limits = plan.get("limits")
+    cap = configured_cap
+    if cap is None and isinstance(limits, Mapping) and isinstance(limits.get("cap"), int):
+        cap = limits["cap"]
+    learned = plan.get("learnedCap")
+    if isinstance(learned, int) and learned > 0 and cap is not None:
+        cap = min(cap, learned)
+    shown: dict[str, Any] = {
+        "parts": {phase: phases.get(phase, 0) for phase in PHASES},
+        "rows": sum(int(p.get("rows", 0)) for p in parts),
+        "model": plan.get("model"),
+        "enqueuedTokens": sum(
+            int(p.get("tokens", 0)) for p in parts if p.get("phase") in (CREATING, CREATED)
+        ),
+        "cap": cap,
+    }
+    if isinstance(learned, int):
+        shown["learnedCap"] = learned
+    if plan.get("stopped"):
+        shown["stopped"] = plan.get("stoppedWhy", "stopped")
+    if job_finished(plan):
+        shown["waitingFor"] = "nothing"
+    elif phases.get(HELD) and not plan.get("stopped"):
+        shown["waitingFor"] = "room in the model's queue"
+    else:
+        shown["waitingFor"] = "created parts to end"
+    return shown

@@ -17,6 +17,7 @@ import hashlib
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from opstate.domain.model import OpEvent, OpRecord
@@ -101,6 +102,9 @@ def job_step(runner: Runner, root: OpRecord, state: RetryState) -> bool:
         limits_of(plan),
         clock_ns=runner.clock_ns,
     )
+    said = state.doc.get("stopped")
+    if said and not plan.get("stopped"):  # ``opstate retry --stop JOB`` (``stop_lineage``)
+        feeder.change(partial(jobs.stop, why=str(said)))
     fed = feeder.step(every=runner.every)
     _, plan = holder.read()
     for event in fed.created:
@@ -145,7 +149,7 @@ def _track(runner: Runner, root: OpRecord, plan: Mapping[str, Any], event: OpEve
     written = attach_policy(
         store,
         record,
-        policy_of(plan.get("policy") or {}),
+        policy_of(plan),
         model=plan["model"],
         now_ns=now,
         via=VIA_SUBMIT,

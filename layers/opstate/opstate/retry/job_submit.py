@@ -36,6 +36,7 @@ class JobSubmitted:
     name: str
     parts: int
     input: KeptInput
+    created: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -17,17 +17,29 @@ from __future__ import annotations
 
 import copy
 import secrets
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from opstate.domain.parts import Held, PartRange, held_backoff_s
+from opstate.domain.parts import (
+    CREATED as CREATED,
+)
+from opstate.domain.parts import (
+    CREATING as CREATING,
+)
+from opstate.domain.parts import (
+    ENDED as ENDED,
+)
+from opstate.domain.parts import (
+    HELD as HELD,
+)
+from opstate.domain.parts import (
+    Held,
+    PartRange,
+    held_backoff_s,
+    job_finished,
+    job_view,
+)
 
-HELD = "held"
-CREATING = "creating"
-CREATED = "created"
-ENDED = "ended"
-PHASES = (HELD, CREATING, CREATED, ENDED)
 # The most parts one job's plan may hold: a part is about 300 bytes of the retry state's
 # 160 KiB (``MAX_RETRY_STATE_BYTES``).
 MAX_PARTS = 400
@@ -180,34 +192,10 @@ def stop(plan: dict[str, Any], why: str) -> None:
 
 
 def finished(plan: Mapping[str, Any]) -> bool:
-    """Whether no part will be created or is open: every part ended, or the job stopped and
-    every part created has ended (held parts then never will be)."""
-    phases = {p["phase"] for p in plan["parts"]}
-    if plan.get("stopped"):
-        return not phases & {CREATING, CREATED}
-    return phases == {ENDED}
+    """Whether no part will be created or is open (``domain.parts.job_finished``)."""
+    return job_finished(plan)
 
 
-def summary(plan: Mapping[str, Any], configured_cap: int) -> dict[str, Any]:
-    """What the job's record shows: parts per phase, rows, the tokens it has enqueued against
-    the cap (and a learned cap), and what it waits for."""
-    phases = Counter(p["phase"] for p in plan["parts"])
-    open_tokens = sum(int(p["tokens"]) for p in plan["parts"] if p["phase"] in (CREATING, CREATED))
-    shown: dict[str, Any] = {
-        "parts": {phase: phases.get(phase, 0) for phase in PHASES},
-        "rows": sum(int(p["rows"]) for p in plan["parts"]),
-        "model": plan["model"],
-        "enqueuedTokens": open_tokens,
-        "cap": cap_of(plan, configured_cap),
-    }
-    if "learnedCap" in plan:
-        shown["learnedCap"] = plan["learnedCap"]
-    if plan.get("stopped"):
-        shown["stopped"] = plan.get("stoppedWhy", "stopped")
-    if finished(plan):
-        shown["waitingFor"] = "nothing"
-    elif phases.get(HELD) and not plan.get("stopped"):
-        shown["waitingFor"] = "room in the model's queue"
-    else:
-        shown["waitingFor"] = "created parts to end"
-    return shown
+def summary(plan: Mapping[str, Any], configured_cap: int | None = None) -> dict[str, Any]:
+    """What the job's record shows (``domain.parts.job_view``)."""
+    return job_view(plan, configured_cap)
