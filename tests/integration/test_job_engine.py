@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -111,15 +110,8 @@ def test_a_stopped_job_creates_no_more_parts_and_its_unsent_lines_are_errors(rig
     name = submit(rig, data, RetryPolicy())
     rig.run()
     assert len(rig.fake.batches_created()) == 1
-    store = rig.store()
-    try:
-        state = store.get_retry(name)
-        assert state is not None
-        plan = jobs.changed(state.doc[JOB])
-        jobs.stop(plan, "stopped by the operator (opstate retry --stop)")
-        assert store.set_retry(name, state.rev, replace(state, doc={**state.doc, JOB: plan}))
-    finally:
-        store.close()
+    stopped = rig.cli("retry", "--stop", name)
+    assert stopped.code == 0, stopped.err
     doc = run_job(rig, name)
     assert len(rig.fake.batches_created()) == 1
     final = [
@@ -136,6 +128,7 @@ def test_a_stopped_job_creates_no_more_parts_and_its_unsent_lines_are_errors(rig
             assert "response" in row
         else:
             assert row["error"]["code"] == "NOT_SUBMITTED"
+            assert "stopped by the operator" in row["error"]["message"]
     store = rig.store()
     try:
         record = store.get(name)

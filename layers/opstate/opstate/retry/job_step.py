@@ -40,6 +40,7 @@ from opstate.store.retry_state import RETRY_ACTIVE, RETRY_DONE, RetryState
 JOB = "job"
 JOB_SOURCE = "report"  # the job's record is opstate's own report of it
 NOT_SUBMITTED = "NOT_SUBMITTED"
+PART_OF = "partOf"  # in a part's retry state: the job it belongs to
 
 
 def plan_of(state: RetryState) -> Mapping[str, Any] | None:
@@ -155,12 +156,15 @@ def _track(runner: Runner, root: OpRecord, plan: Mapping[str, Any], event: OpEve
         via=VIA_SUBMIT,
         kept_input=kept.as_dict(),
     )
-    if written is not None and written.status == RETRY_DONE:
-        # A job without retries still has each part's final result written by its lineage.
+    if written is not None:
+        # The part names its job (``wiring.roots_of``: a part's terminal change steps the job
+        # too); a job without retries still has each part's final written by its lineage.
         store.set_retry(
             record.name,
             written.rev,
-            replace(written, status=RETRY_ACTIVE, due_ns=now),
+            replace(
+                written, status=RETRY_ACTIVE, due_ns=now, doc={**written.doc, PART_OF: root.name}
+            ),
         )
     log_fields(logger.info, "job part tracked", {"job": root.name, "name": record.name})
 

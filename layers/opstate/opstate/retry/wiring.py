@@ -130,6 +130,9 @@ def roots_of(store: Any, names: list[str]) -> list[str]:
             continue
         if state.status == RETRY_ACTIVE:
             roots.append(name)
+            job = state.doc.get("partOf")  # a job's part (issue 46): its job feeds on
+            if isinstance(job, str) and job.startswith("jobs/"):
+                roots.append(job)
         elif state.status == RETRY_MEMBER:
             found = state.doc.get("lineage")
             root = found.get("root") if isinstance(found, dict) else None
