@@ -118,6 +118,9 @@ def job_step(runner: Runner, root: OpRecord, state: RetryState) -> bool:
     if jobs.finished(plan) and all(_final_of(store, p) for p in plan["parts"] if p.get("batch")):
         _write_final(runner, root, fresh, plan)
         return True
+    view = jobs.summary(plan)
+    count("JobPartsHeld", view["parts"][jobs.HELD])
+    count("JobTokensEnqueued", view["enqueuedTokens"])
     due = runner.clock_ns() + int(runner.config.check_s * 1e9)
     if fresh.due_ns <= runner.clock_ns() or due < fresh.due_ns:
         runner.write(root, fresh, fresh.doc, due_ns=due)
