@@ -135,3 +135,23 @@ def test_a_stopped_job_creates_no_more_parts_and_its_unsent_lines_are_errors(rig
     finally:
         store.close()
     assert record is not None and record.state is State.CANCELLED
+
+
+@pytest.mark.parametrize("change", ["same size", "shorter"])
+def test_a_kept_input_changed_under_the_job_creates_nothing_from_it(rig: Rig, change: str) -> None:
+    # A bucket writer (THREATS.md, actor c) swaps the kept input after the plan was written:
+    # the part's upload hashes otherwise than planned, is deleted before any create, and the
+    # job stops; its lines are NOT_SUBMITTED errors, never answers from planted bytes.
+    data = big_input(600)
+    rig.fake.limits = QueueLimits(enqueued_tokens={MODEL: CAP})
+    name = submit(rig, data, RetryPolicy())
+    kept = Path(rig.state(name).doc[JOB]["input"]["location"].removeprefix("file://"))
+    planted = data.replace(b"lorem", b"LOREM", 1) if change == "same size" else data[10:]
+    kept.chmod(0o600)
+    kept.write_bytes(planted)
+    doc = run_job(rig, name)
+    assert rig.fake.batches_created() == []
+    assert rig.fake.files_held() == []  # the upload was deleted
+    final = Path(doc["final"]["location"].removeprefix("file://")).read_bytes().splitlines()
+    assert final and all(json.loads(x)["error"]["code"] == "NOT_SUBMITTED" for x in final)
+    assert "the kept input changed" in doc[JOB]["stoppedWhy"]

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from opstate.config import Settings
-from opstate.domain.parts import Bounds, split_lines
+from opstate.domain.parts import Bounds, split_hashed
 from opstate.gemini.client import make_client
 from opstate.retry import jobs
 from opstate.retry.feeding import Feeder, FeedLimits, enqueued, open_slots
@@ -78,7 +78,7 @@ def big_input(lines: int = 600, text_bytes: int = 250) -> bytes:
 
 
 def plan_for(data: bytes, cap: int = CAP) -> dict[str, Any]:
-    parts = split_lines(io.BytesIO(data), Bounds(cap, 10**9, 50_000))
+    parts = split_hashed(io.BytesIO(data), Bounds(cap, 10**9, 50_000))
     source = {"location": "mem://input", "sha256": "0" * 64, "rows": 0, "bytes": len(data)}
     return jobs.new_plan(jobs.new_job_id(), MODEL, source, parts)
 

@@ -257,3 +257,20 @@ def test_a_plan_over_its_parts_bound_is_refused_before_anything() -> None:
         jobs.new_plan("abc", "m", {}, many)
     with pytest.raises(jobs.PlanError, match="empty input"):
         jobs.new_plan("abc", "m", {}, [])
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines=st.lists(LINE, max_size=60), bounds=BOUNDS)
+def test_a_hashed_split_is_the_split_with_each_parts_own_sha256(
+    lines: list[bytes], bounds: Bounds
+) -> None:
+    import hashlib
+
+    from opstate.domain.parts import split_hashed
+
+    data = b"".join(lines)
+    plain = list(split_lines(io.BytesIO(data), bounds))
+    hashed = list(split_hashed(io.BytesIO(data), bounds))
+    assert [p.__class__(p.first, p.rows, p.start, p.end, p.tokens) for p in hashed] == plain
+    for part in hashed:
+        assert part.sha256 == hashlib.sha256(data[part.start : part.end]).hexdigest()

@@ -27,10 +27,11 @@ model (later ones never overtake it), and no more than the open-batch bound are 
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 # A job's part phases (``opstate.retry.jobs``).
@@ -95,6 +96,7 @@ class PartRange:
     start: int
     end: int
     tokens: int
+    sha256: str = ""  # of its bytes, when ``split_hashed`` cut it
 
     @property
     def size(self) -> int:
@@ -135,6 +137,38 @@ def split_lines(
         rows, size, tokens = rows + 1, size + length, tokens + cost
     if rows:
         yield PartRange(part_first, rows, part_start, part_start + size, tokens)
+
+
+def split_hashed(
+    lines: Iterable[bytes],
+    bounds: Bounds,
+    *,
+    first: int = 0,
+    start: int = 0,
+    bytes_per_token: float = BYTES_PER_TOKEN,
+) -> Iterator[PartRange]:
+    """``split_lines``, each part with the sha256 of its bytes (what an upload of it must
+    hash to). ``split_lines`` reads at most one line past a part before it yields it: that line
+    is held back from the part's digest and begins the next one."""
+    pulled = [start]
+    digest = [hashlib.sha256()]
+    last: list[bytes] = []
+
+    def feed() -> Iterator[bytes]:
+        for line in lines:
+            if last:
+                digest[0].update(last.pop())
+            last.append(line)
+            pulled[0] += len(line)
+            yield line
+
+    for part in split_lines(
+        feed(), bounds, first=first, start=start, bytes_per_token=bytes_per_token
+    ):
+        if pulled[0] == part.end and last:
+            digest[0].update(last.pop())
+        yield replace(part, sha256=digest[0].hexdigest())
+        digest[0] = hashlib.sha256()
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,14 +28,15 @@ capped at the model's cap plus what was freed.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from opstate.domain.model import OpEvent
-from opstate.domain.parts import Bounds, SplitError, learned_cap, room, split_lines
+from opstate.domain.parts import Bounds, SplitError, learned_cap, room, split_hashed
 from opstate.domain.refusals import Refusal
 from opstate.gemini.batches import rest_batch_event, rest_resource
 from opstate.gemini.errors import GatewayError, classify
@@ -120,6 +121,12 @@ def _reserve(store: CountingStore, model: str, tokens: int, limits: FeedLimits, 
 def _free(store: CountingStore, model: str, tokens: int) -> None:
     store.add_counter(FREED.format(model=model), tokens, NO_CAP)
     store.add_counter(SLOTS_FREED, 1, NO_CAP)
+
+
+def _hashing(chunks: Iterable[bytes], digest: Any) -> Iterator[bytes]:
+    for chunk in chunks:
+        digest.update(chunk)
+        yield chunk
 
 
 def lines_of(chunks: Iterable[bytes]) -> Iterator[bytes]:
@@ -283,7 +290,7 @@ class Feeder:
         # Streams the part's bytes again: memory holds one line at a time.
         lines = lines_of(byte_range(self.source(), part["start"], part["end"]))
         try:
-            pieces = list(split_lines(lines, bounds, first=part["first"], start=part["start"]))
+            pieces = list(split_hashed(lines, bounds, first=part["first"], start=part["start"]))
         except SplitError as exc:
             why = f"a line is over the cap Gemini taught: {exc}"
             self.change(partial(jobs.stop, why=why))
@@ -308,16 +315,22 @@ class Feeder:
             raise
         mine = Claim(number, lease, model, tokens)
         shown = jobs.display_name(plan, number)
+        digest = hashlib.sha256()
         try:
             file_name = upload_jsonl(
                 self.client,
-                chunks=byte_range(self.source(), part["start"], part["end"]),
+                chunks=_hashing(byte_range(self.source(), part["start"], part["end"]), digest),
                 size=int(part["end"]) - int(part["start"]),
                 display_name=shown,
             )
-        except (GatewayError, ValueError) as exc:
+        except GatewayError as exc:
             self._release(mine, refused=False)
             raise LostPlan(f"part {number}: upload failed: {exc}") from None
+        except ValueError as exc:  # the kept input is shorter or longer than planned
+            self._integrity(mine, None, str(exc))
+        expected = part.get("sha256")
+        if expected and digest.hexdigest() != expected:
+            self._integrity(mine, file_name, "its bytes hash otherwise than planned")
         self._as(mine, partial(_uploaded, file_name=file_name))
         try:
             event = create_or_delete(self.client, f"models/{model}", file_name, shown)
@@ -328,6 +341,18 @@ class Feeder:
         count("JobPartCreated")
         log_fields(logger.info, "job part created", {"part": number, "name": event.name})
         return True
+
+    def _integrity(self, mine: Claim, file_name: str | None, what: str) -> NoReturn:
+        """The kept input changed under the job (a bucket writer, a broken disk): what was
+        uploaded is deleted before any create, and the job stops (docs/jobs.md)."""
+        if file_name is not None:
+            delete_file(self.client, file_name)
+        self._release(mine, refused=False)
+        why = f"the kept input changed: part {mine.number}: {what}; nothing created from it"
+        self.change(partial(jobs.stop, why=why))
+        self.fed.stopped = why
+        log_fields(logger.error, "job input changed", {"part": mine.number, "why": why})
+        raise LostPlan(why)
 
     def _as(self, mine: Claim, then: Then) -> None:
         """Change the part while it is still this runner's claim."""

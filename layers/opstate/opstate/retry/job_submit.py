@@ -17,7 +17,7 @@ from typing import Any
 
 from opstate.config import SubmitSettings, model_id
 from opstate.domain.model import OpEvent
-from opstate.domain.parts import Bounds, split_lines
+from opstate.domain.parts import Bounds, split_hashed
 from opstate.domain.retry import RetryPolicy
 from opstate.domain.states import State
 from opstate.ingest import ingest
@@ -73,7 +73,7 @@ def submit_job(
     model = model_id(model)
     cap = limits.enqueued_cap(model)
     bounds = Bounds(cap, limits.submit_max_file_bytes, limits.submit_max_rows)
-    parts = list(split_lines(lines_of(sink.chunks(kept.location)), bounds))
+    parts = list(split_hashed(lines_of(sink.chunks(kept.location)), bounds))
     if len(parts) <= 1:
         return None
     job_id = jobs.new_job_id()

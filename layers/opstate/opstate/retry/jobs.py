@@ -73,7 +73,8 @@ def new_plan(
 
 
 def _entry(number: int, part: PartRange) -> dict[str, Any]:
-    return {
+    hashed = {"sha256": part.sha256} if part.sha256 else {}
+    return hashed | {
         "n": number,
         "nonce": secrets.token_hex(16),
         "first": part.first,
