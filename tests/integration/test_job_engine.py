@@ -155,3 +155,22 @@ def test_a_kept_input_changed_under_the_job_creates_nothing_from_it(rig: Rig, ch
     final = Path(doc["final"]["location"].removeprefix("file://")).read_bytes().splitlines()
     assert final and all(json.loads(x)["error"]["code"] == "NOT_SUBMITTED" for x in final)
     assert "the kept input changed" in doc[JOB]["stoppedWhy"]
+
+
+def test_submitting_the_same_input_again_finds_the_job(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPSTATE_SUBMIT_ENQUEUED_TOKENS", f"{MODEL}={CAP}")
+    settings.cache_clear()
+    data = big_input(600)
+    rig.fake.limits = QueueLimits(enqueued_tokens={MODEL: CAP})
+    (rig.tmp_path / "big.jsonl").write_bytes(data)
+    first = rig.cli("submit", "big.jsonl", "--model", MODEL, "--json")
+    assert first.code == 0, first.err
+    again = rig.cli("submit", "big.jsonl", "--model", MODEL, "--json")
+    assert again.code == 0, again.err
+    assert again.json()["name"] == first.json()["name"]
+    assert (first.json()["created"], again.json()["created"]) == (True, False)
+    assert len(rig.fake.batches_created()) == 1  # the first part, once
+    other = rig.cli("submit", "big.jsonl", "--model", MODEL, "--display-name", "b", "--json")
+    assert other.json()["name"] != first.json()["name"]

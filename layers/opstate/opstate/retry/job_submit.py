@@ -10,6 +10,7 @@ at once: what fits is created before the command returns, the rest is held for t
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,14 @@ from opstate.store.retry_state import RETRY_ACTIVE, RetryState
 JOBS = "jobs/"
 
 
+def job_id_of(sha256: str, model: str, display_name: str) -> str:
+    """A job's id: of its input, model and display name, so that submitting the same again
+    (a re-run after a crash) finds the job instead of making a second. Not secret: what must
+    stay unguessable is each part's nonce, never published."""
+    text = f"{sha256}\0{model}\0{display_name}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
 @dataclass(frozen=True, slots=True)
 class JobSubmitted:
     name: str
@@ -42,7 +51,7 @@ class JobSubmitted:
         return {
             "name": self.name,
             "state": str(State.PENDING),
-            "created": True,
+            "created": self.created,
             "parts": self.parts,
             "input": {
                 "location": self.input.location,
@@ -61,11 +70,13 @@ def submit_job(
     model: str,
     policy: RetryPolicy,
     limits: SubmitSettings,
+    display_name: str = "",
     max_line_bytes: int = 32 * 1024 * 1024,
     clock_ns: Callable[[], int] = time.time_ns,
 ) -> JobSubmitted | None:
     """Keep ``source`` (a chunk-stream callable), plan its parts and write the job (module
-    docstring); None when it fits one part. ``InputError`` / ``SplitError`` /
+    docstring); None when it fits one part; the job found (``created`` False) when the same
+    input, model and display name were submitted before. ``InputError`` / ``SplitError`` /
     ``jobs.PlanError`` for an input that cannot be a job (nothing created)."""
     if not model.strip():
         raise ValueError("a model is required (--model)")
@@ -76,7 +87,12 @@ def submit_job(
     parts = list(split_hashed(lines_of(sink.chunks(kept.location)), bounds))
     if len(parts) <= 1:
         return None
-    job_id = jobs.new_job_id()
+    job_id = job_id_of(kept.sha256, model, display_name)
+    name = f"{JOBS}{job_id}"
+    found = store.get_retry(name)
+    if found is not None and found.doc.get(JOB) is not None:
+        # Submitted before (a re-run after a crash, or twice): the same job, never a second.
+        return JobSubmitted(name, len(found.doc[JOB]["parts"]), kept, created=False)
     plan = jobs.new_plan(job_id, model, kept.as_dict(), parts)
     plan["policy"] = policy.as_doc()
     plan["limits"] = {
@@ -85,13 +101,12 @@ def submit_job(
         "maxFileBytes": limits.submit_max_file_bytes,
         "maxRows": limits.submit_max_rows,
     }
-    name = f"{JOBS}{job_id}"
     now = clock_ns()
     details = {"kind": "job", "model": model, "rows": kept.rows, "parts": len(parts)}
     decision = ingest(store, OpEvent(name, State.PENDING, now, JOB_SOURCE, details))
     record = decision.record or store.get(name)
     assert record is not None
     state = RetryState(RETRY_ACTIVE, created_ns=record.created_ns, due_ns=now, doc={JOB: plan})
-    if not store.set_retry(name, 0, state):
-        raise RuntimeError(f"{name} was written by another call")  # a fresh random id: never
+    if not store.set_retry(name, 0, state):  # another call of the same submit was first
+        return JobSubmitted(name, len(parts), kept, created=False)
     return JobSubmitted(name, len(parts), kept)

@@ -101,6 +101,7 @@ def submit_from_settings(
             model=model,
             policy=policy,
             limits=settings,
+            display_name=display_name,
             max_line_bytes=settings.results_max_line_mib * MiB,
         )
         if job is not None:
