@@ -91,6 +91,7 @@ def test_a_job_of_four_times_the_cap_ends_with_one_final_in_input_order(rig: Rig
     keys = [json.loads(line)["key"] for line in final.splitlines()]
     assert keys == [json.loads(line)["key"] for line in data.splitlines()]
     assert all("response" in json.loads(line) for line in final.splitlines())
+    assert doc["final"]["rows"] == {"total": 600, "answered": 600, "blocked": 600, "failed": 0}
     store = rig.store()
     try:
         record = store.get(name)
@@ -135,6 +136,9 @@ def test_a_stopped_job_creates_no_more_parts_and_its_unsent_lines_are_errors(rig
     finally:
         store.close()
     assert record is not None and record.state is State.CANCELLED
+    rows = doc["final"]["rows"]
+    assert rows["total"] == 600 and rows["failed"] == doc["final"]["errors"]["NOT_SUBMITTED"]
+    assert rows["failed"] == 600 - len(sent) and rows["answered"] == len(sent)
 
 
 @pytest.mark.parametrize("change", ["same size", "shorter"])

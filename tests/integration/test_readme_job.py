@@ -90,3 +90,14 @@ def test_the_readme_big_job_quick_start_runs(
     sent = b"".join(fake_gemini.batch_input(b) for b in fake_gemini.batches_created())
     assert sorted(sent.splitlines()) == sorted(data.splitlines())
     assert len(fake_gemini.limits.refusals) <= 2
+    # The job's name is taken by wait --until final and results --download as a lineage's is.
+    waited = cli("wait", name, "--until", "final", "--timeout", "5", "--json")
+    assert waited.code == 0, waited.err
+    assert waited.json()["final"]["rows"]["total"] == 600
+    dest = tmp_path / "dl"
+    downloaded = cli("results", name, "--download", str(dest))
+    assert downloaded.code == 0, downloaded.err
+    final = next(dest.rglob("final.jsonl")).read_bytes().splitlines()
+    assert [json.loads(x)["key"] for x in final] == [
+        json.loads(x)["key"] for x in data.splitlines()
+    ]

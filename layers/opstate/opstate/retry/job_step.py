@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from functools import partial
@@ -29,7 +30,7 @@ from opstate.outcomes.plan import prefix_of
 from opstate.retry import jobs
 from opstate.retry.authority import VIA_SUBMIT
 from opstate.retry.feeding import Feeder, FeedLimits, LostPlan, byte_range
-from opstate.retry.finalize import FINAL_KEY, lines_of
+from opstate.retry.finalize import FINAL_KEY, FINAL_LEDGER_KEY, lines_of
 from opstate.retry.inputs import keep_input
 from opstate.retry.passes import LostRace, Runner
 from opstate.retry.policy import attach_policy
@@ -188,7 +189,9 @@ def _write_final(
     store, sink = runner.store, runner.sink
     why = str(plan.get("stoppedWhy") or "the job stopped")
     digest = hashlib.sha256()
-    rows = {"parts": 0, "notSubmitted": 0}
+    rows = {"total": 0, "answered": 0, "blocked": 0, "failed": 0}
+    errors: Counter[str] = Counter()
+    attempts = 0
     with sink.open(f"{prefix_of(root)}/{FINAL_KEY}", name=root.name) as out:
         for part in sorted(plan["parts"], key=lambda p: int(p["start"])):
             chunks: Iterator[bytes]
@@ -196,16 +199,40 @@ def _write_final(
                 location = _final_of(store, part)
                 assert location is not None
                 chunks = iter(sink.chunks(location))
-                rows["parts"] += 1
+                attempts += _add_counts(store, part["batch"], rows, errors)
             else:
                 chunks = _not_submitted(runner, plan, part, why)
-                rows["notSubmitted"] += int(part["rows"])
+                for key in ("total", "failed"):
+                    rows[key] += int(part["rows"])
+                errors[NOT_SUBMITTED] += int(part["rows"])
             for chunk in chunks:
                 out.write(chunk)
                 digest.update(chunk)
         stored = out.commit(digest.hexdigest())
+    ledger = json.dumps(
+        {
+            "name": root.name,
+            "parts": [p.get("batch") for p in plan["parts"]],
+            "rows": rows,
+            "errors": dict(errors),
+            "attempts": attempts,
+            "location": stored.location,
+            "stopped": plan.get("stoppedWhy"),
+        },
+        sort_keys=True,
+        indent=1,
+    ).encode()
+    with sink.open(f"{prefix_of(root)}/{FINAL_LEDGER_KEY}", name=root.name) as out:
+        out.write(ledger)
+        out.commit(hashlib.sha256(ledger).hexdigest())
     doc = dict(state.doc)
-    doc["final"] = {"status": "final", "location": stored.location, "rows": rows}
+    doc["final"] = {
+        "status": "final",
+        "location": stored.location,
+        "rows": rows,
+        "errors": dict(errors),
+        "attempts": attempts,
+    }
     runner.write(root, state, doc, status=RETRY_DONE, due_ns=0)
     ended = State.CANCELLED if plan.get("stopped") else State.SUCCEEDED
     ingest(store, OpEvent(root.name, ended, runner.clock_ns(), JOB_SOURCE, {"kind": "job"}))
@@ -214,6 +241,23 @@ def _write_final(
     log_fields(logger.info, "job final", {"name": root.name, **rows})
     if runner.on_final is not None:
         runner.on_final(root.name)
+
+
+def _add_counts(store: Any, batch: str, rows: dict[str, int], errors: Counter[str]) -> int:
+    """Add a part's final counts (its lineage's ledger) to the job's; its attempts."""
+    state = store.get_retry(batch)
+    final = state.doc.get("final") if state is not None else None
+    final = final if isinstance(final, Mapping) else {}
+    counted = final.get("rows")
+    for key in rows:
+        value = counted.get(key) if isinstance(counted, Mapping) else None
+        rows[key] += value if isinstance(value, int) else 0
+    said = final.get("errors")
+    for code, n in said.items() if isinstance(said, Mapping) else ():
+        if isinstance(n, int):
+            errors[str(code)] += n
+    attempts = final.get("attempts")
+    return attempts if isinstance(attempts, int) else 0
 
 
 def _not_submitted(
