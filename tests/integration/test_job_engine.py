@@ -178,3 +178,36 @@ def test_submitting_the_same_input_again_finds_the_job(
     assert len(rig.fake.batches_created()) == 1  # the first part, once
     other = rig.cli("submit", "big.jsonl", "--model", MODEL, "--display-name", "b", "--json")
     assert other.json()["name"] != first.json()["name"]
+
+
+def test_two_passes_at_once_finish_the_job_creating_each_part_once(rig: Rig) -> None:
+    # Two runners (two `retry --once`, serve beside the CLI) step the same job at once, each
+    # with its own store connection and client: no part is created twice, one count is shared.
+    import threading
+
+    data = big_input(600)
+    rig.fake.limits = QueueLimits(enqueued_tokens={MODEL: CAP})
+    name = submit(rig, data, RetryPolicy())
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            rig.run()
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    for _ in range(40):
+        threads = [threading.Thread(target=run) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors, errors
+        if rig.state(name).doc.get("final"):
+            break
+        answer_open(rig)
+    plan = rig.state(name).doc[JOB]
+    assert jobs.finished(plan) and rig.state(name).doc.get("final")
+    assert len(rig.fake.batches_created()) == len(plan["parts"])
+    assert b"".join(rig.fake.batch_input(p["batch"]) for p in plan["parts"]) == data
+    assert rig.fake.limits.peak_tokens[MODEL] <= CAP
