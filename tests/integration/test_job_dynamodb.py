@@ -14,6 +14,7 @@ import pytest
 
 from opstate.config import Settings
 from opstate.domain.states import State
+from opstate.notify import JOB_PART_CREATED_DETAIL_TYPE, RESULTS_FINAL_DETAIL_TYPE, SOURCE
 from opstate.outcomes.wiring import archive_from_settings
 from opstate.retry import jobs
 from opstate.retry.job_step import JOB
@@ -21,11 +22,30 @@ from opstate.retry.wiring import SubmitRefusedError, retry_from_settings, roots_
 from opstate.wiring.reconcile import refresh_with
 from tests.integration.test_job_feeding import CAP, big_input
 from tests.integration.test_notify import Rig, rig
+from tests.integration.test_notify_retry import publish
 from tests.integration.test_retry_dynamodb import BUCKET, INPUT_KEY, aws
 from tests.support.fake_gemini import FakeGemini
 from tests.support.fake_gemini_limits import QueueLimits
 
 __all__ = ["aws", "rig"]  # the fixtures
+
+
+def subscribe_jobs(rig: Rig) -> None:
+    """Forward the job events and the final results to the rig's queue too."""
+    queue_arn = rig.sqs.get_queue_attributes(QueueUrl=rig.queue_url, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    rig.events.put_rule(
+        Name="jobs",
+        EventBusName=rig.bus,
+        EventPattern=json.dumps(
+            {"source": [SOURCE], "detail-type": [JOB_PART_CREATED_DETAIL_TYPE]}
+        ),
+    )
+    rig.events.put_targets(
+        Rule="jobs", EventBusName=rig.bus, Targets=[{"Id": "q", "Arn": queue_arn}]
+    )
+
 
 MODEL = "gemini-2.5-flash"
 
@@ -50,9 +70,11 @@ def test_a_job_of_four_times_the_cap_on_dynamodb_and_s3(
     data = big_input(600)
     s3.put_object(Bucket=BUCKET, Key=INPUT_KEY, Body=data)
     fake_gemini.limits = QueueLimits(enqueued_tokens={MODEL: CAP}, max_open=100)
+    subscribe_jobs(rig)
     submitted = submit_event(
         config, {"input": f"s3://{BUCKET}/{INPUT_KEY}", "model": MODEL, "retry": {"maxAttempts": 1}}
     )
+    seen = publish(rig)
     name = submitted["name"]
     assert name.startswith("jobs/") and submitted["parts"] >= 4
     assert len(fake_gemini.batches_created()) == 1  # what fit, created at once
@@ -69,6 +91,7 @@ def test_a_job_of_four_times_the_cap_on_dynamodb_and_s3(
             roots = roots_of(rig.store, [batch])
             assert roots == [batch, name]  # the part's lineage, then its job
             retry_from_settings(config, store=rig.store, names=roots)
+        seen += publish(rig)
         state = rig.store.get_retry(name)
         assert state is not None
         if state.doc.get("final"):
@@ -89,6 +112,13 @@ def test_a_job_of_four_times_the_cap_on_dynamodb_and_s3(
     ]
     job = rig.store.get(name)
     assert job is not None and job.state is State.SUCCEEDED
+    # Announced: each part created once, the job's final result once (schemas checked).
+    parts = [d for t, d in seen if t == JOB_PART_CREATED_DETAIL_TYPE]
+    assert sorted(d["batch"] for d in parts) == sorted(p["batch"] for p in plan["parts"])
+    assert all(d["job"] == name for d in parts)
+    finals = [d for t, d in seen if t == RESULTS_FINAL_DETAIL_TYPE and d["root"] == name]
+    assert len(finals) == 1 and finals[0]["rows"]["total"] == 600
+    assert all(nonce not in json.dumps(seen) for nonce in (p["nonce"] for p in plan["parts"]))
     assert rig.store.get_counter("job-enqueued:gemini-2.5-flash:reserved") == rig.store.get_counter(
         "job-enqueued:gemini-2.5-flash:freed"
     )
