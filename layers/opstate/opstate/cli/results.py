@@ -117,6 +117,23 @@ def _final_locations(view: dict[str, Any]) -> list[str]:
     return [location, f"{folder}/{FINAL_LEDGER_NAME}"]
 
 
+def _job_results(config: Any, store: Any, name: str, args: argparse.Namespace) -> int:
+    """A job's results: its ``final.jsonl`` (and ``final.json``) once written (docs/jobs.md)."""
+    from opstate.domain.retry import final_view, retry_view
+
+    state = store.get_retry(name)
+    doc = state.doc if state is not None else {}
+    final = final_view(doc)
+    if final["status"] != "final":
+        waiting = retry_view(doc).get("job", {}).get("waitingFor", "its parts")
+        raise CliError(f"{name}'s final result is not written yet (it waits for {waiting})")
+    view = {"name": name, "status": "final", "objects": [], "final": final}
+    if args.download:
+        return _download(config, view, Path(args.download), "")
+    print_json(view)
+    return EXIT_OK
+
+
 def cmd_results(args: argparse.Namespace) -> int:
     config = settings_for(args)
     from opstate.outcomes.results import results_json
@@ -124,8 +141,11 @@ def cmd_results(args: argparse.Namespace) -> int:
 
     name = name_arg(args.name)
     with open_store(config, must_exist=True) as store:
-        if store.get(name) is None:
+        record = store.get(name)
+        if record is None:
             raise CliError(f"no record for {name} in {config.store_url}")
+        if str(record.kind) == "job":  # a job (issue 46): its final result is its results
+            return _job_results(config, store, name, args)
         view = results_json(store, name)
         state = archiving(store).get_archive(name)
     if view is None or state is None:

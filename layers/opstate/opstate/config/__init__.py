@@ -3,7 +3,8 @@
 The package owns the settings: one frozen dataclass per part, each in a module of its own and
 reading its own variables (``store.StoreSettings``, ``webhook.WebhookSettings``,
 ``reconcile.ReconcileSettings``, ``results.ResultsSettings``, ``notify.NotifySettings``,
-``local.LocalSettings``, ``waiters.WaiterSettings``, ``retry.RetrySettings``; ``google_cloud``
+``local.LocalSettings``, ``waiters.WaiterSettings``, ``retry.RetrySettings``,
+``submit.SubmitSettings``; ``google_cloud``
 reads what two of them hold for Google Cloud, ``parse`` holds the readers and ``ConfigError``),
 and ``Settings``, all of them at once, here. Every default is written once, as the field's
 default: ``env_values`` returns only the variables that are set, so an unset one falls back to
@@ -68,6 +69,15 @@ from opstate.config.store import (
     sqlite_file,
     store_location,
 )
+from opstate.config.submit import (
+    DEFAULT_SUBMIT_MAX_BATCHES,
+    DEFAULT_SUBMIT_MAX_FILE_BYTES,
+    DEFAULT_SUBMIT_MAX_ROWS,
+    TIER1_ENQUEUED_TOKENS,
+    SubmitSettings,
+    model_id,
+    parse_enqueued_tokens,
+)
 from opstate.config.waiters import DEFAULT_MAX_WAITERS, WaiterSettings
 from opstate.config.webhook import (
     DEFAULT_JWKS_MAX_STALE_S,
@@ -102,6 +112,9 @@ __all__ = [
     "DEFAULT_RETRY_MAX_BATCHES",
     "DEFAULT_RETRY_MAX_ROWS",
     "DEFAULT_RETRY_TRANSIENT",
+    "DEFAULT_SUBMIT_MAX_BATCHES",
+    "DEFAULT_SUBMIT_MAX_FILE_BYTES",
+    "DEFAULT_SUBMIT_MAX_ROWS",
     "DEFAULT_WEBHOOK_TOLERANCE_S",
     "MAX_FUTURE_SKEW_LIMIT_S",
     "MAX_RETRY_ATTEMPTS",
@@ -109,6 +122,7 @@ __all__ = [
     "MIN_API_TOKEN_LENGTH",
     "PARTS",
     "PUBSUB_ISSUERS",
+    "TIER1_ENQUEUED_TOKENS",
     "ConfigError",
     "LocalSettings",
     "NotifySettings",
@@ -117,9 +131,12 @@ __all__ = [
     "RetrySettings",
     "Settings",
     "StoreSettings",
+    "SubmitSettings",
     "WaiterSettings",
     "WebhookSettings",
     "checked_api_token",
+    "model_id",
+    "parse_enqueued_tokens",
     "parse_overdue",
     "serve_store_url",
     "settings",
@@ -136,11 +153,13 @@ PARTS: tuple[type[Part], ...] = (
     LocalSettings,
     WaiterSettings,
     RetrySettings,
+    SubmitSettings,
 )
 
 
 @settings_part
 class Settings(
+    SubmitSettings,
     RetrySettings,
     WaiterSettings,
     LocalSettings,
