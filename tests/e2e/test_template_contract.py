@@ -207,6 +207,7 @@ def test_the_submit_function_has_its_own_role_concurrency_and_memory(
         "SubmittedTracked",
         "SubmitInputs",
         "KeptInputs",
+        "SubmitMarkers",
         "KeptInputsListing",
         "GeminiApiKeySecret",
     }
@@ -218,17 +219,19 @@ def test_the_submit_function_has_its_own_role_concurrency_and_memory(
         for s in reads
         for r in (s["Resource"] if isinstance(s["Resource"], list) else [s["Resource"]])
     ]
-    # It reads the input under incoming/ and its own kept copies; never results/* as a whole.
+    # It reads the input under incoming/, its markers and its own temporary upload; never a
+    # kept prompt (results/inputs/<sha256>/input.jsonl, issue 47) nor results/* as a whole.
     assert sorted(map(str, read_from)) == sorted(
         map(
             str,
             [
                 {"Fn::Sub": "${ResultsBucket.Arn}/incoming/*"},
-                {"Fn::Sub": "${ResultsBucket.Arn}/results/inputs/*"},
+                {"Fn::Sub": "${ResultsBucket.Arn}/results/inputs/*/submit-*.json"},
                 {"Fn::Sub": "${ResultsBucket.Arn}/results/.incoming/*"},
             ],
         )
     )
+    assert "s3:GetObject" not in actions(by_sid["KeptInputs"])
     assert actions(by_sid["SubmitInputs"]) == {"s3:GetObject"}
     assert by_sid["KeptInputsListing"]["Condition"] == {
         "StringLike": {"s3:prefix": "results/inputs/*"}

@@ -235,12 +235,13 @@ def s3_reads(role: dict[str, Any], translated: dict[str, Any]) -> list[Any]:
     return out
 
 
-def test_the_submit_function_reads_only_incoming_and_its_own_kept_inputs(
+def test_the_submit_function_reads_only_incoming_and_its_markers(
     translated: dict[str, Any],
 ) -> None:
     """Issue 38, repro 6: the submit path's own role. It may read an input under incoming/ of
-    the results bucket, and the copies it keeps; never results/* (anyone's kept prompts and
-    outputs), never another function's reserved executions."""
+    the results bucket, its submit markers and its own temporary upload; never results/*
+    (anyone's kept prompts, issue 47, and outputs), never another function's reserved
+    executions."""
     found = roles(translated)
     resources = translated["Resources"]
     assert resources["SubmitFunction"]["Properties"]["Role"] == {
@@ -249,7 +250,11 @@ def test_the_submit_function_reads_only_incoming_and_its_own_kept_inputs(
     reads = s3_reads(found["SubmitFunctionRole"], translated)
     assert sorted(map(json.dumps, reads)) == sorted(
         json.dumps({"Fn::Sub": f"${{ResultsBucket.Arn}}/{prefix}"})
-        for prefix in ("incoming/*", "results/inputs/*", "results/.incoming/*")
+        for prefix in (
+            "incoming/*",
+            "results/inputs/*/submit-*.json",
+            "results/.incoming/*",  # its own upload, copied into place (CopyObject reads it)
+        )
     )
     # Its own concurrency: neither the archiver's two executions nor the account's pool.
     submit = resources["SubmitFunction"]["Properties"]

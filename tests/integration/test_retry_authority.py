@@ -125,6 +125,32 @@ def test_repro1_a_put_caller_without_the_retry_right_gets_403_and_nothing_is_wri
     assert store.get_retry("batches/made-up-0") is None
 
 
+# Issue 47: checked raw, read decoded. Each names a key under ``incoming/`` as given, and a kept
+# prompt (``results/inputs/...``) or a key with an empty segment once percent-decoded, which
+# is how ``source_chunks`` reads it.
+ESCAPED = [
+    f"{ALLOWED}%2e%2e/results/inputs/{'ab' * 32}/input.jsonl",
+    f"{ALLOWED}%2E%2e/results/inputs/kept.jsonl",
+    f"{ALLOWED}..%2Fresults/inputs/kept.jsonl",
+    f"{ALLOWED}.%2e/results/inputs/kept.jsonl",
+    f"{ALLOWED}%2Fresults/inputs/kept.jsonl",
+    f"{ALLOWED}x/%2E/y.jsonl",
+]
+
+
+@pytest.mark.parametrize("uri", ESCAPED)
+def test_an_escaped_dot_segment_over_http_is_input_unusable_and_nothing_is_written(
+    store: SQLiteStore, uri: str
+) -> None:
+    app = lambda_app(store, Settings(retry_over_api=True, retry_input_prefixes=(ALLOWED,)))
+    status, body = put(app, "batches/escaped", {"retry": {"maxAttempts": 2, "input": uri}})
+    assert (status, body) == (400, {"error": "input-unusable", "message": "input unusable"})
+    assert store.get("batches/escaped") is None and store.get_retry("batches/escaped") is None
+    # The same input written plainly, and one that only looks escaped, are still allowed.
+    fine = f"{ALLOWED}in%20put.jsonl"
+    assert put(app, "batches/fine", {"retry": {"maxAttempts": 2, "input": fine}})[0] == 200
+
+
 def test_repro1_the_operator_setting_grants_the_right_and_the_policy_says_so(
     store: SQLiteStore,
 ) -> None:
@@ -366,9 +392,21 @@ def test_repro5_the_retry_view_never_says_whether_an_input_exists_or_what_it_hol
     assert state is not None and hidden in state.doc["unavailableDetail"]  # the operator's
 
 
-@pytest.mark.parametrize("via", ["api", None])
+@pytest.mark.parametrize(
+    ("via", "source"),
+    [
+        ("api", "s3://bucket/results/inputs/ab/input.jsonl"),
+        (None, "s3://bucket/results/inputs/ab/input.jsonl"),
+        ("api", "s3://bucket/incoming/%2e%2e/results/inputs/ab/input.jsonl"),  # issue 47
+        (None, "s3://bucket/incoming/..%2Fresults/inputs/ab/input.jsonl"),
+    ],
+)
 def test_an_input_the_pass_may_not_read_is_never_read(
-    store: SQLiteStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, via: str | None
+    store: SQLiteStore,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    via: str | None,
+    source: str,
 ) -> None:
     """Attached over HTTP under prefixes since narrowed, or by the previous release (no
     provenance): the pass reads neither, and says only "input unusable"."""
@@ -378,7 +416,7 @@ def test_an_input_the_pass_may_not_read_is_never_read(
     assert record is not None
     doc: dict[str, Any] = {
         "policy": {"maxAttempts": 2, "resubmitExpired": False, "pendingTimeoutHours": None},
-        "input": {"source": "s3://bucket/results/inputs/ab/input.jsonl", "location": None},
+        "input": {"source": source, "location": None},
         "children": [],
         "final": {"status": "pending"},
     } | ({"via": via} if via is not None else {})
@@ -485,6 +523,11 @@ def test_a_policy_the_previous_release_kept_retries_rows_but_never_cancels_or_re
         "results/batches/x/1/output.jsonl",
         "incoming/../results/inputs/kept.jsonl",
         "incoming-other/in.jsonl",
+        # Issue 47: the reader percent-decodes the key; the check reads it the same way.
+        "incoming/%2e%2e/results/inputs/kept.jsonl",
+        "incoming/%2E%2E/results/inputs/kept.jsonl",
+        "incoming/..%2Fresults/inputs/kept.jsonl",
+        "incoming/%2fresults/inputs/kept.jsonl",
     ],
 )
 def test_repro6_the_submit_path_refuses_an_input_outside_incoming(

@@ -212,3 +212,53 @@ def test_a_submit_with_a_line_without_key_creates_nothing(
     assert list(rig.store.iter_all()) == []
     listed = s3.list_objects_v2(Bucket=BUCKET).get("Contents", [])
     assert [o["Key"] for o in listed] == [INPUT_KEY]
+
+
+def test_a_batch_another_producer_made_with_a_childs_id_is_never_adopted_on_dynamodb(
+    aws: tuple[Rig, Any], fake_gemini: FakeGemini
+) -> None:
+    """Issue 47 on the AWS path: the child's create answers 503; another key of the project
+    creates a batch carrying the child's id (worst case: it learned it) with answers of its
+    own. The next pass creates the real child on the upload it recorded in the table; the
+    forged rows never reach final.jsonl."""
+    import time
+
+    from tests.integration.test_retry_forgery import FORGED, forge
+
+    rig, s3 = aws
+    config = Settings.from_env(
+        {
+            "OPSTATE_STORE": f"dynamodb://{rig.table}",
+            "OPSTATE_RESULTS_URL": f"s3://{BUCKET}/gemini",
+            "GEMINI_API_KEY": "test-key",
+            "OPSTATE_RECONCILE_MAX_PAGES": "0",
+            "OPSTATE_RETRY_CHECK_SECONDS": "1",
+        }
+    )
+    keys = ["a", "b", "c"]
+    put_input(s3, keys)
+    request = {"input": f"s3://{BUCKET}/{INPUT_KEY}", "model": MODEL, "retry": {"maxAttempts": 2}}
+    root = submit_event(config, request)["name"]
+    fake_gemini.run_batch(root, [failed(k, 503, "UNAVAILABLE") for k in keys])
+    fake_gemini.fail_create(503, "The service is currently unavailable.", times=1)
+    assert counts(terminal_change(rig, config, root)) == (1, 0, 0)
+    state = rig.store.get_retry(root)
+    assert state is not None
+    (entry,) = state.doc["children"]
+    assert entry["upload"]["file"] in fake_gemini.files_held()  # recorded in the table
+    forged = forge(fake_gemini, entry["id"], keys)
+    time.sleep(1.2)  # past the entry's retry time (OPSTATE_RETRY_CHECK_SECONDS)
+    assert retry_from_settings(config, store=rig.store, names=[root]).submitted == 1
+    state = rig.store.get_retry(root)
+    assert state is not None
+    (entry,) = state.doc["children"]
+    child = entry["name"]
+    assert child != forged and fake_gemini.batches_created() == [root, forged, child]
+    fake_gemini.run_batch(child, [answered(k) for k in keys])
+    assert counts(terminal_change(rig, config, child)) == (0, 0, 1)
+    done = rig.store.get_retry(root)
+    assert done is not None and done.status == RETRY_DONE
+    final_key = done.doc["final"]["location"].removeprefix(f"s3://{BUCKET}/")
+    data = s3.get_object(Bucket=BUCKET, Key=final_key)["Body"].read()
+    assert FORGED.encode() not in data and len(data.splitlines()) == 3
+    assert forged.encode() not in json.dumps(done.doc).encode()

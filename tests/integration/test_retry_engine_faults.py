@@ -215,9 +215,9 @@ def test_a_quota_stop_while_another_runner_wrote_is_recorded_and_counted_once(
 # -- 5. store faults ----------------------------------------------------------------------------
 
 # The writes of the pass that plans and creates the child: the root re-dated (before any heavy
-# work), the input covered, the plan, the claim, the child's lineage beside its record, the
-# child named in the plan.
-SET_STEPS = 6
+# work), the input covered, the plan, the claim, the upload recorded before the create (issue
+# 47), the child's lineage beside its record, the child named in the plan.
+SET_STEPS = 7
 
 
 @pytest.mark.parametrize("when", ["before", "after"])

@@ -31,6 +31,8 @@ from opstate.domain.events import Source
 from opstate.domain.model import OpEvent
 from opstate.domain.retry import RetryPolicy
 from opstate.domain.states import State
+from opstate.gemini.client import make_client
+from opstate.gemini.submit import create_batch
 from opstate.ingest import ingest
 from opstate.outcomes import file_sink as file_sink_module
 from opstate.outcomes.file_sink import FileSink
@@ -418,17 +420,18 @@ def test_a_batch_named_as_the_old_derived_id_would_name_the_child_is_not_adopted
     (entry,) = rig.state(root).doc["children"]
     assert entry["name"] != planted and entry["name"] in rig.fake.batches_created()
     shown = (rig.fake.resource(entry["name"]) or {})["metadata"]["displayName"]
-    assert shown == entry["id"]
+    assert shown == lineage.public_name(entry["id"]) and entry["nonce"] not in shown
 
 
-def test_a_listing_that_names_a_job_without_the_id_is_not_adopted(rig: Rig) -> None:
-    root, entry, later = claimed_once(rig, ["a", "b"])
+def test_a_listing_that_names_a_job_on_another_input_is_not_adopted(rig: Rig) -> None:
+    root, _, later = claimed_once(rig, ["a", "b"])
+    upload = rig.state(root).doc["children"][0]["upload"]["file"]
     other = "batches/someone-elses"
     rig.fake.put_batch(other, "RUNNING", display_name="not the child")
 
     def listing(request: Request) -> tuple[int, dict[str, Any]]:  # the listing lies
-        item = {"name": other, "metadata": {"name": other, "displayName": entry["id"]}}
-        return 200, {"operations": [item]}
+        said = {"name": other, "displayName": "x", "inputConfig": {"fileName": upload}}
+        return 200, {"operations": [{"name": other, "metadata": said}]}
 
     rig.fake.route("GET", "batches", listing)
     assert rig.run(later).submitted == 1
@@ -436,12 +439,17 @@ def test_a_listing_that_names_a_job_without_the_id_is_not_adopted(rig: Rig) -> N
     assert done["name"] != other and done["name"] in rig.fake.batches_created()
 
 
-def test_a_job_carrying_the_id_with_a_retry_state_of_its_own_is_not_adopted(
+def test_a_job_on_the_recorded_upload_with_a_retry_state_of_its_own_is_not_adopted(
     rig: Rig, tmp_path: Path
 ) -> None:
-    root, entry, later = claimed_once(rig, ["a", "b"])
-    other = "batches/tracked-root"
-    rig.fake.put_batch(other, "RUNNING", display_name=entry["id"])
+    root, _, later = claimed_once(rig, ["a", "b"])
+    upload = rig.state(root).doc["children"][0]["upload"]["file"]
+    client = make_client(settings())  # another producer, on the same upload and model
+    try:
+        other = create_batch(client, MODEL, upload, "tracked elsewhere").name
+    finally:
+        client.close()
+        settings.cache_clear()
     source = write_input(tmp_path / "o.jsonl", ["z"])
     reported(rig, other, State.RUNNING, {}, RetryPolicy(max_attempts=1, input=source.as_uri()))
     assert rig.run(later).submitted == 1
@@ -449,17 +457,25 @@ def test_a_job_carrying_the_id_with_a_retry_state_of_its_own_is_not_adopted(
     assert done["name"] not in (other, None)
 
 
-def test_two_jobs_carrying_one_id_stop_the_lineage_and_neither_is_adopted(rig: Rig) -> None:
-    root, entry, later = claimed_once(rig, ["a", "b"])
-    for name in ("batches/twin-1", "batches/twin-2"):
-        rig.fake.put_batch(name, "RUNNING", display_name=entry["id"])
+def test_two_jobs_on_the_recorded_upload_stop_the_lineage_and_neither_is_adopted(
+    rig: Rig,
+) -> None:
+    root, _, later = claimed_once(rig, ["a", "b"])
+    upload = rig.state(root).doc["children"][0]["upload"]["file"]
+    client = make_client(settings())  # another producer on the same upload and model
+    try:
+        for _ in range(2):
+            create_batch(client, MODEL, upload, "twin")
+    finally:
+        client.close()
+        settings.cache_clear()
     result = rig.run(later)
     assert (result.submitted, result.stopped) == (0, 1)
     state = rig.state(root)
     (done,) = state.doc["children"]
     assert done["phase"] == lineage.REFUSED and done["name"] is None
-    assert "several batches carry the retry id" in state.doc["stopped"]
-    assert len(rig.fake.batches_created()) == 1  # the root only
+    assert "several batches pass for the retry child" in state.doc["stopped"]
+    assert len(rig.fake.batches_created()) == 3  # the root and the twins
 
 
 def test_a_plan_of_the_previous_release_still_creates_its_child(rig: Rig) -> None:
@@ -490,7 +506,8 @@ def test_a_plan_of_the_previous_release_still_creates_its_child(rig: Rig) -> Non
     child = rig.fake.batches_created()[-1]
     assert entry["name"] == child
     assert (rig.fake.resource(child) or {})["metadata"]["model"] == f"models/{MODEL}"
-    assert (rig.fake.resource(child) or {})["metadata"]["displayName"] == entry["id"]
+    shown = (rig.fake.resource(child) or {})["metadata"]["displayName"]
+    assert shown == lineage.public_name(entry["id"]) and entry["nonce"] not in shown
 
 
 # -- repro 4: the kept input is verified from its bytes -------------------------------------
@@ -706,7 +723,8 @@ def test_retry_states_of_the_previous_release_are_carried_on_safely(
     child = entry["name"]
     assert child not in (submitted, reported)
     shown = (rig.fake.resource(child) or {})["metadata"]
-    assert shown["displayName"] == entry["id"] and shown["model"] == f"models/{MODEL}"
+    assert shown["displayName"] == lineage.public_name(entry["id"])
+    assert shown["model"] == f"models/{MODEL}"
     assert rig.child_keys(child) == ["a", "b"]
     # Its policy came without a provenance (docs/security.md, "Acting"): no timeout acted on.
     assert cancels(rig) == [] and not any(r.name == reported for r in rig.requests())

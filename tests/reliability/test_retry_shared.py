@@ -40,6 +40,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
+from opstate.retry import lineage
 from tests.reliability.file_checks import Watch, audit_env, integrity, outside_sqlite, problems
 from tests.reliability.sharing import (
     Ack,
@@ -60,7 +61,8 @@ RETRY_TOKEN = "opstate-test-retry-token-fedcba9876543210"  # test-only
 MODEL = "gemini-2.5-flash"
 STATUS = {503: "UNAVAILABLE", 400: "INVALID_ARGUMENT"}
 ATTEMPT = re.compile(r"-a(\d+)-\d+$")
-PLANNED_ID = re.compile(r"^opstate-[0-9a-f]{32}-a\d+-\d+$")  # a nonce id (issue 38)
+# A planned child's display name: a one-way tag of its nonce id (issues 38, 47).
+PLANNED_ID = re.compile(r"^opstate-retry-[0-9a-f]{12}-a\d+-\d+$")
 
 
 # -- the truth at the fake ----------------------------------------------------------------------
@@ -431,7 +433,7 @@ def root_problems(
     if status != "done" or doc["final"]["status"] != "final":
         return [*out, f"{root.name}: {status}, final {doc['final']['status']}"]
     for child in doc["children"]:
-        planned.add(child["id"])
+        planned.add(lineage.public_name(child["id"]))
         if child["phase"] != "created" or not child["name"]:
             out.append(f"{root.name}: child {child['id']} left {child['phase']}")
     return out + final_problems(doc, root)

@@ -6,8 +6,11 @@ their setting."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from opstate.config import ConfigError, Settings
 from opstate.domain.retry import RetryPolicy
@@ -80,6 +83,24 @@ def test_attach_records_who_attached_and_refuses_an_unknown_one() -> None:
 def test_an_input_is_allowed_only_under_a_prefix(uri: str, allowed: bool) -> None:
     assert input_allowed(uri, PREFIXES) is allowed
     assert input_allowed(uri, ()) is False  # no prefixes: nothing
+
+
+@given(
+    st.lists(
+        st.sampled_from(["incoming", "results", "a", ".", "..", "", "%2e", "%2E", "%2f", ".%2e"]),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_an_allowed_input_is_under_the_prefix_as_the_reader_reads_it(parts: list[str]) -> None:
+    """Issue 47: the check runs on the key as ``source_chunks`` reads it (percent-decoded):
+    any key it allows reads, decoded, under the prefix without a ``.``, ``..`` or empty
+    segment."""
+    uri = "s3://bucket/" + "/".join(parts)
+    if input_allowed(uri, PREFIXES):
+        read = unquote(uri.removeprefix("s3://bucket/"))
+        assert read.startswith("incoming/")
+        assert all(part not in ("", ".", "..") for part in read.split("/"))
 
 
 def test_what_the_retry_pass_reads_depends_on_who_named_the_input() -> None:

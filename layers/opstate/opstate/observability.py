@@ -109,7 +109,7 @@ METRICS: Final[Mapping[str, MetricSpec]] = {
         _spec(
             "RetrySearchCut",
             "archive",
-            "display-name searches cut short (page cap, repeated token, time): nothing created",
+            "searches for a lost child cut short (page cap, repeated token, time): none created",
         ),
         _spec("RetryBudgetReached", "archive", "roots held back by the deployment's retry budget"),
         _spec("ResultsFinal", "archive", "lineages whose final.jsonl was written"),

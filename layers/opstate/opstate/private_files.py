@@ -10,7 +10,9 @@ is the caller's rule, checked on what this module read.
 
 Files and folders this system creates locally are private from the start: folders 0700
 (``.opstate/``), files 0600 (the secret files, the SQLite store and its quarantine); SQLite
-gives its ``-wal`` and ``-shm`` files the database file's mode.
+gives its ``-wal`` and ``-shm`` files the database file's mode. A folder a user names to write
+into (``opstate results --download DEST``) is opened once (``open_private_dir``: not a link,
+the user's own, writable by nobody else) and written relative to that descriptor.
 
 Imports nothing of opstate: every layer may use it.
 """
@@ -90,6 +92,40 @@ def make_private_dir(path: Path) -> None:
         return
     with contextlib.suppress(FileExistsError):
         path.mkdir(mode=PRIVATE_DIR_MODE, parents=True)
+
+
+def open_private_dir(path: Path, what: str) -> int:
+    """A descriptor of the folder ``path`` to write into (created 0700 when missing): a folder
+    itself (never a symbolic link), owned by the current user and writable by nobody else;
+    otherwise ``UnsafeFileError`` saying which folder and how to fix it. Everything written
+    into it goes relative to the descriptor, so the folder checked is the folder written."""
+    make_private_dir(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if _is_symlink_refusal(path, exc) or path.is_symlink():
+            raise UnsafeFileError(
+                f"{what} {path} is a symbolic link, which someone could point elsewhere; "
+                "name the folder itself"
+            ) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise UnsafeFileError(
+                f"{what} {path} is owned by uid {st.st_uid}, not by you (uid {os.geteuid()}); "
+                "name a folder of your own"
+            )
+        if st.st_mode & 0o022:
+            raise UnsafeFileError(
+                f"{what} {path} has mode {stat.S_IMODE(st.st_mode):04o}: it is writable by "
+                "other users, who could plant links among the files written there; name a "
+                f"folder only you can write (chmod go-w {path})"
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 _CREATE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -4,6 +4,7 @@ root's download adds its ``final.jsonl`` and ``final.json`` once written)."""
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -83,11 +84,14 @@ def cmd_archive(args: argparse.Namespace) -> int:
 def _download(config: Any, view: dict[str, Any], dest: Path, summary_location: str) -> int:
     """Copy the archived objects and summary.json into ``dest``. Every location is resolved
     first (``Sink.resolve``): one outside the results (``ROOT/../x``, a link out of the
-    folder, another bucket or prefix) refuses the whole download before anything is written."""
+    folder, another bucket or prefix) refuses the whole download before anything is written.
+    ``dest`` is opened once (``open_private_dir``: created 0700, not a link, the user's own,
+    writable by nobody else, or refused) and every file is written relative to it, 0600."""
     from pathlib import PurePosixPath
 
     from opstate.outcomes.sink import SinkError, download
     from opstate.outcomes.wiring import results_url_for, sink_from_url
+    from opstate.private_files import UnsafeFileError, open_private_dir
 
     sink = sink_from_url(results_url_for(config), config)
     locations = [str(o["location"]) for o in view["objects"] if o.get("location")]
@@ -98,12 +102,21 @@ def _download(config: Any, view: dict[str, Any], dest: Path, summary_location: s
         names = [PurePosixPath(sink.resolve(location)).name for location in locations]
     except SinkError as exc:
         raise CliError(f"nothing downloaded: {exc}") from None
-    for location, file_name in zip(locations, names, strict=True):
-        try:
-            size = download(sink, location, dest / file_name)
-        except (SinkError, OSError) as exc:
-            raise CliError(f"cannot copy {location} to {dest / file_name}: {exc}") from None
-        out(f"{location} -> {dest / file_name} ({size} bytes)")
+    try:
+        folder = open_private_dir(dest, "the download folder")
+    except UnsafeFileError as exc:
+        raise CliError(f"nothing downloaded: {exc}") from None
+    except OSError as exc:
+        raise CliError(f"nothing downloaded: cannot open {dest}: {exc}") from None
+    try:
+        for location, file_name in zip(locations, names, strict=True):
+            try:
+                size = download(sink, location, folder, file_name)
+            except (SinkError, OSError) as exc:
+                raise CliError(f"cannot copy {location} to {dest / file_name}: {exc}") from None
+            out(f"{location} -> {dest / file_name} ({size} bytes)")
+    finally:
+        os.close(folder)
     return EXIT_OK
 
 

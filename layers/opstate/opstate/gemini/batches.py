@@ -167,3 +167,12 @@ def batch_job_pages(
             pager.next_page()
         except Exception as exc:
             raise classify(exc) from exc
+
+
+def input_file_of(item: object) -> str:
+    """``metadata.inputConfig.fileName`` of a batch's REST resource (or listed item); "" when
+    it has none (an inlined input)."""
+    metadata = item.get("metadata") if isinstance(item, Mapping) else None
+    config = metadata.get("inputConfig") if isinstance(metadata, Mapping) else None
+    file_name = config.get("fileName") if isinstance(config, Mapping) else None
+    return file_name if isinstance(file_name, str) else ""

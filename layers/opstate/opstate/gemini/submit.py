@@ -9,9 +9,11 @@ one, and find the batches opstate created by the id carried in their display nam
   created name and its first event (``from_batch_job``); ``create_or_delete``: the same, the
   upload deleted (``files.delete``) when Gemini refuses the create;
 - ``cancel_batch``, ``read_batch`` (the REST resource, as ``rest_batch`` reads it);
-- ``find_by_display_id``: every batch of the REST listing whose ``displayName`` holds a marker
-  (the id opstate gave it) as one of its space-separated words. The listing is only a hint:
-  the caller reads each found job with ``read_batch`` before acting on it.
+- ``find_by_input_file``: every batch of the REST listing whose input
+  (``metadata.inputConfig.fileName``) is a given upload; ``find_by_display_id``: every batch
+  whose ``displayName`` holds a marker as one of its space-separated words (a display name is
+  public to the project: a hint only). The listing is only a hint: the caller reads each found
+  job with ``read_batch`` before acting on it.
 
 A failed request raises ``GatewayError`` (``classify``); ``create_refusal`` says what a refused
 create means (``opstate.domain.refusals``): money (the lineage stops), passing or daily (it backs
@@ -31,7 +33,7 @@ from typing import Any
 from opstate.domain.events import from_batch_job
 from opstate.domain.model import OpEvent
 from opstate.domain.refusals import Verdict, refusal_of
-from opstate.gemini.batches import rest_batch, rest_listing_tokens, rest_resource
+from opstate.gemini.batches import input_file_of, rest_batch, rest_listing_tokens, rest_resource
 from opstate.gemini.errors import GatewayError, classify
 from opstate.gemini.files import is_file_name
 
@@ -263,7 +265,8 @@ def find_by_display_id(
     words (``"<cut name> <id>"`` or ``"<id>"``: id ``...-a1-1`` never finds ``...-a1-10``), over
     every page of the REST listing (``GET batches?pageSize&pageToken``), in listing order. Any
     job counts, even one whose state this release does not know; read each with ``read_batch``
-    before acting.
+    before acting. A display name is public to every key of the project: what is found this
+    way is a hint, never evidence.
 
     Bounded: after ``max_pages`` pages, on a next-page token the listing gave before (a listing
     that never ends) and once ``time_left()`` (seconds) is at or below 0 before a page, the
@@ -271,6 +274,50 @@ def find_by_display_id(
     "not there"."""
     if not marker or marker.split() != [marker]:
         raise ValueError(f"a marker is one word, not {marker!r}")
+    return _search(
+        client,
+        marker,
+        lambda item: marker in _named(item)[1].split(),
+        page_size,
+        max_pages=max_pages,
+        time_left=time_left,
+    )
+
+
+def find_by_input_file(
+    client: Any,
+    file_name: str,
+    page_size: int = 100,
+    *,
+    max_pages: int = MAX_SEARCH_PAGES,
+    time_left: Callable[[], float] | None = None,
+) -> list[str]:
+    """Names of the batches whose input is the uploaded file ``file_name``
+    (``metadata.inputConfig.fileName`` of each listed batch), bounded as
+    ``find_by_display_id`` is. The listing is a hint: read each job before acting on it."""
+    if not is_file_name(file_name):
+        raise ValueError(f"not a Gemini file name: {file_name!r}")
+    return _search(
+        client,
+        file_name,
+        lambda item: input_file_of(item) == file_name,
+        page_size,
+        max_pages=max_pages,
+        time_left=time_left,
+    )
+
+
+def _search(
+    client: Any,
+    what: str,
+    matches: Callable[[object], bool],
+    page_size: int,
+    *,
+    max_pages: int,
+    time_left: Callable[[], float] | None,
+) -> list[str]:
+    """Names of the listed batches ``matches`` accepts, every page read (bounded: see
+    ``find_by_display_id``)."""
     if isinstance(page_size, bool) or not 1 <= page_size <= 1000:
         raise ValueError(f"page_size must be 1..1000, not {page_size!r}")
     if isinstance(max_pages, bool) or max_pages < 1:
@@ -278,12 +325,10 @@ def find_by_display_id(
     found: list[str] = []
     tokens: set[str] = set()
     for pages, (page, token) in enumerate(rest_listing_tokens(client, page_size), start=1):
-        found.extend(
-            name for name, display in map(_named, page) if name and marker in display.split()
-        )
+        found.extend(name for item in page if (name := _named(item)[0]) and matches(item))
         if token is None:
             return found
-        _check_search(marker, token in tokens, pages >= max_pages, time_left)
+        _check_search(what, token in tokens, pages >= max_pages, time_left)
         tokens.add(token)
     return found  # pragma: no cover - rest_listing_tokens ends with a None token
 

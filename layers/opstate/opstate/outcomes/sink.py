@@ -12,11 +12,14 @@ object that exists is always whole.
 
 from __future__ import annotations
 
+import os
+import secrets
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
+
+from opstate.private_files import PRIVATE_FILE_MODE
 
 
 class SinkError(Exception):
@@ -83,18 +86,24 @@ class Sink(Protocol):
         ...
 
 
-def download(sink: Sink, location: str, dest: Path) -> int:
-    """Copy the object at ``location`` to the file ``dest`` (temporary name, then rename);
-    returns its size."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    temp = dest.with_name(f".{dest.name}.part")
+def download(sink: Sink, location: str, folder: int, name: str) -> int:
+    """Copy the object at ``location`` to the file ``name`` of the folder open as ``folder``
+    (a descriptor: ``opstate.private_files.open_private_dir``); returns its size. The bytes go
+    to a new file of a random temporary name created ``O_CREAT|O_EXCL|O_NOFOLLOW`` with mode
+    0600 in that folder, renamed onto ``name`` (a link there is replaced, never followed);
+    nothing planted in the folder is ever opened."""
+    if name in ("", ".", "..") or "/" in name or "\0" in name:
+        raise SinkError(f"cannot download {location} as {name!r}", transient=False)
+    temp = f".{name}.{secrets.token_hex(8)}.part"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     size = 0
     try:
-        with temp.open("wb") as out:
+        with os.fdopen(os.open(temp, flags, PRIVATE_FILE_MODE, dir_fd=folder), "wb") as out:
             for chunk in sink.chunks(location):
                 out.write(chunk)
                 size += len(chunk)
-        temp.replace(dest)
+        os.replace(temp, name, src_dir_fd=folder, dst_dir_fd=folder)
     finally:
-        temp.unlink(missing_ok=True)
+        with suppress(FileNotFoundError):
+            os.unlink(temp, dir_fd=folder)
     return size

@@ -3,15 +3,16 @@ about a job, read right before a create or a cancel, never a report, a PUT or a 
 
 - ``read_job``: the job's REST resource (``GET batches/{id}``, what ``batches.get`` reads,
   through the client's own request path) as a ``Job``: its event (state, details), the model
-  it runs on, its display name and Gemini's ``createTime``; a name Gemini answers 404 for is a
-  ``Job`` that is not ``found`` (retry for it is ``unavailable``, never "expired");
+  it runs on, its display name, its input file and Gemini's ``createTime``; a name Gemini
+  answers 404 for is a ``Job`` that is not ``found`` (retry for it is ``unavailable``,
+  never "expired");
 - ``whole_evidence``: whether Gemini's state now allows resubmitting a member whole: EXPIRED
   (with ``resubmitExpired``, or after opstate cancelled it), CANCELLED only when opstate
   cancelled it, FAILED as a whole for a retry child;
 - ``ours``: whether a job is one opstate created (a submitted root: its display name carries
-  the submit id opstate kept; a retry child: the id its plan gave it); only those are ever
-  cancelled, and never before ``MIN_PENDING_TIMEOUT_HOURS`` after Gemini's ``createTime``;
-  a lineage cancels at most ``MAX_CANCELS_PER_LINEAGE`` batches.
+  the submit id opstate kept; a retry child: its input is the upload its plan recorded);
+  only those are ever cancelled, and never before ``MIN_PENDING_TIMEOUT_HOURS`` after
+  Gemini's ``createTime``; a lineage cancels at most ``MAX_CANCELS_PER_LINEAGE`` batches.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from opstate.domain.model import OpEvent
 from opstate.domain.retry import MIN_PENDING_TIMEOUT_HOURS
 from opstate.domain.states import State
 from opstate.domain.times import NS_PER_SECOND
-from opstate.gemini.batches import rest_batch_event, rest_resource
+from opstate.gemini.batches import input_file_of, rest_batch_event, rest_resource
 from opstate.gemini.errors import GatewayError, classify
 from opstate.outcomes.sink import Sink
 from opstate.retry import lineage
@@ -47,6 +48,7 @@ class Job:
     model: str | None = None
     display_name: str = ""
     created_ns: int | None = None
+    input_file: str = ""  # metadata.inputConfig.fileName ("": an inlined input)
 
     @property
     def found(self) -> bool:
@@ -98,6 +100,7 @@ def read_job(client: Any, name: str) -> Job:
         model if isinstance(model, str) and model else None,
         display if isinstance(display, str) else "",
         created or None,
+        input_file_of(body),
     )
 
 
@@ -130,13 +133,20 @@ def old_enough(job: Job, now_ns: int, limit_ns: int) -> bool:
 
 def ours(doc: Mapping[str, Any], ref: lineage.MemberRef, job: Job, sink: Sink) -> bool:
     """Whether opstate created ``job`` (member ``ref`` of the root whose doc is ``doc``): a
-    retry child whose own display name carries the id its plan gave it; a root submitted by
-    opstate whose display name carries the submit id kept beside it (``submitId``), or, for a
-    root submitted by the previous release (no ``submitId``), a submit id whose marker opstate
-    wrote beside the kept input (``inputs/<sha256>/submit-<id>.json``)."""
+    retry child whose input is the upload its plan recorded before its create (one the
+    previous release created: whose own display name carries the id its plan gave it); a root
+    submitted by opstate whose display name carries the submit id kept beside it
+    (``submitId``), or, for a root submitted by the previous release (no ``submitId``), a
+    submit id whose marker opstate wrote beside the kept input
+    (``inputs/<sha256>/submit-<id>.json``)."""
     if ref.attempt >= 1:
         entry = next((c for c in lineage.children(doc) if c.get("name") == ref.name), None)
-        return entry is not None and job.carries(str(entry["id"]))
+        if entry is None:
+            return False
+        upload = lineage.upload_of(entry)
+        if upload is not None:
+            return job.input_file == upload
+        return job.carries(str(entry["id"]))  # created by the previous release
     submitted = doc.get("submitId")
     if isinstance(submitted, str) and submitted:
         return job.carries(submitted)

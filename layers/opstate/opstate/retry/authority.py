@@ -11,8 +11,8 @@
   operator attaches it again (``opstate track NAME --retry-attempts N ...``).
 - **Inputs over HTTP** (``input_allowed``): an ``s3://`` URI under one of the configured
   prefixes (``OPSTATE_RETRY_INPUT_PREFIXES``); the submit function's under the results
-  bucket's ``incoming/`` (``incoming_prefix``). A refusal tells the caller only
-  ``INPUT_UNUSABLE``; the log says why.
+  bucket's ``incoming/`` (``incoming_prefix``), checked on the key as the reader decodes it.
+  A refusal tells the caller only ``INPUT_UNUSABLE``; the log says why.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from opstate.domain.retry import RetryPolicy, policy_of
 
@@ -66,16 +66,25 @@ def _segments_ok(key: str) -> bool:
 def input_allowed(uri: str, prefixes: Iterable[str]) -> bool:
     """Whether ``uri`` is an ``s3://BUCKET/KEY`` under one of ``prefixes`` (each
     ``s3://BUCKET/`` or ``s3://BUCKET/PATH/``, as the settings normalise them), its key without
-    an empty, ``.`` or ``..`` segment. No prefixes: no input is allowed."""
+    an empty, ``.`` or ``..`` segment. Checked on the key as it will be read: the reader
+    (``opstate.retry.inputs.source_chunks``) percent-decodes it once, so the decoded key is
+    the one whose segments and prefix are checked (``incoming/%2e%2e/results/...`` is
+    ``incoming/../results/...``: refused), and the URI as given must pass too. No prefixes: no
+    input is allowed."""
     parts = urlsplit(uri)
     if parts.scheme != "s3" or not parts.netloc or parts.query or parts.fragment:
         return False
-    if not uri.startswith(f"s3://{parts.netloc}/"):
+    bucket = f"s3://{parts.netloc}/"
+    if not uri.startswith(bucket):
         return False
-    key = uri[len(f"s3://{parts.netloc}/") :]
-    if not key or not _segments_ok(key):
+    key = uri[len(bucket) :]
+    read = unquote(key)  # what source_chunks reads
+    if not key or not _segments_ok(key) or not read or not _segments_ok(read):
         return False
-    return any(prefix.endswith("/") and uri.startswith(prefix) for prefix in prefixes)
+    return any(
+        prefix.endswith("/") and uri.startswith(prefix) and f"{bucket}{read}".startswith(prefix)
+        for prefix in prefixes
+    )
 
 
 def incoming_prefix(results_url: str | None) -> str | None:

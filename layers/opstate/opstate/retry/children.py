@@ -8,17 +8,23 @@ id, its input in the sink) and every create goes through this protocol:
    An entry of a plan the previous release wrote (its id derived from the root, guessable;
    no ``nonce``) gets a nonce id in the same write, its old id kept as ``legacyId``;
 2. an entry claimed before (``claims`` was > 0: a runner may have created it, then died before
-   writing its name) is first looked for: the listing's display names are searched for its id
-   (and its ``legacyId``) and each job found is read itself. One is adopted only when its own
-   display name carries the id, it has no retry state of its own in the store (but the one
-   this lineage gave it) and it is the only one: several make the lineage stop, none adopted.
-   The search is bounded (``find_by_display_id``: a page cap, a repeated next-page token, the
-   pass's ``time_left``): one cut short fails closed (``SearchCutError``, counted in
-   ``RetrySearchCut``): nothing is created, the entry is due again;
+   writing its name) is first looked for: the listing is searched for batches whose input is
+   the upload the claim recorded (``upload``), and each job found is read itself. One is
+   adopted only on the evidence of ``opstate.retry.adoption`` (its input is that upload, the
+   planned model, Gemini's ``createTime`` after that claim: never a display name, which every
+   key of the project can read and copy), when it has no retry state of its own in the store
+   (but the one this lineage gave it) and it is the only one: several make the lineage stop,
+   none adopted. An entry the previous release claimed (no ``upload``) is searched by its id
+   (and its ``legacyId``) in display names, and a job found so is adopted only when its input
+   file's own sha256 is the planned input's. The search is bounded (a page cap, a repeated
+   next-page token, the pass's ``time_left``): one cut short fails closed
+   (``SearchCutError``, counted in ``RetrySearchCut``): nothing is created, the entry is due again;
 3. only when none is found, and the deployment's budget allows (``opstate.retry.budget``):
-   upload its input (Files API), streamed from the sink through its sha256 check (a changed
-   input stops the lineage before the upload finalizes), ``batches.create`` with the id as its
-   display name, on the model Gemini said the batch it comes from runs on;
+   upload its input (Files API, display name ``lineage.public_name``: no part of the id),
+   streamed from the sink through its sha256 check (a changed input stops the lineage before
+   the upload finalizes); record the upload (``upload``: file, model, the claim's time) under
+   the root's revision, deleting the one an earlier claim recorded; then ``batches.create``
+   (the same public display name), on the model Gemini said the batch it comes from runs on;
 4. the child is tracked (ingested as an ordinary operation, its lineage beside it), then its
    name is written into the root's plan (``created``), which announces
    ``Operation Retry Submitted``. A runner that wrote the root's state meanwhile (one that
@@ -56,12 +62,14 @@ from opstate.gemini.submit import (
     cancel_batch,
     create_or_delete,
     create_refusal,
+    delete_file,
     find_by_display_id,
+    find_by_input_file,
     upload_jsonl,
 )
 from opstate.ingest import ingest
 from opstate.observability import count, log_fields, logger
-from opstate.retry import acting, lineage
+from opstate.retry import acting, adoption, lineage
 from opstate.retry.budget import Budget
 from opstate.retry.inputs import IntegrityError, verified
 from opstate.retry.passes import LostRace, Runner, said_stopped
@@ -104,6 +112,7 @@ class Creator:
         if not searched_before and not allowed:
             return state  # over the deployment's budget: still planned, the root waits
         child = _with_nonce(entry)
+        before = entry.get("claimedNs")  # the claim before this one (when it was recorded)
         entry.update(
             phase=lineage.CREATING,
             claims=int(entry.get("claims") or 0) + 1,
@@ -112,11 +121,11 @@ class Creator:
         )
         state = runner.write(root, state, doc)
         try:
-            event = self._find(root, entry) if searched_before else None
+            event = self._find(root, entry, before) if searched_before else None
             if event is None:
                 if not allowed:
                     return self._later(root, state, child, "over the retry budget")
-                event = self._create(root, state.doc, entry)
+                state, event = self._create(root, state, child)
                 self.budget.spent(root)
         except (_Ambiguous, IntegrityError) as exc:
             return self._stop(root, state, child, str(exc))
@@ -143,19 +152,17 @@ class Creator:
         )
         return state
 
-    def _find(self, root: OpRecord, entry: Mapping[str, Any]) -> OpEvent | None:
-        """The child created under ``entry``'s id (or its ``legacyId``) before a crash, adopted
-        only after its own resource is read (module doc), or None. ``_Ambiguous`` when more
-        than one job passes."""
+    def _find(self, root: OpRecord, entry: Mapping[str, Any], before: object) -> OpEvent | None:
+        """The child an earlier claim of ``entry`` created before a crash, adopted only on the
+        evidence of ``opstate.retry.adoption`` (module doc), or None. ``_Ambiguous`` when more
+        than one job passes. ``before``: the earlier claim's time, for an entry the previous
+        release claimed (it recorded no upload)."""
         client = self.runner.client
-        markers = [str(entry["id"])]
-        legacy = entry.get("legacyId")
-        if isinstance(legacy, str) and legacy:
-            markers.append(legacy)
+        claim, searches = self._searches(entry, before)
         adopted: dict[str, OpEvent] = {}
-        for marker in markers:
+        for marker, search in searches:
             try:
-                found = find_by_display_id(client, marker, time_left=self.runner.time_left)
+                found = search()
             except SearchCutError as exc:  # fails closed: no create, the entry is due again
                 count("RetrySearchCut")
                 log_fields(logger.warning, "retry search cut", {"id": marker, "why": exc.why})
@@ -166,22 +173,49 @@ class Creator:
                 raise classify(exc) from exc
             for name in dict.fromkeys(found):
                 job = acting.read_job(client, name)
-                if job.event is None or not job.carries(marker):
+                if job.event is None or (claim.file is None and not job.carries(marker)):
                     continue  # gone, or the listing named a job that is not the one carrying it
-                if not self._adoptable(root, job.event.name, marker):
+                why = adoption.refusal(client, job, claim)
+                if why is None and not self._adoptable(root, job.event.name, str(entry["id"])):
+                    why = "it has a retry state of its own"
+                if why is not None:
                     log_fields(
                         logger.error,
-                        "a batch carrying a retry id has a retry state of its own: not adopted",
-                        {"id": marker, "name": job.event.name, "root": root.name},
+                        "a batch found for a retry child is not adopted",
+                        {"id": entry["id"], "name": job.event.name, "root": root.name, "why": why},
                     )
                     continue
                 adopted[job.event.name] = job.event
         if len(adopted) > 1:
             raise _Ambiguous(
-                f"several batches carry the retry id {entry['id']} ({', '.join(sorted(adopted))}):"
-                " none is adopted and the lineage creates nothing more"
+                f"several batches pass for the retry child {entry['id']} "
+                f"({', '.join(sorted(adopted))}): none is adopted and the lineage creates nothing"
+                " more"
             )
         return next(iter(adopted.values()), None)
+
+    def _searches(
+        self, entry: Mapping[str, Any], before: object
+    ) -> tuple[adoption.Claim, list[tuple[str, Callable[[], list[str]]]]]:
+        """What an earlier claim of ``entry`` recorded, and the searches that may find its job:
+        by the upload it recorded; for a claim of the previous release (no upload recorded),
+        by its id and ``legacyId`` in display names (a hint: the evidence is its input's
+        sha256)."""
+        client, left = self.runner.client, self.runner.time_left
+        recorded = entry.get("upload")
+        upload = lineage.upload_of(entry)
+        if upload is not None and isinstance(recorded, Mapping):
+            claim = adoption.Claim(
+                upload, _text(recorded.get("model")), _ns(recorded.get("claimedNs"))
+            )
+            return claim, [(upload, lambda: find_by_input_file(client, upload, time_left=left))]
+        sha256 = _text(entry.get("sha256"))
+        claim = adoption.Claim(None, _text(entry.get("model")), _ns(before), sha256)
+        markers = [str(entry["id"])]
+        legacy = entry.get("legacyId")
+        if isinstance(legacy, str) and legacy:
+            markers.append(legacy)
+        return claim, [(m, _by_display(client, m, left)) for m in markers]
 
     def _adoptable(self, root: OpRecord, name: str, marker: str) -> bool:
         """Whether job ``name`` has no retry state of its own, but the member state this
@@ -196,13 +230,41 @@ class Creator:
             and found.get("id") in (marker, None)
         )
 
-    def _create(self, root: OpRecord, doc: Mapping[str, Any], entry: Mapping[str, Any]) -> OpEvent:
+    def _create(self, root: OpRecord, state: RetryState, child: str) -> tuple[RetryState, OpEvent]:
+        """Upload the claimed entry ``child``'s input, record the upload under the root's
+        revision (the evidence a later claim adopts by), then create the batch on it."""
         runner = self.runner
-        location = str(entry["input"])
+        entry = lineage.find_child(state.doc, child) or {}
         model = entry.get("model")
         if not isinstance(model, str) or not model:  # a plan of the previous release
             parent = entry.get("parent")
             model = batch_model(runner.client, parent if isinstance(parent, str) else root.name)
+        shown = lineage.public_name(child)
+        file_name = self._upload(entry, child, shown)
+        earlier = lineage.upload_of(entry)
+        upload = {"file": file_name, "model": model, "claimedNs": entry.get("claimedNs")}
+
+        def recorded(doc: dict[str, Any], claimed: dict[str, Any]) -> None:
+            claimed["upload"] = upload
+
+        try:
+            state = self._settle(root, state, child, recorded)
+        except LostRace:
+            delete_file(runner.client, file_name)  # never recorded: nobody may adopt by it
+            raise
+        if earlier is not None and earlier != file_name:
+            delete_file(runner.client, earlier)  # nothing was found on it: never adopted now
+        try:
+            return state, create_or_delete(runner.client, model, file_name, shown)
+        except GatewayError:
+            raise
+        except Exception as exc:
+            raise classify(exc) from exc
+
+    def _upload(self, entry: Mapping[str, Any], child: str, shown: str) -> str:
+        """Upload ``entry``'s input from the sink through its sha256 check; its file name."""
+        runner = self.runner
+        location = str(entry["input"])
         size = entry.get("bytes")
         if not isinstance(size, int) or size <= 0:  # not recorded: what the sink holds
             stored = runner.sink.head(runner.sink.resolve(location))
@@ -211,18 +273,15 @@ class Creator:
         chunks: Iterable[bytes] = verified(
             runner.sink.chunks(location),
             sha256 if isinstance(sha256, str) and sha256 else None,
-            f"the input of retry batch {entry['id']} ({location})",
+            f"the input of retry batch {child} ({location})",
         )
         try:
-            file_name = upload_jsonl(
-                runner.client, chunks=chunks, size=size, display_name=str(entry["id"])
-            )
-            return create_or_delete(runner.client, model, file_name, str(entry["id"]))
+            return upload_jsonl(runner.client, chunks=chunks, size=size, display_name=shown)
         except (GatewayError, IntegrityError):
             raise
         except ValueError as exc:  # more or fewer bytes than recorded: the input changed
             raise IntegrityError(
-                f"the input of retry batch {entry['id']} ({location}) changed: {exc}; "
+                f"the input of retry batch {child} ({location}) changed: {exc}; "
                 "nothing is sent from it"
             ) from None
         except Exception as exc:
@@ -389,6 +448,20 @@ def _with_nonce(entry: dict[str, Any]) -> str:
         )
         entry.update(id=child, nonce=nonce, legacyId=old)
     return str(entry["id"])
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _ns(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _by_display(
+    client: Any, marker: str, left: Callable[[], float] | None
+) -> Callable[[], list[str]]:
+    return lambda: find_by_display_id(client, marker, time_left=left)
 
 
 class _Ambiguous(Exception):

@@ -277,14 +277,16 @@ def keep_input(
     max_line_bytes: int,
     *,
     name: str = "",
+    reuse: bool = True,
 ) -> KeptInput:
     """Check the input (pass 1), then copy it into ``sink`` at ``input_key(sha256)`` (pass 2)
     unless an object is already there (module doc). ``name``: the operation it belongs to
-    (the object's metadata). ``InputError`` when the input is bad or changed between passes
-    (nothing written); ``SinkError`` when the storage fails."""
+    (the object's metadata). ``reuse=False``: never read what is there, write it again (the
+    submit function, whose role may not read kept inputs). ``InputError`` when the input is
+    bad or changed between passes (nothing written); ``SinkError`` when the storage fails."""
     facts = check_input(chunks_fn, max_line_bytes)
     key = input_key(facts.sha256)
-    existing = sink.head(key)
+    existing = sink.head(key) if reuse else None
     if (
         existing is not None
         and existing.size == facts.bytes

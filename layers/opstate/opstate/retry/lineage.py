@@ -2,10 +2,14 @@
 and the children created so far), the planned children and their ids.
 
 A child's id carries a random nonce (``secrets.token_hex(16)``) written into the plan before
-the child is created (issue 38): it is the child's display name at Gemini, so nobody can
-create a batch that passes for the child beforehand. A plan written by the previous release
-holds ids derived from the root's name and creation time (``legacy_child_id``, no ``nonce``);
-the creator gives such an entry a nonce id when it claims it (``opstate.retry.children``).
+the child is created (issue 38). It is never shown to Gemini (issue 47): a display name is
+public to every key of the project, so the child's batch and upload are named
+``public_name(id)`` (a one-way tag of the id, the attempt and index), and the child is found
+again by the upload its claim recorded (``upload``: ``{"file", "model", "claimedNs"}``),
+never by a name. The previous release named them after the id. A plan written by the
+previous release holds ids derived from the root's name and creation time
+(``legacy_child_id``, no ``nonce``); the creator gives such an entry a nonce id when it claims
+it (``opstate.retry.children``).
 
 Pure: mappings in, mappings and small value objects out. The engine (``opstate.retry.engine``)
 reads a root's ``doc`` with these, changes a copy and writes it back under its revision.
@@ -64,6 +68,23 @@ def new_child_id(attempt: int, index: int) -> tuple[str, str]:
     adopted only after its own resource is read)."""
     nonce = secrets.token_hex(16)
     return f"opstate-{nonce}-a{attempt}-{index}", nonce
+
+
+def public_name(child: str) -> str:
+    """What Gemini is shown for child id ``child`` (its batch's and its upload's display name):
+    ``opstate-retry-<tag>-a<attempt>-<index>``, the tag the first 12 hex digits of the id's
+    sha256 (one-way: it tells which plan entry a batch is for, never the nonce). Every key of
+    the project can read and copy it: it is a label, never evidence."""
+    tail = child.split("-", 2)[-1] if child.count("-") >= 3 else "a0-0"
+    tag = hashlib.sha256(child.encode()).hexdigest()[:12]
+    return f"opstate-retry-{tag}-{tail}"
+
+
+def upload_of(entry: Mapping[str, Any]) -> str | None:
+    """The upload (``files/<id>``) a claim of ``entry`` recorded before its create, if any."""
+    upload = entry.get("upload")
+    found = upload.get("file") if isinstance(upload, Mapping) else None
+    return found if isinstance(found, str) and found.startswith("files/") else None
 
 
 def legacy_child_id(root: str, root_created_ns: int, attempt: int, index: int) -> str:

@@ -4,16 +4,27 @@ function; docs/retry.md, "Submit").
 Gemini never gives an uploaded file back and deletes it after 48 hours, so the input is kept
 first: every line is checked (a ``key`` and a ``request``, keys unique: a clear error naming
 the first bad line, nothing created), then it is copied into the results sink at
-``inputs/<sha256>/input.jsonl``. Then it is uploaded with the Files API, the batch is created
-with ``batches.create`` and tracked, with its policy and its input beside it.
+``inputs/<sha256>/input.jsonl`` (written again even when there: nothing kept is read back,
+so the submit function's role needs no read of ``results/inputs/``). Then it is uploaded with
+the Files API from the source itself, through the sha256 the check found (a source changed
+since fails the upload before it finalizes), the batch is created with ``batches.create`` and
+tracked, with its policy and its input beside it.
 
-A crash between the create and the store write is survived the way a retry child's is: the
-batch's display name carries a submit id derived from the input's sha256, the model and the
-display name given, and a marker object (``inputs/<sha256>/submit-<id>.json``) is written
-before the create. Submitting again with the same input, model and display name finds the
-marker, looks for a batch carrying the id (each found job read itself) and tracks that one
-instead of creating a second. (So the same input is submitted twice on purpose only with
-another ``--display-name``.)
+A crash between the create and the store write is survived the way a retry child's is: a
+marker object (``inputs/<sha256>/submit-<id>.json``, the id derived from the input's sha256,
+the model and the display name given) is written before the upload (the claim: its time),
+then again with the upload's file name before the create. Submitting again with the same
+input, model and display name finds the marker, looks for a batch whose input is the upload
+it recorded and tracks that one instead of creating a second, when ``opstate.retry.adoption``
+holds (its input is that upload, the model, ``createTime`` after the claim) and the upload's
+own ``sha256Hash`` is the kept input's (the marker sits in the results storage, which a
+bucket writer may reach). A marker of the previous release (no upload recorded) is searched
+by the submit id in display names, adopted only on that sha256. (So the same input is
+submitted twice on purpose only with another ``--display-name``.)
+
+The batch's display name carries the submit id (``acting.ours`` reads it before a cancel);
+the upload's is ``UPLOAD_DISPLAY_NAME``. Neither is evidence of anything: every key of the
+project can read and copy both.
 """
 
 from __future__ import annotations
@@ -21,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,13 +40,21 @@ from opstate.domain.model import OpEvent, OpRecord
 from opstate.domain.retry import RetryPolicy, policy_of
 from opstate.domain.times import format_time
 from opstate.gemini.errors import GatewayError, classify
-from opstate.gemini.submit import create_or_delete, find_by_display_id, upload_jsonl
+from opstate.gemini.files import is_file_name
+from opstate.gemini.submit import (
+    create_or_delete,
+    delete_file,
+    find_by_display_id,
+    find_by_input_file,
+    upload_jsonl,
+)
 from opstate.ingest import ingest
 from opstate.observability import log_fields, logger
 from opstate.outcomes.sink import Sink
+from opstate.retry import adoption
 from opstate.retry.acting import read_job
 from opstate.retry.authority import VIA_SUBMIT
-from opstate.retry.inputs import KeptInput, keep_input, source_chunks
+from opstate.retry.inputs import InputError, KeptInput, keep_input, source_chunks, verified
 from opstate.retry.policy import attach_policy
 
 # ``progress(stage, done, total)``: the bytes of the input a stage has read so far, for a caller
@@ -44,6 +63,10 @@ from opstate.retry.policy import attach_policy
 # Called in the submitting thread between chunks; it must return quickly and never raise.
 ProgressHook = Callable[[str, int, int | None], None]
 MAX_DISPLAY_NAME_CHARS = 100
+# The display name of a submitted input's upload: the project sees it, so it says nothing.
+UPLOAD_DISPLAY_NAME = "opstate-submit"
+# The largest marker object read back (it holds a few short fields).
+MAX_MARKER_BYTES = 4096
 # How long a re-run's search for the batch an earlier call created may take (seconds).
 SEARCH_SECONDS = 120.0
 
@@ -98,26 +121,38 @@ def submit(
     told the bytes each stage has read (``ProgressHook``)."""
     if not model.strip():
         raise ValueError("a model is required (--model)")
-    reads: Callable[[], Iterable[bytes]] = source_chunks(source)
-    if progress is not None:
-        reads = _reported(reads, progress, ("checking", "keeping"))
-    kept = keep_input(reads, sink, max_line_bytes)
+    read: Callable[[], Iterable[bytes]] = source_chunks(source)
+    reads = read if progress is None else _reported(read, progress, ("checking", "keeping"))
+    # Never read back from the results (the submit function's role reads no kept input): kept
+    # again, and uploaded from the source itself through the sha256 the check found.
+    kept = keep_input(reads, sink, max_line_bytes, reuse=False)
     marker_id = submit_id(kept.sha256, model, display_name)
     shown = f"{display_name[:MAX_DISPLAY_NAME_CHARS]} {marker_id}".strip()
     marker = f"inputs/{kept.sha256}/submit-{marker_id}.json"
-    event = _found(client, marker_id) if sink.head(marker) is not None else None
+    earlier = _read_marker(sink, marker)
+    event = _found(client, marker_id, earlier, model, kept.sha256) if earlier is not None else None
     created = event is None
     if event is None:
-        _write_marker(sink, marker, model, shown, clock_ns())
+        claimed = clock_ns()
+        _write_marker(sink, marker, model, shown, claimed)
         try:
             file_name = upload_jsonl(
                 client,
-                chunks=_counted(sink.chunks(kept.location), progress, "uploading", kept.bytes),
+                chunks=_counted(
+                    verified(read(), kept.sha256, f"the input {source}"),
+                    progress,
+                    "uploading",
+                    kept.bytes,
+                ),
                 size=kept.bytes,
-                display_name=marker_id,
+                display_name=UPLOAD_DISPLAY_NAME,
             )
+            _write_marker(sink, marker, model, shown, claimed, file_name)
+            old = (earlier or {}).get("file")
+            if isinstance(old, str) and is_file_name(old) and old != file_name:
+                delete_file(client, old)  # nothing was found on it: never adopted now
             event = create_or_delete(client, model, file_name, shown)
-        except GatewayError:
+        except (GatewayError, InputError):
             raise
         except Exception as exc:
             raise classify(exc) from exc
@@ -187,27 +222,74 @@ def _same_policy(store: Any, record: OpRecord, policy: RetryPolicy) -> None:
         )
 
 
-def _found(client: Any, marker_id: str) -> OpEvent | None:
-    """The batch an earlier call created under ``marker_id``: each job the listing names is
-    read itself and counts only when its own display name carries the id (issue 38). A search
-    cut short (``SearchCutError``: page cap, repeated token, ``SEARCH_SECONDS``) raises:
-    nothing is created on an unfinished search."""
+def _found(
+    client: Any, marker_id: str, earlier: Mapping[str, Any], model: str, sha256: str
+) -> OpEvent | None:
+    """The batch an earlier call created under ``marker_id`` (whose marker said ``earlier``):
+    each job the listing names is read itself and counts only on the evidence of the module
+    docstring. A search cut short (``SearchCutError``: page cap, repeated token,
+    ``SEARCH_SECONDS``) raises: nothing is created on an unfinished search."""
     until = time.monotonic() + SEARCH_SECONDS
+
+    def left() -> float:
+        return until - time.monotonic()
+
+    recorded = earlier.get("file")
+    at = earlier.get("atNs")
+    after = at if isinstance(at, int) and not isinstance(at, bool) and at > 0 else None
     try:
-        names = find_by_display_id(client, marker_id, time_left=lambda: until - time.monotonic())
+        if isinstance(recorded, str) and is_file_name(recorded):
+            claim = adoption.Claim(recorded, model, after, sha256)
+            names = find_by_input_file(client, recorded, time_left=left)
+        else:  # a marker of the previous release: no upload recorded
+            claim = adoption.Claim(None, model, after, sha256)
+            names = find_by_display_id(client, marker_id, time_left=left)
         jobs = [read_job(client, name) for name in dict.fromkeys(names)]
+        events = []
+        for job in jobs:
+            if job.event is None or (claim.file is None and not job.carries(marker_id)):
+                continue
+            why = adoption.refusal(client, job, claim)
+            if why is not None:
+                log_fields(
+                    logger.error,
+                    "a batch found for a submit is not adopted",
+                    {"id": marker_id, "name": job.name, "why": why},
+                )
+                continue
+            events.append(job.event)
     except GatewayError:
         raise
     except Exception as exc:
         raise classify(exc) from exc
-    events = [job.event for job in jobs if job.event is not None and job.carries(marker_id)]
     return min(events, key=lambda e: e.name) if events else None
 
 
-def _write_marker(sink: Sink, key: str, model: str, shown: str, now_ns: int) -> None:
-    data = json.dumps(
-        {"model": model, "displayName": shown, "at": format_time(now_ns)}, sort_keys=True
-    ).encode()
+def _read_marker(sink: Sink, key: str) -> Mapping[str, Any] | None:
+    """The marker an earlier call wrote (``{}`` when unreadable: searched as the previous
+    release's), or None when there is none."""
+    data = sink.read(key, MAX_MARKER_BYTES)
+    if data is None:
+        return None
+    try:
+        found = json.loads(data)
+    except ValueError:
+        return {}
+    return found if isinstance(found, Mapping) else {}
+
+
+def _write_marker(
+    sink: Sink, key: str, model: str, shown: str, now_ns: int, file_name: str | None = None
+) -> None:
+    fields: dict[str, Any] = {
+        "model": model,
+        "displayName": shown,
+        "at": format_time(now_ns),
+        "atNs": now_ns,
+    }
+    if file_name is not None:
+        fields["file"] = file_name
+    data = json.dumps(fields, sort_keys=True).encode()
     with sink.open(key, name=shown) as out:
         out.write(data)
         out.commit(hashlib.sha256(data).hexdigest())
