@@ -3,9 +3,12 @@
 The real API calls of a ``DynamoDBStore`` are counted with a botocore ``before-call`` hook on its
 client, per event:
 
-- ``new``: the first event of an operation (targets <= 2: GetItem + PutItem);
-- ``advancing``: a newer, higher-ranked event (<= 2);
-- ``duplicate``: the same state and time again (<= 1: GetItem only);
+- ``new``: the first event of an operation (target <= 1: a PENDING event is a PutItem under
+  ``attribute_not_exists``, no read first);
+- ``advancing``: a newer, higher-ranked event (<= 1: one conditional UpdateItem,
+  ``DynamoDBStore.apply_if_newer``);
+- ``duplicate``: the same state and time again (<= 1: the one-call write misses and hands
+  back the item; nothing else);
 - ``stale``: an older, lower-ranked event (<= 1);
 - ``contended``: 8 threads on ONE operation, its timeline (PENDING, RUNNING refreshes,
   SUCCEEDED) dealt round-robin in true order and started together, a ``RetryableError`` (the
@@ -15,9 +18,10 @@ client, per event:
 
 ``run.py`` runs it on its moto server. On its own it starts one (moto's DynamoDB made atomic
 per request, as real DynamoDB is per item: ``tests/support/moto_atomic.py``), or uses moto's
-in-process ``mock_aws`` with ``--inprocess`` (its ``put_item`` wrapped in a lock for the same
-reason), or the plain, non-atomic moto server with ``--non-atomic`` (its conditional writes race,
-which shows why the tests serialise them), and prints the figures against their targets:
+in-process ``mock_aws`` with ``--inprocess`` (its ``put_item`` and ``update_item`` wrapped in a
+lock for the same reason), or the plain, non-atomic moto server with ``--non-atomic`` (its
+conditional writes race, which shows why the tests serialise them), and prints the figures
+against their targets:
 
     .venv/bin/python benchmarks/bench_calls.py [--ops 50] [--contended 200] [--inprocess]
         [--non-atomic] [--json]
@@ -50,7 +54,7 @@ from opstate.domain.states import State  # noqa: E402
 from opstate.ingest import ingest  # noqa: E402
 from opstate.store.port import Store  # noqa: E402
 
-TARGETS = {"new": 2.0, "advancing": 2.0, "duplicate": 1.0, "stale": 1.0, "contended": 3.0}
+TARGETS = {"new": 1.0, "advancing": 1.0, "duplicate": 1.0, "stale": 1.0, "contended": 3.0}
 
 
 class ApiCallCounter:
@@ -113,19 +117,24 @@ def _endpoint(inprocess: bool, atomic: bool) -> Iterator[str | None]:
         from moto.dynamodb.models import DynamoDBBackend
 
         # moto checks a condition and writes without a lock; real DynamoDB is atomic per item.
-        original = DynamoDBBackend.put_item
+        originals = {op: getattr(DynamoDBBackend, op) for op in ("put_item", "update_item")}
         lock = threading.Lock()
 
-        def atomic_put_item(self: Any, *args: Any, **kwargs: Any) -> Any:
-            with lock:
-                return original(self, *args, **kwargs)
+        def atomic(original: Callable[..., Any]) -> Callable[..., Any]:
+            def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+                with lock:
+                    return original(self, *args, **kwargs)
 
-        DynamoDBBackend.put_item = atomic_put_item  # type: ignore[method-assign]
+            return call
+
+        for op, original in originals.items():
+            setattr(DynamoDBBackend, op, atomic(original))
         try:
             with mock_aws():
                 yield None
         finally:
-            DynamoDBBackend.put_item = original  # type: ignore[method-assign]
+            for op, original in originals.items():
+                setattr(DynamoDBBackend, op, original)
         return
     from tests.support.motoserver import start_moto_server
 

@@ -53,8 +53,8 @@ import seed_compare  # noqa: E402
 TARGETS = {
     "ingest_ratio": 0.67,
     "hotpath_ratio": bench_hotpath.TARGET_RATIO,
-    "calls_new": 2,
-    "calls_advancing": 2,
+    "calls_new": 1,
+    "calls_advancing": 1,
     "calls_duplicate": 1,
     "calls_contended": 3,
     "webhook_cold_ratio": 1.25,
