@@ -162,3 +162,39 @@ def test_an_advancing_event_is_one_call_that_carries_the_details(
     assert "open_shard" not in item and item["archive_queue"].startswith("due#")
     assert item["expires_at"] == (NOW + 1) // 10**9 + 90 * 86_400
     assert not STATE_SCOPED_KEYS & set(record.details)
+
+
+def test_a_write_of_the_previous_release_leaves_the_size_untrusted(
+    tables: tuple[Harness, Harness],
+) -> None:
+    """The previous release's replace sets the record's attributes it knows and a new version,
+    never ``details_v``: the size it leaves behind is not trusted, the event takes the
+    read-reduce-write (two calls, no read), and that write makes the size true again."""
+    _, blind = tables
+    store = blind.store
+    _reset(blind, OpRecord(NAME, State.RUNNING, T0, 1, "report", {"a": 1}), old_release=False)
+    big = "x" * (details_rules.MAX_DETAILS_BYTES - 100)
+    blind.client.update_item(  # what that release's replace_if_version does to the item
+        TableName=blind.table,
+        Key={"name": {"S": NAME}},
+        UpdateExpression="SET version = :v, details = :d, update_ns = :t",
+        ExpressionAttributeValues={
+            ":v": {"N": "2"},
+            ":d": {"M": {"big": {"S": big}}},
+            ":t": {"N": str(T0 + 1)},
+        },
+    )
+    assert isinstance(store, DynamoDBStore)
+    event = OpEvent(NAME, State.SUCCEEDED, T0 + 2, "webhook", {"output_file_uri": "f" * 200})
+    missed = store.apply_if_newer(event, NOW)
+    assert missed is not None and not missed.ok and missed.current is not None
+    done = ingest_counted(store, event, clock_ns=lambda: NOW)
+    assert done.decision.reason is Reason.ADVANCED and done.attempts == 1
+    record = store.get(NAME)
+    # Over the cap together: the reducer's fit dropped the carried key, which a write trusting
+    # the stale size could not have done.
+    assert record is not None and record.details == {"output_file_uri": "f" * 200}
+    assert done.decision.details_problems
+    item = blind.raw(NAME)
+    assert item is not None and item["details_v"] == 3
+    assert item["details_bytes"] == details_rules.size(record.details)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from typing import cast
 
 from opstate.config import Settings
 from opstate.domain.events import EventError, UnsupportedEventError
@@ -141,9 +142,9 @@ def discover_pages(
 def stored_of(run: Run, page: Sequence[Listed]) -> dict[str, OpRecord] | None:
     """The stored records of a listed page's jobs, in one batched read (``get_many``; None:
     the store reads one by one). A failed read leaves each job to its own ingest."""
-    store = run.store
-    if not isinstance(store, BatchReadingStore):
+    if not callable(getattr(run.store, "get_many", None)):
         return None
+    store = cast(BatchReadingStore, run.store)
     names = [answer.name for _, answer in page if isinstance(answer, OpEvent)]
     if not names:
         return {}

@@ -137,8 +137,8 @@ class DynamoDBStore:
         return record_from_wire(item) if item else None
 
     def get_many(self, names: Sequence[str]) -> dict[str, OpRecord]:
-        """The records of ``names`` that exist: one consistent ``BatchGetItem`` per 100 names
-        (``Table.get_batch``; the counters' items are no records)."""
+        """The records of ``names`` that exist: one eventually consistent ``BatchGetItem`` per
+        100 names (``Table.get_batch``; the counters' items are no records)."""
         items = self._table.get_batch([n for n in names if not is_counter(n)])
         records = (record_from_wire(item) for item in items)
         return {record.name: record for record in records}

@@ -51,6 +51,7 @@ MAX_KEYS = 24
 _NOT_SET = frozenset(
     {
         "name",
+        "kind",  # the name's, written with the item
         "version",
         "details",
         "created_ns",

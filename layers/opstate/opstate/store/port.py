@@ -274,9 +274,11 @@ class BatchReadingStore(Store, Protocol):
     """A store that reads many records in one request (discovery's page of listed jobs)."""
 
     def get_many(self, names: Sequence[str]) -> dict[str, OpRecord]:
-        """The records of ``names`` that exist (strongly consistent), by name; names without a
-        record are absent from the result. DynamoDB: ``BatchGetItem`` (100 keys a call, its
-        unprocessed keys retried a bounded number of times, then ``StoreUnavailableError``)."""
+        """The records of ``names`` that exist, by name; names without a record are absent from
+        the result. A record may lag a write by a moment (DynamoDB: an eventually consistent
+        ``BatchGetItem``, 100 keys a call, its unprocessed keys asked again a bounded number of
+        times, then ``StoreUnavailableError``): records only move forward, so a caller reduces
+        against it and writes under its version, never trusts it as the latest."""
         ...
 
 
