@@ -37,6 +37,8 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +109,79 @@ def calls_per_event(
     }
 
 
+# -- index writes per job --------------------------------------------------------------------------
+
+# The GSIs of the operations table and their keys (template.yaml; projection ALL each): an item
+# is in an index while it has both keys.
+INDEX_KEYS = {
+    "open-index": ("open_shard", "open_update_ns"),
+    "archive-index": ("archive_queue", "archive_due_ns"),
+    "retry-index": ("retry_queue", "retry_due_ns"),
+}
+
+
+def index_writes(before: dict[str, Any] | None, after: dict[str, Any] | None) -> Counter[str]:
+    """The index writes one table write makes, by index (DynamoDB's rules for a GSI): an item
+    entering or leaving an index is one; one whose index key changes is two (a delete and a
+    put); one that stays with its keys and changes any attribute is one (projection ALL)."""
+    out: Counter[str] = Counter()
+    for index, keys in INDEX_KEYS.items():
+        was = before is not None and all(k in before for k in keys)
+        now = after is not None and all(k in after for k in keys)
+        if was and now:
+            assert before is not None and after is not None
+            if any(before[k] != after[k] for k in keys):
+                out[index] += 2
+            elif before != after:
+                out[index] += 1
+        elif was or now:
+            out[index] += 1
+    return out
+
+
+def index_writes_per_job(
+    store: Any, raw: Callable[[str], dict[str, Any] | None], label: str, polls: int = 6
+) -> dict[str, Any]:
+    """Index writes of one tracked batch's life on the store, step by step: tracked (PENDING),
+    seen RUNNING by a poll, ``polls`` reschedules, SUCCEEDED by its webhook, its archive
+    claimed and settled, then refreshed once more (a later listing or poll with a newer time).
+    ``raw(name)`` reads the stored item (uncounted)."""
+    from opstate.store.port import ArchiveState
+
+    name = f"batches/{label}-index"
+    t0 = bench_ingest.T0_NS
+    steps: dict[str, Counter[str]] = {}
+
+    def step(what: str, write: Callable[[], object]) -> None:
+        before = raw(name)
+        write()
+        steps[what] = steps.get(what, Counter()) + index_writes(before, raw(name))
+
+    step("tracked", lambda: ingest(store, _event(name, State.PENDING, t0)))
+    step("running", lambda: ingest(store, _event(name, State.RUNNING, t0 + 1)))
+    for i in range(polls):
+        record = store.get(name)
+        poll = store.poll_state(name)
+        due = replace(poll, due_ns=t0 + (i + 1) * 300 * 10**9)
+        step("polls", partial(store.set_poll, name, record.version, due))
+    step("succeeded", lambda: ingest(store, OpEvent(name, State.SUCCEEDED, t0 + 9, "webhook", {})))
+    created = store.get(name).created_ns
+    claim = ArchiveState("pending", created_ns=created, due_ns=t0 + 10**12)
+    step("archive claimed", lambda: store.set_archive(name, 0, claim))
+    done = ArchiveState("archived", created_ns=created, archived_ns=t0 + 10**12)
+    step("archive settled", lambda: store.set_archive(name, 1, done))
+    step(
+        "refreshed",
+        lambda: ingest(store, OpEvent(name, State.SUCCEEDED, t0 + 99, "poll", {})),
+    )
+    total: Counter[str] = sum(steps.values(), Counter())
+    return {
+        "total": sum(total.values()),
+        "by_index": dict(total),
+        "by_step": {k: sum(v.values()) for k, v in steps.items()},
+    }
+
+
 # -- standalone ----------------------------------------------------------------------------------
 
 
@@ -120,7 +195,7 @@ def _endpoint(inprocess: bool, atomic: bool) -> Iterator[str | None]:
         originals = {op: getattr(DynamoDBBackend, op) for op in ("put_item", "update_item")}
         lock = threading.Lock()
 
-        def atomic(original: Callable[..., Any]) -> Callable[..., Any]:
+        def locked(original: Callable[..., Any]) -> Callable[..., Any]:
             def call(self: Any, *args: Any, **kwargs: Any) -> Any:
                 with lock:
                     return original(self, *args, **kwargs)
@@ -128,7 +203,7 @@ def _endpoint(inprocess: bool, atomic: bool) -> Iterator[str | None]:
             return call
 
         for op, original in originals.items():
-            setattr(DynamoDBBackend, op, atomic(original))
+            setattr(DynamoDBBackend, op, locked(original))
         try:
             with mock_aws():
                 yield None
@@ -143,6 +218,15 @@ def _endpoint(inprocess: bool, atomic: bool) -> Iterator[str | None]:
         yield server.endpoint
     finally:
         server.stop()
+
+
+def _raw(client: Any, table: str) -> Callable[[str], dict[str, Any] | None]:
+    def raw(name: str) -> dict[str, Any] | None:
+        found = client.get_item(TableName=table, Key={"name": {"S": name}}, ConsistentRead=True)
+        item: dict[str, Any] | None = found.get("Item")
+        return item
+
+    return raw
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,19 +253,22 @@ def main(argv: list[str] | None = None) -> int:
         counter = ApiCallCounter(client)
         store = DynamoDBStore(table, client=client)
         result = calls_per_event(store, "calls", args.ops, counter.total, args.contended)
+        indexes = index_writes_per_job(store, _raw(client, table), "calls")
 
     backend = "moto in-process" if args.inprocess else "moto server"
     if args.non_atomic and not args.inprocess:
         backend += ", non-atomic"
     ok = result["contended_lost"] == 0 and all(result[k] <= v for k, v in TARGETS.items())
     if args.json:
-        print(json.dumps({**result, "store": backend}, indent=2))
+        print(json.dumps({**result, "index_writes": indexes, "store": backend}, indent=2))
         return 0 if ok else 1
     print(f"DynamoDB calls per event ({backend}; {args.ops} ops, {args.contended} contended)")
     for key, target in TARGETS.items():
         verdict = "ok" if result[key] <= target else "OVER TARGET"
         print(f"  {key:<12} {result[key]:6.3f}   target <= {target:.0f}   {verdict}")
     print(f"  contended events lost: {result['contended_lost']} (target 0)")
+    print(f"index writes per job: {indexes['total']}  by index {indexes['by_index']}")
+    print(f"  by step {indexes['by_step']}")
     return 0 if ok else 1
 
 
