@@ -285,6 +285,16 @@ def test_a_validation_exception_is_a_permanent_refusal_and_ingest_drops_it() -> 
         def get_item(self, **_: Any) -> dict[str, Any]:
             return {}
 
+        def update_item(self, **_: Any) -> dict[str, Any]:
+            # The one-call write on a table without the item: its condition fails, no item.
+            raise ClientError(
+                {
+                    "Error": {"Code": "ConditionalCheckFailedException", "Message": "failed"},
+                    "ResponseMetadata": {"HTTPStatusCode": 400},
+                },
+                "UpdateItem",
+            )
+
         def put_item(self, **kwargs: Any) -> dict[str, Any]:
             if self.refuse_all or kwargs["Item"]["details"]["M"]:
                 raise ClientError(

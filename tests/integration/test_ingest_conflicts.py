@@ -75,10 +75,15 @@ def test_race_between_read_and_write_is_resolved_from_the_returned_item(
             injected.append(True)
             assert rival.replace_if_version(rival_record, expected_version=1).ok
 
+    read = store.get(name)  # our read (the caller's, handed to ingest as known)
     client.meta.events.register("before-parameter-build.dynamodb.UpdateItem", race)
     counter = CallCounter(client)
     done = ingest_counted(
-        store, ev(name, State.SUCCEEDED, T0 + 9, {"out": "f"}), sleep=no_sleep, clock_ns=lambda: NOW
+        store,
+        ev(name, State.SUCCEEDED, T0 + 9, {"out": "f"}),
+        sleep=no_sleep,
+        clock_ns=lambda: NOW,
+        known=read,
     )
     decision = done.decision
 
@@ -86,11 +91,39 @@ def test_race_between_read_and_write_is_resolved_from_the_returned_item(
     assert decision.applied and decision.reason is Reason.ADVANCED
     assert (done.attempts, done.conflicts) == (2, 1)
     assert decision.previous == rival_record  # reduced against the winner, not our stale read
-    assert counter.calls == Counter({"GetItem": 1, "UpdateItem": 2})  # no second read
+    assert counter.calls == Counter({"UpdateItem": 2})  # no second read
     stored = store.get(name)
     assert stored is not None
     assert (stored.state, stored.version) == (State.SUCCEEDED, 3)
     assert stored.details == {"rival": 1, "out": "f"}  # merged onto the winner
+
+
+def test_a_rival_before_the_one_call_write_is_its_condition_s_current(
+    aws: tuple[Any, str],
+) -> None:
+    """Without a read, the rival's record is what the one-call write's condition meets: the
+    event advances the winner, in one call, its details merged onto the winner's."""
+    client, table = aws
+    name = "batches/race-one"
+    store = DynamoDBStore(table, client=client)
+    assert ingest(store, ev(name, State.PENDING, T0, {"from": "create"})).applied
+    rival = DynamoDBStore(table, client=dynamodb_client())
+    rival_record = OpRecord(name, State.RUNNING, T0 + 5, 2, "poll", {"rival": 1}, NOW, NOW)
+
+    def race(**_: Any) -> None:
+        assert rival.replace_if_version(rival_record, expected_version=1).ok
+
+    client.meta.events.register("before-parameter-build.dynamodb.UpdateItem", race)
+    counter = CallCounter(client)
+    done = ingest_counted(
+        store, ev(name, State.SUCCEEDED, T0 + 9, {"out": "f"}), clock_ns=lambda: NOW
+    )
+    assert done.decision.reason is Reason.ADVANCED and done.attempts == 1
+    assert done.decision.previous == rival_record
+    assert counter.calls == Counter({"UpdateItem": 1})
+    stored = store.get(name)
+    assert stored is not None and (stored.state, stored.version) == (State.SUCCEEDED, 3)
+    assert stored.details == {"rival": 1, "out": "f"}
 
 
 def test_race_that_makes_our_event_stale_is_dropped_without_a_second_read(
@@ -114,7 +147,7 @@ def test_race_that_makes_our_event_stale_is_dropped_without_a_second_read(
     decision = ingest(store, ev(name, State.RUNNING, T0 + 3), sleep=no_sleep)
     assert not decision.applied and decision.reason is Reason.REGRESS_FROM_TERMINAL
     assert decision.record == winner
-    assert counter.calls == Counter({"GetItem": 1, "UpdateItem": 1})
+    assert counter.calls == Counter({"UpdateItem": 1})  # the one-call write missed: no read
     assert store.get(name) == winner
 
 
@@ -135,7 +168,7 @@ def test_create_race_is_resolved_from_the_returned_item(aws: tuple[Any, str]) ->
     counter = CallCounter(client)
     decision = ingest(store, ev(name, State.PENDING, T0), sleep=no_sleep)
     assert decision.reason is Reason.LOWER_RANK and decision.record == first
-    assert counter.calls == Counter({"GetItem": 1, "PutItem": 1})
+    assert counter.calls == Counter({"PutItem": 1})  # a PENDING event is written as a create
 
 
 def test_always_losing_on_dynamodb_raises_after_the_bound_and_changes_nothing(
@@ -148,10 +181,13 @@ def test_always_losing_on_dynamodb_raises_after_the_bound_and_changes_nothing(
     raw_before = client.get_item(TableName=table, Key={"name": {"S": name}})["Item"]
 
     def sabotage(params: dict[str, Any], **_: Any) -> None:
-        # Every replace expects a version that never exists, so every write loses.
+        # Every replace expects a version that never exists, so every write loses (the
+        # one-call write a rank below any).
         values = params.get("ExpressionAttributeValues")
         if values and ":expected" in values:
             values[":expected"] = {"N": "-1"}
+        if values and ":rank" in values:
+            values[":rank"] = {"N": "-1"}
 
     client.meta.events.register("before-parameter-build.dynamodb.UpdateItem", sabotage)
     counter = CallCounter(client)
@@ -160,7 +196,7 @@ def test_always_losing_on_dynamodb_raises_after_the_bound_and_changes_nothing(
         ingest(store, ev(name, State.SUCCEEDED, T0 + 1), max_attempts=5, sleep=sleeps.append)
     assert isinstance(info.value, RetryableError)
     assert info.value.attempts == 5
-    assert counter.calls == Counter({"GetItem": 1, "UpdateItem": 5})
+    assert counter.calls == Counter({"UpdateItem": 6})  # the one-call write, then 5 replaces
     assert len(sleeps) == 4
     assert client.get_item(TableName=table, Key={"name": {"S": name}})["Item"] == raw_before
 
@@ -204,17 +240,21 @@ THROTTLING_CODES = [
 
 
 @pytest.mark.parametrize(("code", "status"), THROTTLING_CODES)
-@pytest.mark.parametrize("operation", ["get_item", "put_item"])
+@pytest.mark.parametrize("operation", ["get_item", "put_item", "update_item"])
 def test_store_faults_raise_store_unavailable(code: str, status: int, operation: str) -> None:
     client = dynamodb_client(config=Config(retries={"mode": "standard", "max_attempts": 1}))
     store = DynamoDBStore("stubbed", client=client)
     name = "batches/fault"
+    # get_item: the store's read (ingest's when it has no record at hand and cannot write first);
+    # put_item: a PENDING event's create; update_item: any other event's one-call write.
+    state = State.PENDING if operation == "put_item" else State.RUNNING
     with Stubber(client) as stub:
-        if operation == "put_item":
-            stub.add_response("get_item", {})
         stub.add_client_error(operation, service_error_code=code, http_status_code=status)
         with pytest.raises(StoreUnavailableError) as info:
-            ingest(store, ev(name, State.RUNNING, T0), sleep=no_sleep)
+            if operation == "get_item":
+                store.get(name)
+            else:
+                ingest(store, ev(name, state, T0), sleep=no_sleep)
         stub.assert_no_pending_responses()
     assert isinstance(info.value, RetryableError)
     assert isinstance(info.value.__cause__, ClientError)
@@ -240,6 +280,8 @@ def test_validation_errors_are_permanent_drops_not_outages() -> None:
     client = dynamodb_client()
     store = DynamoDBStore("stubbed", client=client)
     with Stubber(client) as stub:
+        # the one-call write refused: the read-reduce-write does what it does with a refusal
+        stub.add_client_error("update_item", service_error_code="ValidationException")
         stub.add_response("get_item", {})
         stub.add_client_error("put_item", service_error_code="ValidationException")
         stub.add_client_error("put_item", service_error_code="ValidationException")
@@ -269,7 +311,7 @@ def test_throttling_event_hook_is_retried_then_surfaces_as_unavailable(
         raw = type("Raw", (), {"stream": lambda self, **k: iter([body])})()
         return AWSResponse("http://x", 400, {"x-amzn-errortype": "x"}, raw)
 
-    client.meta.events.register("before-send.dynamodb.GetItem", throttle)
+    client.meta.events.register("before-send.dynamodb.UpdateItem", throttle)
     store = DynamoDBStore(table, client=client)
     with pytest.raises(StoreUnavailableError, match="ProvisionedThroughputExceeded"):
         ingest(store, ev("batches/t", State.RUNNING, T0), sleep=no_sleep)

@@ -25,6 +25,7 @@ import pytest
 
 from opstate.config import settings
 from opstate.domain.costs import REASON_PREVIOUS_RELEASE
+from opstate.domain.details import size as details_size
 from opstate.quarantine.sqlite import SQLiteQuarantine
 from opstate.store.dynamodb import DynamoDBStore
 from opstate.store.retry_state import RETRY_ACTIVE, RetryState
@@ -280,6 +281,11 @@ def test_dynamodb_items_read_back_advance_and_take_a_retry_state(
         record = store.get(RUNNING)
         assert record is not None and str(record.state) == "SUCCEEDED"
         assert record.version == VIEWS["dynamodb"]["get"][RUNNING]["version"] + 1
+        # The old item had no details size: the one-call write missed, the read-reduce-write
+        # took the event and wrote the size at this version (issue 48).
+        raw = client.get_item(TableName=name, Key={"name": {"S": RUNNING}})["Item"]
+        assert raw["details_v"] == {"N": str(record.version)}
+        assert int(raw["details_bytes"]["N"]) == details_size(record.details)
         assert [due.record.name for due in store.iter_due(None)] == [PENDING]
         # An old item takes a retry state; the record and its archive stay as they were.
         done = store.get(DONE)

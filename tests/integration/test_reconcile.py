@@ -25,7 +25,7 @@ from opstate.reconcile.gateway import GatewayError
 from opstate.reconcile.genai_gateway import GenaiGateway
 from opstate.reconcile.pacing import Backoff, SystemClock
 from opstate.reconcile.run import reconcile_once
-from opstate.store import MemoryStore, StoreUnavailableError
+from opstate.store import MemoryStore, StoreUnavailableError, WriteOutcome
 from tests.support.fake_gemini import FakeGemini, Request
 
 API_KEY = "test-key"
@@ -371,10 +371,12 @@ def test_an_unhealthy_api_stops_the_run_instead_of_burning_the_budget(fake, clie
 
 def test_store_faults_count_as_errors_and_others_go_on(fake, client):
     class FlakyStore(MemoryStore):
-        def get(self, name: str) -> OpRecord | None:
-            if name == "batches/flaky":
+        # A poll's answer is written against the record the run listed (no read first): the
+        # fault comes from the write.
+        def replace_if_version(self, record: OpRecord, expected_version: int) -> WriteOutcome:
+            if record.name == "batches/flaky":
                 raise StoreUnavailableError("throttled")
-            return super().get(name)
+            return super().replace_if_version(record, expected_version)
 
     store = FlakyStore()
     for name in ("batches/flaky", "batches/fine"):

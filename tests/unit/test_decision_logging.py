@@ -151,7 +151,8 @@ def test_no_lost_race_is_no_conflicts_metric(captured: io.StringIO) -> None:
 
 
 def test_api_and_reconciler_log_drops_at_one_level(captured: io.StringIO) -> None:
-    """Applied: INFO. A terminal conflict: WARNING. Any other drop: INFO. Both entries."""
+    """A state change: INFO. A terminal conflict: WARNING. A drop of a state the table already
+    holds: no line at INFO (issue 48: counted, below). Both entries."""
     api_store = MemoryStore()
     send(api_store, "batch.succeeded", "2026-05-10T09:59:00Z")  # created
     send(api_store, "batch.succeeded", "2026-05-10T09:59:00Z")  # the stale redelivery
@@ -170,8 +171,27 @@ def test_api_and_reconciler_log_drops_at_one_level(captured: io.StringIO) -> Non
     seen = {(x.get("phase", "api"), x["reason"], x["level"]) for x in decision_lines(captured)}
     assert seen == {
         ("api", "created", "INFO"),
-        ("api", "stale-or-equal-update-time", "INFO"),
         ("api", "terminal-conflict", "WARNING"),
         ("discover", "terminal-conflict", "WARNING"),
-        ("poll", "stale-or-equal-update-time", "INFO"),
     }
+
+
+def test_a_drop_of_a_state_the_table_holds_is_a_count_and_a_debug_line(
+    captured: io.StringIO, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = MemoryStore()
+    send(store, "batch.succeeded", "2026-05-10T09:59:00Z")  # created
+    capsys.readouterr()
+    send(store, "batch.succeeded", "2026-05-10T09:59:00Z")  # the redelivery: already held
+    assert [x["reason"] for x in decision_lines(captured)] == ["created"]
+    [blob] = [
+        json.loads(x)
+        for x in capsys.readouterr().out.splitlines()
+        if '"EventsDropped"' in x and x.startswith("{")
+    ]
+    assert blob["reason"] == "stale-or-equal-update-time" and blob["EventsDropped"] == [1.0]
+    logger.setLevel("DEBUG")  # an operator who wants every decision still gets the line
+    send(store, "batch.succeeded", "2026-05-10T09:59:00Z")
+    assert [(x["reason"], x["level"]) for x in decision_lines(captured)][1:] == [
+        ("stale-or-equal-update-time", "DEBUG")
+    ]

@@ -371,25 +371,43 @@ def decision_fields(decision: Decision, *, attempts: int = 1, conflicts: int = 0
     }
 
 
+# Decisions that tell an operator nothing the table does not already hold: the event's state
+# (or a later one) is stored, or only its time moved. Counted (``EventsDropped`` /
+# ``EventsApplied`` by ``reason``), logged at DEBUG only.
+QUIET_REASONS: Final = frozenset(
+    {
+        Reason.STALE_OR_EQUAL_UPDATE_TIME,
+        Reason.LOWER_RANK,
+        Reason.REGRESS_FROM_TERMINAL,
+        Reason.REFRESHED,
+    }
+)
+
+
+def decision_level(decision: Decision) -> int:
+    """The level of a decision's line: WARNING for a ``terminal-conflict`` (two sources
+    disagree on how the operation ended), DEBUG for ``QUIET_REASONS``, else INFO (a record
+    created or its state changed; a record the store refused)."""
+    if decision.reason == Reason.TERMINAL_CONFLICT:
+        return logging.WARNING
+    return logging.DEBUG if decision.reason in QUIET_REASONS else logging.INFO
+
+
 def log_decision(
     decision: Decision, *, attempts: int = 1, conflicts: int = 0, **context: object
 ) -> None:
-    """One structured line for a decision, by the one rule of the API and the reconciler:
-    ``event applied`` at INFO; ``event dropped`` at WARNING for a ``terminal-conflict`` (two
-    sources disagree on how the operation ended), at INFO for any other drop."""
-    conflict = not decision.applied and decision.reason == Reason.TERMINAL_CONFLICT
-    if not _enabled(logging.WARNING if conflict else logging.INFO):
+    """One structured line for a decision, by the one rule of the API and the reconciler
+    (``decision_level``): ``event applied`` or ``event dropped``."""
+    level = decision_level(decision)
+    if not _enabled(level):
         return
     fields = {
         **decision_fields(decision, attempts=attempts, conflicts=conflicts),
         **_context(context),
     }
-    if decision.applied:
-        log_fields(logger.info, "event applied", fields, stacklevel=4)
-    elif conflict:
-        log_fields(logger.warning, "event dropped", fields, stacklevel=4)
-    else:
-        log_fields(logger.info, "event dropped", fields, stacklevel=4)
+    write = {logging.WARNING: logger.warning, logging.INFO: logger.info}.get(level, logger.debug)
+    message = "event applied" if decision.applied else "event dropped"
+    log_fields(write, message, fields, stacklevel=4)
 
 
 def record_decision(

@@ -34,6 +34,13 @@ from decimal import Decimal
 from typing import Any
 
 MAX_DETAILS_BYTES = 64 * 1024
+# Detail keys that describe the state they arrived with: cleared when the state changes
+# (``reducer``).
+STATE_SCOPED_KEYS: frozenset[str] = frozenset(
+    {"reason", "cancelling", "paused", "partial", "error_code", "error_message"}
+)
+# Detail keys that describe one observation: cleared by any applied event that lacks them.
+OBSERVATION_SCOPED_KEYS: frozenset[str] = frozenset({"not_found"})
 # Maps/lists inside the details map. The item is level 0 for DynamoDB's count, ``details``
 # level 1; 30 more keeps a margin under DynamoDB's 32.
 MAX_DEPTH = 30

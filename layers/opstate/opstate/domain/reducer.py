@@ -28,15 +28,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from opstate.domain import details as details_rules
+from opstate.domain.details import OBSERVATION_SCOPED_KEYS, STATE_SCOPED_KEYS
 from opstate.domain.model import Decision, OpEvent, OpRecord, Reason
 from opstate.domain.states import is_terminal, rank
 
-# Detail keys that describe the state they arrived with: cleared when the state changes.
-STATE_SCOPED_KEYS: frozenset[str] = frozenset(
-    {"reason", "cancelling", "paused", "partial", "error_code", "error_message"}
-)
-# Detail keys that describe one observation: cleared by any applied event that lacks them.
-OBSERVATION_SCOPED_KEYS: frozenset[str] = frozenset({"not_found"})
+# The detail keys the reducer clears (``details``: a store's one-call write mirrors them).
+__all__ = ["OBSERVATION_SCOPED_KEYS", "STATE_SCOPED_KEYS", "apply_event", "next_details"]
 
 
 def next_details(

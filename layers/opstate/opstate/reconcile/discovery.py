@@ -4,25 +4,32 @@
   ``WebhooksDisabled`` metric of every run whose listing succeeded (0 included).
 - ``discover``: up to ``reconcile_max_pages`` pages of batch jobs from the Gemini API (when
   ``Settings.discovers_all``: ``OPSTATE_DISCOVER``), then as many from each Google Cloud
-  scope, every job ingested (a batch made by any tool gets a record). What it read (name ->
-  record after, and the progress listed) lets polling reschedule those entries without
+  scope, every job ingested (a batch made by any tool gets a record). Each listed page is
+  read from the store in one batched read (``BatchReadingStore.get_many``); a job whose state
+  and time the table already holds is a counted drop with no store call (no log line), a
+  changed one goes through ingest with the record read (one conditional write). What it
+  read (name -> record after, and the progress listed) lets polling reschedule those entries without
   another request. A refused Cloud lane stops the Cloud listing.
 - ``discovery_sentence``: what a pass will discover, said before a local first pass.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from typing import cast
 
 from opstate.config import Settings
 from opstate.domain.events import EventError, UnsupportedEventError
-from opstate.domain.model import OpEvent
+from opstate.domain.model import OpEvent, OpRecord
+from opstate.domain.reducer import apply_event
+from opstate.ingest import UNKNOWN, Ingested, Unknown
 from opstate.observability import count, logger
 from opstate.reconcile.gateway import AuthError, GatewayError, Listed
 from opstate.reconcile.poll_writer import Discovered, progress_of
 from opstate.reconcile.runner import Run
+from opstate.store.port import BatchReadingStore, RetryableError
 
 # Batch jobs asked per discovery page (the API caps it; fewer may come back).
 DISCOVERY_PAGE_SIZE = 100
@@ -111,7 +118,8 @@ def discover_pages(
     try:
         for page in pages():
             read += 1
-            for name, discovered in pool.map(partial(ingest_job, run), page):
+            stored = stored_of(run, page)
+            for name, discovered in pool.map(partial(ingest_job, run, stored), page):
                 if name is not None:
                     seen[name] = discovered
             if read >= run.settings.reconcile_max_pages:
@@ -131,7 +139,28 @@ def discover_pages(
         )
 
 
-def ingest_job(run: Run, listed: tuple[str, OpEvent | EventError]) -> tuple[str | None, Discovered]:
+def stored_of(run: Run, page: Sequence[Listed]) -> dict[str, OpRecord] | None:
+    """The stored records of a listed page's jobs, in one batched read (``get_many``; None:
+    the store reads one by one). A failed read leaves each job to its own ingest."""
+    if not callable(getattr(run.store, "get_many", None)):
+        return None
+    store = cast(BatchReadingStore, run.store)
+    names = [answer.name for _, answer in page if isinstance(answer, OpEvent)]
+    if not names:
+        return {}
+    try:
+        return store.get_many(names)
+    except RetryableError as exc:
+        run.error("batch discovery read failed", name=names[0], error=str(exc))
+        return None
+
+
+def ingest_job(
+    run: Run, stored: Mapping[str, OpRecord] | None, listed: tuple[str, OpEvent | EventError]
+) -> tuple[str | None, Discovered]:
+    """One listed job: reduced against its stored record first when the page's read has it
+    (a job whose state and time the table already holds is a drop, counted, with no store
+    call), else through ingest, handed what the read found (no second read)."""
     raw_name, answer = listed
     run.tally.add(discovered=1)
     if isinstance(answer, UnsupportedEventError):
@@ -142,8 +171,16 @@ def ingest_job(run: Run, listed: tuple[str, OpEvent | EventError]) -> tuple[str 
     if isinstance(answer, EventError):
         run.error("batch job refused", name=raw_name, code=answer.code, error=answer.message)
         return None, Discovered(None)
+    known: OpRecord | Unknown | None = UNKNOWN
+    if stored is not None:
+        known = stored.get(answer.name)
+        if known is not None:
+            probe = apply_event(known, answer, now_ns=run.clock.now_ns())
+            if not probe.applied:  # a drop against it is a drop against any newer record
+                run.settle(Ingested(probe), "discover")
+                return answer.name, Discovered(known, progress_of(answer))
     try:
-        decision = run.ingest(answer, "discover")
+        decision = run.ingest(answer, "discover", known)
     except Exception as exc:
         run.error("ingest failed", name=answer.name, error=f"{type(exc).__name__}: {exc}")
         return None, Discovered(None)

@@ -170,7 +170,7 @@ def poll_record(run: Run, record: OpRecord, lane: Lane) -> Polled:
     if not probe.applied:
         run.settle(Ingested(probe), "poll")
         return Polled(record, True, probe)
-    decision = run.ingest(event, "poll")
+    decision = run.ingest(event, "poll", known=record)  # a stale one comes back on the write
     if decision is None:
         return Polled(None, True, None)  # store fault: the entry stays due
     current = decision.record

@@ -18,7 +18,7 @@ from opstate.domain.events import (
 )
 from opstate.domain.model import Decision, OpEvent, OpRecord
 from opstate.domain.names import GOOGLE_CLOUD, backend_of
-from opstate.ingest import Ingested, ingest_counted
+from opstate.ingest import UNKNOWN, Ingested, Unknown, ingest_counted
 from opstate.observability import (
     count,
     log_decision,
@@ -145,7 +145,11 @@ class Run:
 
     # --- ingest -------------------------------------------------------------------------------
 
-    def ingest(self, event: OpEvent, phase: str) -> Decision | None:
+    def ingest(
+        self, event: OpEvent, phase: str, known: OpRecord | Unknown | None = UNKNOWN
+    ) -> Decision | None:
+        """``event`` through ingest (``known``: the record this run just read for it, None
+        when it read none: no second read)."""
         try:
             done = ingest_counted(
                 self.store,
@@ -153,6 +157,7 @@ class Run:
                 max_attempts=self.settings.ingest_max_attempts,
                 clock_ns=self.clock.now_ns,
                 sleep=self.clock.sleep,
+                known=known,
             )
         except RetryableError as exc:
             kind = "unavailable" if isinstance(exc, StoreUnavailableError) else "gave-up"

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opstate.config import DEFAULT_RETENTION_DAYS
-from opstate.domain.model import OpRecord
+from opstate.domain.model import OpEvent, OpRecord
 from opstate.store import dynamodb_counters
 from opstate.store.counters import is_counter
 from opstate.store.dynamodb_client import (
@@ -136,6 +136,13 @@ class DynamoDBStore:
         item = self._table.get(name)
         return record_from_wire(item) if item else None
 
+    def get_many(self, names: Sequence[str]) -> dict[str, OpRecord]:
+        """The records of ``names`` that exist: one eventually consistent ``BatchGetItem`` per
+        100 names (``Table.get_batch``; the counters' items are no records)."""
+        items = self._table.get_batch([n for n in names if not is_counter(n)])
+        records = (record_from_wire(item) for item in items)
+        return {record.name: record for record in records}
+
     def put_if_absent(self, record: OpRecord) -> WriteOutcome:
         validate_record(record)
         return self._table.write(
@@ -189,6 +196,21 @@ class DynamoDBStore:
             ExpressionAttributeValues=values,
             ReturnValuesOnConditionCheckFailure="ALL_OLD",
         )
+
+    def apply_if_newer(self, event: OpEvent, now_ns: int) -> WriteOutcome | None:
+        """``event`` written in one conditional UpdateItem where the stored record lets the
+        reducer's rule be the write's condition (``dynamodb_apply``); None when the event
+        cannot be written that way. Written: ``current`` is the record it replaced; not
+        written: the stored record (None: there is none), for the read-reduce-write."""
+        from opstate.store.dynamodb_apply import apply_request
+
+        request = apply_request(
+            event, now_ns, shards=self.shards, retention_days=self.retention_days
+        )
+        if request is None:
+            return None
+        shape = OpRecord(event.name, event.state, event.update_time_ns, 1, event.source)
+        return self._table.update_returning(shape, **request)
 
     def iter_all(self) -> Iterator[OpRecord]:
         """Every record, in table order (operator listing only: a paginated, consistent Scan;

@@ -5,7 +5,9 @@ Item shape (``name`` is the partition key):
 - ``name`` S, ``state`` S, ``rank`` N, ``update_ns`` N (server time, ns), ``update_time`` S
   (canonical RFC3339, absent when ``update_ns`` is 0), ``version`` N, ``kind`` S, ``source`` S,
   ``details`` M, ``created_ns``/``applied_ns`` N, ``created_at``/``applied_at`` S (canonical,
-  absent when 0).
+  absent when 0); ``details_bytes`` N (the details' compact JSON size, or an upper bound of it)
+  and ``details_v`` N (the version it was written at: ``dynamodb_apply``'s one-call write trusts
+  ``details_bytes`` only while ``details_v = version``; items of earlier releases lack both).
 - While open (non-terminal) and not lost only: ``open_shard`` N (stable CRC-32 of the name mod
   ``shards``) and ``open_update_ns`` N. They key the sparse GSI ``open-index``; a terminal write
   (or marking the operation lost) drops both, so the operation leaves the index.
@@ -54,6 +56,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from opstate.config import DEFAULT_OPEN_INDEX_SHARDS, DEFAULT_RETENTION_DAYS
+from opstate.domain.details import size as details_size
 from opstate.domain.model import OpRecord
 from opstate.domain.states import parse_state
 from opstate.domain.times import format_time
@@ -224,6 +227,9 @@ def item_from_record(
         "details": dict(record.details),
         "created_ns": record.created_ns,
         "applied_ns": record.applied_ns,
+        # The details' size and the version it was measured at (``dynamodb_apply``).
+        "details_bytes": details_size(record.details),
+        "details_v": record.version,
     }
     if record.update_time_ns:
         item["update_time"] = format_time(record.update_time_ns)

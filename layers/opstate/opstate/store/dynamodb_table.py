@@ -8,7 +8,8 @@ failure mapped as ``dynamodb_client`` says (``StoreUnavailableError`` for a faul
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -16,7 +17,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from opstate.domain.model import OpRecord
 from opstate.store.dynamodb_client import CONDITION_FAILED, fault, refused
 from opstate.store.dynamodb_items import deserialize_item, record_from_wire
-from opstate.store.port import WRITTEN, WriteOutcome
+from opstate.store.port import WRITTEN, StoreUnavailableError, WriteOutcome
 
 
 class Table:
@@ -40,6 +41,39 @@ class Table:
             fault(exc, "GetItem")
         item: dict[str, Any] | None = response.get("Item")
         return item or None
+
+    def get_batch(
+        self, keys: Sequence[str], *, attempts: int = 4, sleep: Callable[[float], None] = time.sleep
+    ) -> list[dict[str, Any]]:
+        """The items of ``keys`` that exist (an eventually consistent ``BatchGetItem``: half
+        the read units of a consistent one; wire format), 100 keys a call; ``UnprocessedKeys``
+        asked again up to ``attempts`` calls a chunk, with a short growing pause, then a fault
+        (``StoreUnavailableError``): never a silent partial read."""
+        found: list[dict[str, Any]] = []
+        unique = list(dict.fromkeys(keys))
+        for start in range(0, len(unique), 100):
+            request: dict[str, Any] = {
+                self.name: {
+                    "Keys": [{"name": {"S": key}} for key in unique[start : start + 100]],
+                    "ConsistentRead": False,
+                }
+            }
+            for attempt in range(attempts):
+                try:
+                    response = self.client.batch_get_item(RequestItems=request)
+                except (ClientError, BotoCoreError) as exc:
+                    fault(exc, "BatchGetItem")
+                found.extend(response.get("Responses", {}).get(self.name, []))
+                request = response.get("UnprocessedKeys") or {}
+                if not request:
+                    break
+                if attempt + 1 < attempts:
+                    sleep(0.05 * 2**attempt)
+            if request:
+                raise StoreUnavailableError(
+                    f"BatchGetItem on {self.name}: keys left unprocessed after {attempts} calls"
+                )
+        return found
 
     def update_if(self, key: str, **update: Any) -> bool:
         """A conditional UpdateItem of the item of ``key`` (``update``: its expressions):
@@ -71,6 +105,24 @@ class Table:
         except BotoCoreError as exc:
             fault(exc, operation)
         return WRITTEN
+
+    def update_returning(self, record: OpRecord, **request: Any) -> WriteOutcome:
+        """A conditional UpdateItem that asks for the old item either way (``ReturnValues`` and
+        ``ReturnValuesOnConditionCheckFailure`` ``ALL_OLD``): ``ok`` with the record it
+        replaced (None: there was none), or not written with the stored record (None: no
+        item). Refused and failed calls as ``write``."""
+        try:
+            response = self.client.update_item(TableName=self.name, **request)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == CONDITION_FAILED:
+                old: Any = exc.response.get("Item")
+                return WriteOutcome(ok=False, current=record_from_wire(old) if old else None)
+            refused(exc, record)
+            fault(exc, "UpdateItem")
+        except BotoCoreError as exc:
+            fault(exc, "UpdateItem")
+        before: Any = response.get("Attributes")
+        return WriteOutcome(ok=True, current=record_from_wire(before) if before else None)
 
     def pages(self, operation: str, **request: Any) -> Iterator[dict[str, Any]]:
         """The items (deserialised) of a paginated ``Scan`` or ``Query`` of the table with

@@ -50,6 +50,10 @@ class MemoryStore:
         with self._lock:
             return self._records.get(name)
 
+    def get_many(self, names: Sequence[str]) -> dict[str, OpRecord]:
+        with self._lock:
+            return {n: r for n in dict.fromkeys(names) if (r := self._records.get(n)) is not None}
+
     def put_if_absent(self, record: OpRecord) -> WriteOutcome:
         validate_record(record)
         with self._lock:

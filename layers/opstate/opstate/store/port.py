@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from opstate.domain.details import InvalidDetailsError, check
-from opstate.domain.model import OpRecord
+from opstate.domain.model import OpEvent, OpRecord
 from opstate.domain.times import NS_PER_SECOND
 
 if TYPE_CHECKING:  # the retry state loads on first use: the webhook's init never needs it
@@ -252,6 +252,33 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Release connections. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class ApplyingStore(Store, Protocol):
+    """A store that can write an event without reading first (DynamoDB: the reducer's rule in
+    the write's condition, ``store.dynamodb_apply``). ``ingest`` uses it when it has no record
+    at hand; a miss costs nothing more than the read it replaces (the item comes back)."""
+
+    def apply_if_newer(self, event: OpEvent, now_ns: int) -> WriteOutcome | None:
+        """Write the record ``reducer.apply_event(stored, event, now_ns=now_ns)`` would, in one
+        conditional call, when the condition can prove it is that record. ``ok``: written, and
+        ``current`` is the record it replaced; not ``ok``: nothing written, ``current`` is the
+        stored record (None: none) for the read-reduce-write. None: not tried."""
+        ...
+
+
+@runtime_checkable
+class BatchReadingStore(Store, Protocol):
+    """A store that reads many records in one request (discovery's page of listed jobs)."""
+
+    def get_many(self, names: Sequence[str]) -> dict[str, OpRecord]:
+        """The records of ``names`` that exist, by name; names without a record are absent from
+        the result. A record may lag a write by a moment (DynamoDB: an eventually consistent
+        ``BatchGetItem``, 100 keys a call, its unprocessed keys asked again a bounded number of
+        times, then ``StoreUnavailableError``): records only move forward, so a caller reduces
+        against it and writes under its version, never trusts it as the latest."""
         ...
 
 

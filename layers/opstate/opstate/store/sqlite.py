@@ -195,6 +195,22 @@ class SQLiteStore(SQLitePolls, SQLiteArchives, SQLiteRetries, SQLiteCounters):
             self._raise(exc)
         return record_of(row) if row else None
 
+    def get_many(self, names: Sequence[str]) -> dict[str, OpRecord]:
+        """One SELECT per 500 names (SQLite's bound on parameters is far above that)."""
+        unique = list(dict.fromkeys(names))
+        found: dict[str, OpRecord] = {}
+        for start in range(0, len(unique), 500):
+            chunk = unique[start : start + 500]
+            marks = ", ".join("?" * len(chunk))
+            try:
+                rows = self._conn().execute(f"{SELECT} WHERE name IN ({marks})", chunk).fetchall()
+            except sqlite3.Error as exc:
+                self._raise(exc)
+            for row in rows:
+                record = record_of(row)
+                found[record.name] = record
+        return found
+
     def put_if_absent(self, record: OpRecord) -> WriteOutcome:
         values = self._row(record)
         return self._write(
