@@ -3,7 +3,8 @@
 The package owns the settings: one frozen dataclass per part, each in a module of its own and
 reading its own variables (``store.StoreSettings``, ``webhook.WebhookSettings``,
 ``reconcile.ReconcileSettings``, ``results.ResultsSettings``, ``notify.NotifySettings``,
-``local.LocalSettings``, ``waiters.WaiterSettings``, ``retry.RetrySettings``; ``google_cloud``
+``local.LocalSettings``, ``waiters.WaiterSettings``, ``retry.RetrySettings``,
+``metrics.MetricsSettings``; ``google_cloud``
 reads what two of them hold for Google Cloud, ``parse`` holds the readers and ``ConfigError``),
 and ``Settings``, all of them at once, here. Every default is written once, as the field's
 default: ``env_values`` returns only the variables that are set, so an unset one falls back to
@@ -36,6 +37,7 @@ from opstate.config.local import (
     LocalSettings,
     serve_store_url,
 )
+from opstate.config.metrics import MetricsSettings, detailed_metrics
 from opstate.config.notify import NotifySettings
 from opstate.config.parse import MAX_SECONDS, ConfigError, Part, settings_part
 from opstate.config.reconcile import (
@@ -108,6 +110,7 @@ __all__ = [
     "PUBSUB_ISSUERS",
     "ConfigError",
     "LocalSettings",
+    "MetricsSettings",
     "NotifySettings",
     "ReconcileSettings",
     "ResultsSettings",
@@ -116,6 +119,7 @@ __all__ = [
     "StoreSettings",
     "WaiterSettings",
     "WebhookSettings",
+    "detailed_metrics",
     "parse_overdue",
     "serve_store_url",
     "settings",
@@ -130,11 +134,13 @@ PARTS: tuple[type[Part], ...] = (
     LocalSettings,
     WaiterSettings,
     RetrySettings,
+    MetricsSettings,
 )
 
 
 @settings_part
 class Settings(
+    MetricsSettings,
     RetrySettings,
     WaiterSettings,
     LocalSettings,
