@@ -41,8 +41,19 @@ a 2-part upload and a multipart copy where a small one is not, so a calibration 
 few full 10 MB outputs and as many scaled ones after the day, and the difference per archive
 (S3 requests by operation, archiver milliseconds) is added for each 10 MB output of the day.
 
-Run: ``.venv/bin/python benchmarks/bench_aws_cost.py [--quick] [--json]``; ``run.py``
-runs it as section ``aws-cost`` (key ``aws_cost``).
+The stack is the template's defaults with ``DEPLOY_PARAMETERS`` (``RetryOverApi=true``: the
+day attaches retry policies with ``PUT /operations``) and any ``--parameter NAME=VALUE``;
+``--discover all|tracked`` sets the reconciler's ``OPSTATE_DISCOVER``. The month's fixed cost
+(custom metrics the day sent, alarm metrics, dashboards and secrets of the deployed template:
+``fixed_costs.py``) and the peer designs for the same jobs (``peers.py``: a Step Functions
+poller at 30 s and at 5 minutes, a Standard workflow waiting for a callback, a Lambda durable
+function waiting on a callback, each with the receiver of Gemini's webhook) are priced beside
+the day (issue 48).
+
+Run: ``.venv/bin/python benchmarks/bench_aws_cost.py [--quick] [--json] [--discover all|tracked]
+[--batches N --videos N] [--parameter NAME=VALUE ...]``; ``run.py`` runs it as section
+``aws-cost`` (key ``aws_cost``); ``tests/integration/test_bench_aws_cost_quick.py`` runs
+``--quick`` in ``make test``.
 """
 
 from __future__ import annotations
@@ -1257,22 +1268,27 @@ def distinct_metrics(lines: list[bytes]) -> set[tuple[str, str, tuple[tuple[str,
 
 
 def table_rows(got: dict[str, Any], row: Callable[[str, Any, Any, Any, str], None]) -> None:
-    """run.py's table rows: the cost per 1,000 jobs of both."""
+    """run.py's table rows: opstate per 1,000 jobs beside each peer design (issue 48: the
+    callback designs are the honest comparison, the 30-s poller the one of issue 41)."""
     if "usd_per_1000_jobs" not in got:
         return
-    sfn = got["step_functions_poller"]
+    rows = {r["design"]: r["usd_per_1000_jobs"] for r in got.get("peers", [])}
+    tracking = got["usd_tracking_only_per_1000_jobs"]
+    for design, usd in rows.items():
+        if design.startswith("opstate"):
+            continue
+        row(
+            f"AWS cost per 1,000 jobs, opstate tracking vs {design} ({got['jobs']} jobs/day)",
+            f"${tracking:.4f}",
+            f"${usd:.4f}",
+            round(tracking / usd, 3) if usd else "",
+            "",
+        )
     row(
-        f"AWS cost per 1,000 jobs, opstate vs Step Functions poller ({got['jobs']} jobs/day)",
+        "  opstate all in (results archived), per 1,000 jobs; fixed month",
         f"${got['usd_per_1000_jobs']:.4f}",
-        f"${sfn['usd_per_1000_jobs']:.4f}",
-        round(got["usd_per_1000_jobs"] / sfn["usd_per_1000_jobs"], 3),
+        f"${got.get('fixed_usd_month_total', 0.0):.2f}",
         "",
-    )
-    row(
-        "  opstate tracking only (no archiver, no S3)",
-        f"${got['usd_tracking_only_per_1000_jobs']:.4f}",
-        f"${sfn['usd_per_1000_jobs']:.4f}",
-        round(got["usd_tracking_only_per_1000_jobs"] / sfn["usd_per_1000_jobs"], 3),
         "",
     )
 
