@@ -938,7 +938,11 @@ def measure(
     result = report(day, sizes, r.facts, calibration, stored, poller)
     result["peers"] = peer_table(day, poll_ms, result)
     result["deployed_with"] = {**DEPLOY_PARAMETERS, **(parameters or {})}
-    result["discover"] = discover or r.env.get("OPSTATE_DISCOVER") or "the code's default"
+    result["discover"] = (
+        discover
+        or r.env.get("OPSTATE_DISCOVER")
+        or f"{config_module.Settings.from_env({}).reconcile_discover} (the code's default)"
+    )
     result["seconds"] = {
         "day": round(day_seconds, 1),
         "total": round(time.perf_counter() - started, 1),
