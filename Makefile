@@ -36,13 +36,15 @@ CFN_LINT := $(TOOLS_VENV)/bin/cfn-lint
 
 .PHONY: help run test unit lint typecheck pytest venv bench bench-quick clean \
 	tools rie-venv checkov-venv template-check build build-arm64 e2e dashboard mutate lambda-base-image \
-	lambda-base-image-if-docker samlocal package
+	lambda-base-image-if-docker samlocal package fake-gemini
 
 help:
 	@echo "make run    - set up .venv if needed (the runtime only), then serve the app on http://127.0.0.1:3000"
 	@echo "make test   - set up .venv (and .tools-venv, .rie-venv) if needed, then ruff, mypy,"
 	@echo "              the template checks, sam build and the whole pytest suite (incl. e2e)"
 	@echo "make unit   - the inner loop: the domain and unit tests only (tests/unit)"
+	@echo "make fake-gemini - try opstate without a Gemini key: the tests' fake Gemini on"
+	@echo "              127.0.0.1:8790 (prints the line to paste; README, Try it offline)"
 	@echo "make bench  - benchmarks (not part of make test; cold start also in a Lambda-like container"
 	@echo "              when Docker answers); make bench-quick for a short run"
 	@echo "make mutate - mutation testing of the domain modules and signatures (not part of"
@@ -186,6 +188,11 @@ run: $(if $(wildcard $(STAMP)),$(STAMP),$(RUN_STAMP))
 	@echo "make run: the opstate command is $(VENV)/bin/opstate; to type plain 'opstate' in another" \
 		"shell, run 'source $(VENV)/bin/activate' there first"
 	$(VENV)/bin/opstate serve $(SERVE_ARGS)
+
+# Try it offline (README): the tests' fake Gemini, playing Gemini by itself; FAKE_GEMINI_ARGS
+# e.g. --port N --finish-after SECONDS.
+fake-gemini: $(if $(wildcard $(STAMP)),$(STAMP),$(RUN_STAMP))
+	$(PY) -m tests.support.offline_gemini $(FAKE_GEMINI_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -10,7 +10,9 @@ measures the stdlib way). The CPU time of the feed (``time.process_time``) per r
 rounds alternate before and after and keep each one's fastest (a shared machine slows a round).
 ``--mixed``: every other row's prompt is over 200k tokens (two bands in every block: the
 per-row path), the worst case; the default is one band (every prompt under 100k: one model,
-the usual batch).
+the usual batch). ``--details``: every row also carries ``promptTokensDetails`` and
+``candidatesTokensDetails`` (one TEXT item each, as Gemini 2.5 writes them; issue 47 sums them
+per modality).
 
 Pricing (after only): ``import genai_prices`` in a fresh interpreter and one ``cost_of`` of the
 summary (one ``calc_price`` per band).
@@ -19,7 +21,7 @@ The archive's throughput target (docs/bench.md, section 7: archive >= 0.8x a pla
 met when the ledger costs little next to the copy: bench_archive.py measures that ratio.
 
 Run: ``.venv/bin/python benchmarks/bench_ledger_cost.py [--rows 100000] [--text 900]
-[--rounds 5] [--before main] [--mixed] [--stdlib] [--json]``.
+[--rounds 5] [--before main] [--mixed] [--details] [--stdlib] [--json]``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ ROOT = HERE.parent
 LAYER = ROOT / "layers" / "opstate"
 CHUNK = 1024 * 1024
 MODEL = "gemini-2.5-flash"
+
+
+DETAILS = os.environ.get("BENCH_LEDGER_DETAILS") == "1"  # set by --details for every child
 
 
 def make_rows(rows: int, text: int, mixed: bool) -> bytes:
@@ -66,6 +71,10 @@ def make_rows(rows: int, text: int, mixed: bool) -> bytes:
                 },
             },
         }
+        if DETAILS:
+            usage = row["response"]["usageMetadata"]  # type: ignore[index]
+            usage["promptTokensDetails"] = [{"modality": "TEXT", "tokenCount": prompt}]
+            usage["candidatesTokensDetails"] = [{"modality": "TEXT", "tokenCount": 200}]
         lines.append(json.dumps(row, separators=(",", ":")))
     return ("\n".join(lines) + "\n").encode()
 
@@ -181,6 +190,7 @@ def main() -> None:
     parser.add_argument("--before", default="main")
     parser.add_argument("--mixed", action="store_true")
     parser.add_argument("--stdlib", action="store_true", help="measure the stdlib way too")
+    parser.add_argument("--details", action="store_true", help="per-modality lists in rows")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.child:
@@ -188,6 +198,10 @@ def main() -> None:
         out = child(int(rows), int(text), mixed == "1", way == "msgspec", price == "1")
         print(json.dumps(out))
         return
+    if args.details:
+        os.environ["BENCH_LEDGER_DETAILS"] = "1"
+        global DETAILS
+        DETAILS = True
     ways = ["msgspec", "stdlib"] if args.stdlib else ["msgspec"]
     result = measure(args.rows, args.text, args.rounds, args.before, args.mixed, ways)
     if args.json:

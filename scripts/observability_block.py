@@ -193,6 +193,21 @@ PANELS: list[Panel] = [
         ],
     ),
     Panel(
+        "Jobs: parts held, tokens enqueued; parts created, refused; jobs final",
+        [
+            custom("JobPartsHeld", "Maximum", label="parts held (a job's step, max)"),
+            custom("JobPartCreated", label="parts created"),
+            custom("JobPartRefused", label="creates refused (held again)"),
+            custom("JobFinal", label="jobs final"),
+            custom(
+                "JobTokensEnqueued",
+                "Maximum",
+                label="tokens enqueued (a job, max)",
+                right_axis=True,
+            ),
+        ],
+    ),
+    Panel(
         "Spend at Batch API prices (USD): batches archived, retries; budget stops",
         [
             custom("ResultsCostUSD", label="archived batches (USD)"),

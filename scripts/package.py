@@ -9,7 +9,9 @@
 - ``OUT_DIR/template.yaml``: the built template with every ``CodeUri``/``ContentUri`` pointing
   at its zip (a path relative to the template), and the architecture parameter that the
   functions' ``Architectures`` name pinned to the one the code was built for (a zip of x86_64
-  wheels must not be deployed as arm64);
+  wheels must not be deployed as arm64), and without the conditions nothing uses any more
+  (``IsArm64`` chose the source template's arm64 code directories, which the built template
+  names directly: cfn-lint's W8001 "Condition not used" otherwise);
 - ``OUT_DIR/LICENSE`` and ``OUT_DIR/README.md``: the files the SAR metadata's LicenseUrl and
   ReadmeUrl name (``sam build`` wrote them relative to its own folder), named beside the
   template instead.
@@ -97,6 +99,44 @@ def pin_architecture(template: dict[str, Any], architecture: str) -> list[str]:
     return pinned
 
 
+def _conditions_named(value: Any) -> set[str]:
+    """The conditions ``value`` uses: ``Fn::If``'s first item, ``{"Condition": NAME}`` (in
+    ``Fn::And``/``Or``/``Not``, and a resource's or output's own ``Condition``)."""
+    found: set[str] = set()
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key == "Fn::If" and isinstance(item, list) and item and isinstance(item[0], str):
+                found.add(item[0])
+            if key == "Condition" and isinstance(item, str):
+                found.add(item)
+            found |= _conditions_named(item)
+    elif isinstance(value, list):
+        for item in value:
+            found |= _conditions_named(item)
+    return found
+
+
+def drop_unused_conditions(template: dict[str, Any]) -> list[str]:
+    """Remove the conditions that nothing in the template uses any more (repeated: one used
+    only by a removed one goes too); the names removed."""
+    conditions = template.get("Conditions")
+    if not isinstance(conditions, dict):
+        return []
+    dropped: list[str] = []
+    while True:
+        rest = {key: value for key, value in template.items() if key != "Conditions"}
+        used = _conditions_named(rest) | _conditions_named(list(conditions.values()))
+        unused = sorted(name for name in conditions if name not in used)
+        if not unused:
+            break
+        for name in unused:
+            del conditions[name]
+        dropped += unused
+    if not conditions:
+        del template["Conditions"]
+    return dropped
+
+
 def _copy_metadata_files(template: dict[str, Any], build_dir: Path, out_dir: Path) -> None:
     """The SAR metadata's local files (``sam build`` rewrote them relative to its folder) copied
     beside the packaged template and named by their file name there."""
@@ -132,6 +172,7 @@ def package(build_dir: Path, out_dir: Path) -> dict[str, Any]:
     architecture = built_architecture(template)
     if architecture is not None:
         pin_architecture(template, architecture)
+    drop_unused_conditions(template)
     _copy_metadata_files(template, build_dir, out_dir)
     (out_dir / "template.yaml").write_text(dump_yaml(template), encoding="utf-8")
     return template

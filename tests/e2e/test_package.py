@@ -160,3 +160,30 @@ def test_sam_package_takes_it_and_uploads_our_zips_as_they_are(
         assert meta["SemanticVersion"] == opstate.__version__
         supported = sar_template.read_supported()[0]
         assert sar_template.blocking(result, supported) == {}
+
+
+def test_the_packaged_template_lints_clean(packaged: Path) -> None:
+    """``sam validate --lint`` on ``dist/sam/template.yaml``, as ``make template-check`` runs it
+    on the source (issue 49: the built template names each code directory itself, so the
+    source's ``IsArm64`` went unused and cfn-lint said ``W8001 Condition IsArm64 not used``;
+    scripts/package.py drops what nothing uses)."""
+    require(SAM.exists(), "sam not found in .tools-venv: run `make tools`")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "SAM_CLI_TELEMETRY": "0",
+    }
+    result = subprocess.run(
+        [str(SAM), "validate", "--lint", "--template-file", "template.yaml"],
+        cwd=packaged,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "W8001" not in result.stdout + result.stderr
+    assert (
+        "Conditions" not in load_template(packaged / "template.yaml")
+        or "IsArm64" not in (load_template(packaged / "template.yaml")["Conditions"])
+    )

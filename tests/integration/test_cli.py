@@ -17,7 +17,7 @@ import boto3
 import pytest
 
 from opstate.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-from opstate.cli.replay import Progress
+from opstate.cli.progress import LineBar
 from opstate.config import settings
 from opstate.domain.views import record_to_json
 from opstate.signatures import StaticSecretsVerifier
@@ -116,7 +116,9 @@ def test_track_report_get_and_list(cli, tmp_path):
         store.close()
 
     text = cli("get", "batches/b").out
-    assert "state       SUCCEEDED" in text and '{"k": 1}' in text
+    # nested details as an indented block, not JSON (issue 49)
+    assert "state       SUCCEEDED" in text and "details" in text.splitlines()
+    assert "  k  1" in text.splitlines() and '{"k": 1}' not in text
 
     listed = cli("list", "--json").json()
     assert [r["name"] for r in listed] == ["batches/a", "batches/b"]
@@ -260,13 +262,15 @@ def test_replay_of_good_lines_exits_0_and_draws_a_bar_on_a_terminal(cli, tmp_pat
     monkeypatch.setattr(sys, "stderr", terminal)
     result = cli("replay", str(path))
     assert result.code == EXIT_OK
-    assert "\r[" in terminal.getvalue() and "5/5 lines" in terminal.getvalue()
+    # drawn by tqdm (issue 49): a bar redrawn in place, the count of lines
+    assert "\r" in terminal.getvalue() and "5/5 lines" in terminal.getvalue()
+    assert "100%|" in terminal.getvalue()
     assert "5 applied, 0 dropped, 0 bad" in result.out
 
 
 def test_progress_draws_nothing_when_disabled():
     stream = io.StringIO()
-    progress = Progress(3, stream, enabled=False)
+    progress = LineBar(3, False, stream)
     for _ in range(3):
         progress.advance()
     progress.message("x.jsonl:2: bad")
@@ -313,7 +317,9 @@ def test_unreachable_store_is_one_sentence(cli, moto_server, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", moto_server.endpoint)
     result = cli("get", "batches/x", "--store", "dynamodb://no-such-table-here")
     assert_one_sentence(result, EXIT_FAILURE)
-    assert "unavailable" in result.err
+    # a missing table is named as such, not "unavailable, try again later" (issue 49)
+    assert "no store at dynamodb://no-such-table-here" in result.err
+    assert "does not exist" in result.err and "try again later" not in result.err
 
 
 # --- reconcile --once (fake Gemini) ---------------------------------------------------

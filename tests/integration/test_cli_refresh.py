@@ -40,7 +40,10 @@ def cli(monkeypatch, tmp_path, capsys, fake_gemini):
 
 
 def error_lines(result: Result) -> list[str]:
-    return [line for line in result.err.splitlines() if line.startswith("opstate: ")]
+    """The command's own verdict lines (the library's log lines are ``opstate:`` lines too,
+    one per failed poll, since issue 49)."""
+    verdicts = ("opstate: error: ", "opstate: warning: ")
+    return [line for line in result.err.splitlines() if line.startswith(verdicts)]
 
 
 # --- reconcile --once: no useful work because of errors is a failure ------------------------------
@@ -201,6 +204,7 @@ def test_refresh_that_fails_says_why_and_exits_1(cli, fake_gemini):
 
 
 def test_refresh_of_an_untracked_name_or_without_a_key_is_one_sentence(cli, monkeypatch):
+    assert cli("track", "batches/other").code == 0  # the store exists (else: no store at ...)
     result = cli("refresh", "batches/never-tracked")
     assert result.code == EXIT_FAILURE
     assert result.err.strip() == (

@@ -4,7 +4,6 @@ while its retries are active, returns 0 once another writer stores the final res
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -77,9 +76,10 @@ def test_wait_until_final_outlasts_a_failed_root_until_the_final_result_is_writt
         timer.cancel()
     printed = capsys.readouterr()
     assert code == 0, printed.err
-    line = next(row for row in printed.out.splitlines() if row.startswith("final "))
-    shown = json.loads(line.split(None, 1)[1])
-    assert shown["status"] == "final" and shown["location"] == FINAL_URI
+    lines = printed.out.splitlines()
+    block = lines[lines.index("final") + 1 :]  # the text view: one indented line per field
+    assert block[0].split() == ["status", "final"]
+    assert ["location", FINAL_URI] in [row.split() for row in block]
     assert "state" in printed.out and "FAILED" in printed.out
 
 

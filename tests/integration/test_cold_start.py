@@ -178,6 +178,7 @@ NOT_AT_INIT = (
     "opstate.replay",
     "opstate.local",
     "opstate.cli",
+    "tqdm",  # the CLI's progress bars (issue 49): never a function's
 )
 
 LOADED = (

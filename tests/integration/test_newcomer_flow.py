@@ -252,7 +252,10 @@ def test_views_show_attempts_phases_lineage_columns_and_expired(cli, fake_gemini
     waited = cli("wait", child, "--timeout", "5")
     assert waited.code == 1 and "FAILED (EXPIRED)" in waited.out
     text = ok(cli("results", root)).out
-    assert "{'" not in text and '"status": "final"' in text  # JSON, not Python reprs
+    # neither Python reprs nor raw JSON: the final result as an indented block (issue 49)
+    lines = text.splitlines()
+    assert "{'" not in text and '{"' not in text
+    assert lines[lines.index("final") + 1].split() == ["status", "final"]
 
 
 # --- 10. a retry batch that fails as a whole; a failed create deletes its upload

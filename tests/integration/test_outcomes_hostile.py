@@ -421,3 +421,32 @@ def test_a_malformed_output_file_name_is_never_requested(
     state = store.get_archive("batches/odd")
     assert state is not None and state.status == "failed"
     assert "not a Gemini file name" in state.last_error, state.last_error
+
+
+# --- issue 47: one row's token count never blocks an archive ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "count",
+    ['"\u00b2"', '"' + "9" * 5000 + '"', "1e400", "-1", '"\u0663"'],
+    ids=["superscript-two", "5000-digits", "float-overflow", "negative", "arabic-indic-three"],
+)
+def test_a_row_whose_token_count_is_no_number_is_unreadable_and_the_batch_archives(
+    fake_gemini: FakeGemini, source: GenaiSource, tmp_path: Path, count: str
+) -> None:
+    """0.6.0 failed this archive on every attempt (``int("²")`` raised out of the ledger) until
+    Gemini deleted the output: now the row is unreadable, the others are counted and priced
+    as usual, and the archive is done on the first pass."""
+    store = MemoryStore()
+    good = json.dumps(ok_line("a", 10, 5, model="gemini-2.5-flash"))
+    bad = (
+        '{"key": "b", "response": {"modelVersion": "gemini-2.5-flash", "usageMetadata": '
+        '{"promptTokenCount": ' + count + "}}}"
+    )
+    batch(fake_gemini, store, "batches/odd-count", f"{good}\n{bad}\n".encode())
+    result = archive_once(store, source, FileSink(tmp_path / "r"), settings=SETTINGS)
+    assert (result.archived, result.failed, result.errors) == (1, 0, 0), result
+    view = results_json(store, "batches/odd-count")
+    assert view is not None and view["status"] == "archived"
+    assert view["rows"]["succeeded"] == 1 and view["rows"]["unreadable"] == 1
+    assert view["usage"]["promptTokenCount"] == 10

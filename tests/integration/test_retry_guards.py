@@ -577,7 +577,7 @@ def test_the_batches_per_hour_budget_holds_a_root_back_until_the_hour_passed(
     monkeypatch.setenv("OPSTATE_RETRY_MAX_BATCHES_PER_HOUR", "1")
     metrics = counted(monkeypatch)
     first, second = failing_root(rig, ["a", "b"]), failing_root(rig, ["c", "d"])
-    now = time.time_ns()
+    now = time.time_ns() // HOUR * HOUR + S  # the bound is per UTC clock hour (issue 47)
     result = rig.run(now)
     assert (result.planned, result.submitted) == (2, 1)
     assert metrics == ["RetryBudgetReached"]
@@ -591,6 +591,27 @@ def test_the_batches_per_hour_budget_holds_a_root_back_until_the_hour_passed(
     assert len(rig.fake.batches_created()) == 3
     assert rig.run(now + HOUR + S).submitted == 1
     assert [c["phase"] for c in rig.state(waiting).doc["children"]] == [lineage.CREATED]
+
+
+def test_lineages_that_ended_still_count_for_the_hour(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47: with the bound at 1, three lineages each created their retry and finished
+    between passes; 0.6.0 counted the active lineages' children only, so each pass found none
+    in the hour and the three created three retry batches within 15 minutes."""
+    monkeypatch.setenv("OPSTATE_RETRY_MAX_BATCHES_PER_HOUR", "1")
+    now = time.time_ns() // HOUR * HOUR + S
+    created = 0
+    for n in range(3):
+        keys = [f"l{n}-a", f"l{n}-b"]
+        root = failing_root(rig, keys)
+        created += rig.run(now + n * 5 * 60 * S).submitted
+        for entry in rig.state(root).doc["children"]:
+            if entry["name"]:
+                rig.finish(entry["name"], [answered(k) for k in keys])
+        rig.run(now + n * 5 * 60 * S + S)  # the lineage ends: its final result is written
+    assert created == 1
+    assert len(rig.fake.batches_created()) == 3 + 1  # three roots, one retry
 
 
 def test_the_active_lineages_budget_lets_a_new_lineage_start_once_one_ended(

@@ -12,6 +12,7 @@ SQLite store, the results folder and the fake Gemini (``test_retry_engine``'s ri
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -21,6 +22,7 @@ import genai_prices
 import pytest
 
 from opstate.domain.costs import BATCH_FACTOR, shown_usd
+from opstate.domain.times import format_time
 from opstate.notify.entries import (
     RESULTS_ARCHIVED_DETAIL_TYPE,
     RESULTS_FINAL_DETAIL_TYPE,
@@ -28,6 +30,7 @@ from opstate.notify.entries import (
     results_final_detail,
 )
 from opstate.outcomes import run as run_module
+from opstate.outcomes.estimate import estimate_rows
 from opstate.retry import finalize as finalize_module
 from opstate.retry import passes, spend
 from opstate.store.sqlite import SQLiteStore
@@ -35,7 +38,7 @@ from tests.integration.test_retry_engine import Rig, make_rig
 from tests.integration.test_retry_scenario import ok
 from tests.support.event_schemas import problems
 from tests.support.fake_gemini import FakeGemini
-from tests.support.retry_rows import failed
+from tests.support.retry_rows import failed, request_bytes
 
 # genai-prices 0.2.5 has no Batch API price of this model: its standard price times 0.5.
 PRICED_MODEL = "gemini-2.0-flash"
@@ -189,14 +192,87 @@ def test_a_cap_below_what_the_root_cost_creates_nothing_and_the_final_says_why(
     assert rig.run().stopped == 0 and rig.fake.batches_created() == [root]
 
 
-def test_a_cap_with_room_creates_the_retry(rig: Rig, counted: list[str]) -> None:
+def bound(keys: list[str], model: str = "gemini-2.5-flash") -> Decimal:
+    """At most what a retry batch of ``keys``' request lines costs (issue 47)."""
+    found = estimate_rows([b"".join(request_bytes(k) for k in keys)], model)
+    assert found.usd is not None, found
+    return found.usd
+
+
+@pytest.mark.parametrize(("room", "created"), [(Decimal(0), 1), (Decimal("-0.000001"), 0)])
+def test_a_cap_with_room_for_the_bound_creates_the_retry(
+    rig: Rig, counted: list[str], room: Decimal, created: int
+) -> None:
     keys = [f"k{i}" for i in range(5)]
-    cap = float(batch_price(10))  # 3 answered + 2 more rows at the same average fit
+    cap = float(batch_price(3) + bound(keys[:2]) + room)
     root = rig.submit(keys, "--retry-attempts", "2", "--max-cost-usd", f"{cap!r}")
     rig.finish(
         root, [failed(k, 503, "UNAVAILABLE") for k in keys[:2]] + [answered(k) for k in keys[2:]]
     )
-    assert rig.run().submitted == 1 and counted == []
+    assert rig.run().submitted == created
+    assert counted == ([] if created else ["RetryStopped", "RetryBudgetStopped"])
+
+
+def submit_rows(rig: Rig, lines: list[dict[str, Any]], model: str, *flags: str) -> str:
+    """A batch of these input ``lines`` on ``model`` (``rig.submit`` with requests of its own)."""
+    rig.inputs += 1
+    source = rig.tmp_path / f"in-{rig.inputs}.jsonl"
+    source.write_bytes(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+    answer = ok(rig.cli("submit", str(source), "--model", model, *flags, "--json"))
+    name: str = answer.json()["name"]
+    return name
+
+
+def test_a_cap_bounds_the_rows_retried_not_the_average_of_those_answered(
+    rig: Rig, counted: list[str]
+) -> None:
+    """The issue's lineage: a 10-token prompt answered beside a 90,000-token one that failed.
+    0.6.0 estimated the retry at the answered row's cost (about $0.000002) and created it under
+    ``--max-cost-usd 0.00001``; the 90,000 tokens alone cost $0.0135 at the batch price."""
+    lines = [
+        {"key": "small", "request": {"contents": [{"parts": [{"text": "hello"}]}]}},
+        {"key": "big", "request": {"contents": [{"parts": [{"text": "w " * 90_000}]}]}},
+    ]
+    root = submit_rows(
+        rig, lines, "gemini-2.5-flash", "--retry-attempts", "2", "--max-cost-usd", "0.00001"
+    )
+    small = answered("small")
+    small["response"]["modelVersion"] = "gemini-2.5-flash"
+    small["response"]["usageMetadata"] = {"promptTokenCount": 10, "candidatesTokenCount": 2}
+    rig.finish(root, [small, failed("big", 503, "UNAVAILABLE")])
+    passed = rig.run()
+    assert (passed.submitted, passed.stopped) == (0, 1)
+    assert rig.fake.batches_created() == [root]
+    assert "maxCostUSD" in rig.state(root).doc["stopped"]
+
+
+def test_a_cap_over_an_image_batch_stops_it_at_the_image_price(
+    rig: Rig, counted: list[str]
+) -> None:
+    """Two image requests (maxOutputTokens 1,120: one image) on gemini-3-pro-image-preview,
+    one answered, one failed: the lineage has cost one image ($0.0672 at the batch price) and
+    the retry may cost another, over a $0.10 cap. 0.6.0 priced the image as text ($0.0067 a
+    row) and created the retry."""
+    request = {
+        "contents": [{"parts": [{"text": "a red cat"}]}],
+        "generationConfig": {"maxOutputTokens": 1120, "responseModalities": ["IMAGE"]},
+    }
+    lines = [{"key": k, "request": request} for k in ("one", "two")]
+    model = "gemini-3-pro-image-preview"
+    root = submit_rows(rig, lines, model, "--retry-attempts", "2", "--max-cost-usd", "0.10")
+    image = answered("one")
+    image["response"]["modelVersion"] = model
+    image["response"]["usageMetadata"] = {
+        "promptTokenCount": 6,
+        "candidatesTokenCount": 1120,
+        "promptTokensDetails": [{"modality": "TEXT", "tokenCount": 6}],
+        "candidatesTokensDetails": [{"modality": "IMAGE", "tokenCount": 1120}],
+    }
+    rig.finish(root, [image, failed("two", 503, "UNAVAILABLE")])
+    assert results(rig, root)["cost"]["usd"] == pytest.approx(0.067206)
+    passed = rig.run()
+    assert (passed.submitted, passed.stopped) == (0, 1)
+    assert "maxCostUSD" in rig.state(root).doc["stopped"]
 
 
 def test_a_cap_with_an_unknown_cost_creates_nothing_and_says_why(
@@ -219,9 +295,10 @@ def test_a_cap_with_an_unknown_cost_creates_nothing_and_says_why(
 def test_the_daily_budget_holds_across_lineages(
     rig: Rig, counted: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Each lineage: 3 answered rows, 2 to retry; its retry batch is estimated at the price of
-    # 2 answered rows. The day's budget has room for one such retry, not two.
-    monkeypatch.setenv("OPSTATE_RETRY_DAILY_BUDGET_USD", repr(float(batch_price(3))))
+    # Each lineage: 3 answered rows, 2 to retry, bounded by their own request lines (issue
+    # 47). The day's budget has room for one such retry, not two.
+    one = bound(["l0-0", "l0-1"])
+    monkeypatch.setenv("OPSTATE_RETRY_DAILY_BUDGET_USD", repr(float(one * 3 / 2)))
     roots = []
     for n in range(2):
         keys = [f"l{n}-{i}" for i in range(5)]
@@ -238,3 +315,44 @@ def test_the_daily_budget_holds_across_lineages(
     why = rig.state(roots[1]).doc["stopped"]
     assert "OPSTATE_RETRY_DAILY_BUDGET_USD" in why
     assert len(rig.fake.batches_created()) == 3  # two roots, one retry
+
+
+def test_an_archived_retry_is_charged_what_it_cost_beyond_its_bound(
+    rig: Rig, counted: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47: the daily counter kept only what was reserved (0.6.0 never added the real cost
+    found at archive). A retry that really cost more than its bound (here Gemini reports a
+    10 million prompt tokens for a short line) adds the difference once it is archived."""
+    monkeypatch.setenv("OPSTATE_RETRY_DAILY_BUDGET_USD", "10")
+    keys = ["a", "b", "c"]
+    root = rig.submit(keys, "--retry-attempts", "2")
+    rig.finish(root, [failed(k, 503, "UNAVAILABLE") for k in keys[:2]] + [answered("c")])
+    now = time.time_ns()
+    assert rig.run(now).submitted == 1
+    (entry,) = rig.state(root).doc["children"]
+    counter = entry["reservedIn"]
+    assert counter == spend.DAILY_COUNTER.format(day=format_time(now)[:10])
+    store = rig.store()
+    try:
+        assert store.get_counter(counter) == entry["boundNanoUsd"]
+    finally:
+        store.close()
+    heavy = [answered(k) for k in keys[:2]]
+    for row in heavy:
+        row["response"]["usageMetadata"]["promptTokenCount"] = 10_000_000
+    rig.finish(entry["name"], heavy)
+    real = results(rig, entry["name"])["cost"]["usd"]
+    assert real > entry["boundNanoUsd"] / 1e9
+    assert rig.run(now + 1).final == 1
+    (entry,) = rig.state(root).doc["children"]
+    store = rig.store()
+    try:
+        assert store.get_counter(counter) == entry["charged"] == round(real * 1e9)
+    finally:
+        store.close()
+    rig.run(now + 2)  # charged once
+    store = rig.store()
+    try:
+        assert store.get_counter(counter) == entry["charged"]
+    finally:
+        store.close()

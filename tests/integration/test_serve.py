@@ -452,7 +452,11 @@ def test_serve_ignores_the_table_name_and_says_what_chose_its_store(tmp_path):
     server = start_serve([], cwd=tmp_path, env=env)
     try:
         first = server.output().splitlines()[0]
-        assert first == "opstate serve: store sqlite:///.opstate/ops.db (chosen by the default)"
+        # the default file's absolute path too: where the jobs are after a cd (issue 49)
+        where = tmp_path.resolve() / ".opstate" / "ops.db"
+        assert first == (
+            f"opstate serve: store sqlite:///.opstate/ops.db ({where}) (chosen by the default)"
+        )
         raw, headers = signed(webhook_body("batches/local-1"))
         assert http("POST", f"{server.url}/gemini/webhook", raw, headers)[0] == 200
         assert (tmp_path / ".opstate" / "ops.db").exists()

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,15 @@ from opstate.domain.states import State
 from opstate.domain.times import parse_time
 from opstate.ingest import ingest
 from opstate.notify.entries import build_entry
+from opstate.outcomes.estimate import estimate_rows
+from opstate.retry import budget as budget_module
 from opstate.retry import passes, spend
 from opstate.retry.lineage import MemberRef
 from opstate.retry.passes import RetryConfig, RetryResult
 from opstate.retry.rules import parse_table
 from opstate.store.counters import RESERVED_PREFIX, CountingStore
 from opstate.store.port import ArchiveState
+from opstate.store.retry_state import RetryState
 from opstate.store.sqlite import SQLiteStore
 from tests.support.stores import STORE_KINDS, Harness, harness_of
 
@@ -122,14 +126,40 @@ def test_the_notifier_announces_no_counter(event_name: str) -> None:
 # -- the daily retry budget across lineages ----------------------------------------------------
 
 
+# A planned retry batch's input: 4 rows of gemini-2.0-flash allowed 5,000 output tokens each.
+PLANNED_INPUT = b"".join(
+    b'{"key": "k%d", "request": {"contents": [{"parts": [{"text": "q"}]}], '
+    b'"generationConfig": {"maxOutputTokens": 5000}}}\n' % i
+    for i in range(4)
+)
+
+
+@dataclass
+class StubSink:
+    """What ``spend`` reads of the sink: a planned child's input."""
+
+    def chunks(self, location: str) -> list[bytes]:
+        assert location == "mem://c"
+        return [PLANNED_INPUT]
+
+
 @dataclass
 class StubRunner:
-    """What ``spend.check`` uses of a runner."""
+    """What ``spend.check`` and ``budget.Budget`` use of a runner."""
 
     store: Any
     config: RetryConfig
     result: RetryResult = field(default_factory=RetryResult)
     clock_ns: Any = lambda: NOW_NS
+    sink: Any = field(default_factory=StubSink)
+
+
+def planned_bound() -> Decimal:
+    """At most what ``plan``'s child costs (issue 47: from its own rows)."""
+    when = datetime.fromtimestamp(NOW_NS / 1e9, tz=UTC)
+    found = estimate_rows([PLANNED_INPUT], "models/gemini-2.0-flash", when=when)
+    assert found.usd is not None
+    return found.usd
 
 
 def priced_archive(usd: str, rows: int) -> ArchiveState:
@@ -146,7 +176,15 @@ def priced_archive(usd: str, rows: int) -> ArchiveState:
 
 
 def plan(rows: int) -> list[dict[str, Any]]:
-    return [{"id": "c", "rows": rows, "phase": "planned"}]
+    return [
+        {
+            "id": "c",
+            "rows": rows,
+            "phase": "planned",
+            "input": "mem://c",
+            "model": "models/gemini-2.0-flash",
+        }
+    ]
 
 
 def test_the_daily_budget_holds_across_lineages_on_every_store(
@@ -154,7 +192,10 @@ def test_the_daily_budget_holds_across_lineages_on_every_store(
 ) -> None:
     monkeypatch.setattr(spend, "count", lambda *a, **k: None)
     monkeypatch.setattr(passes, "count", lambda *a, **k: None)
-    # Each root cost $0.01 over 10 answered rows: a retry of 4 rows is estimated at $0.004.
+    # A retry of 4 rows is bounded by its own rows: $0.00402 (20,000 output tokens at
+    # $0.20 / 1M, 4 short lines at $0.05 / 1M), whatever the root cost.
+    bound = planned_bound()
+    assert Decimal("0.004") < bound < Decimal("0.005")
     config = RetryConfig(table=parse_table("UNAVAILABLE"), daily_budget_usd=0.01)
     runner = StubRunner(harness.store, config)
     allowed = []
@@ -171,10 +212,9 @@ def test_the_daily_budget_holds_across_lineages_on_every_store(
             assert "OPSTATE_RETRY_DAILY_BUDGET_USD" in doc["stopped"]
             assert planned[0]["phase"] == "refused"
             spend.said(runner, _record(root), doc["stopped"])  # the engine, once it is written
-    assert allowed == [True, True, False, False]  # $0.004 + $0.004; a third would pass $0.01
+    assert allowed == [True, True, False, False]  # two bounds fit; a third would pass $0.01
     counter = spend.DAILY_COUNTER.format(day="2026-06-01")
-    assert counting(harness).get_counter(counter) == 8_000_000
-    assert Decimal(counting(harness).get_counter(counter)) / spend.NANO == Decimal("0.008")
+    assert Decimal(counting(harness).get_counter(counter)) / spend.NANO == 2 * bound
     assert runner.result.stopped == 2
 
 
@@ -189,17 +229,36 @@ def test_a_lineage_cap_needs_no_counter(tmp_path: Path, monkeypatch: pytest.Monk
     store = SQLiteStore(tmp_path / "s.db")
     try:
         runner = StubRunner(store, RetryConfig(table=parse_table("UNAVAILABLE")))
-        doc: dict[str, Any] = {"policy": {"maxAttempts": 2, "maxCostUSD": 0.0139}}
+        most = float(Decimal("0.01") + planned_bound())
+        doc: dict[str, Any] = {"policy": {"maxAttempts": 2, "maxCostUSD": most - 1e-6}}
         archives = {"batches/r": priced_archive("0.01", 10)}
         refs = [MemberRef("batches/r", 0, None, 14, 0)]
-        # $0.01 so far + 4 rows at $0.001 = $0.014: over $0.0139
+        # $0.01 so far + the planned rows' bound: just over the cap
         assert not spend.check(runner, _record("batches/r"), doc, refs, archives, plan(4))
         assert "maxCostUSD" in doc["stopped"] and "$0.010000" in doc["stopped"]
-        doc = {"policy": {"maxAttempts": 2, "maxCostUSD": 0.014}}
+        doc = {"policy": {"maxAttempts": 2, "maxCostUSD": most}}
         assert spend.check(runner, _record("batches/r"), doc, refs, archives, plan(4))
         assert store.get_counter(spend.DAILY_COUNTER.format(day="2026-06-01")) == 0
     finally:
         store.close()
+
+
+def test_the_batches_per_hour_bound_is_a_counter_on_every_store(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47: the hour's retry batches are a store counter, taken one at a time under the
+    bound, per UTC clock hour; two budgets (two runners) share it."""
+    monkeypatch.setattr(budget_module, "count", lambda *a, **k: None)
+    config = RetryConfig(table=parse_table("UNAVAILABLE"), max_batches_per_hour=2)
+    clock = [NOW_NS]
+    runner = StubRunner(harness.store, config, clock_ns=lambda: clock[0])
+    one, two = budget_module.Budget(runner), budget_module.Budget(runner)
+    taken = [b.allows(_record(f"batches/r{i}")) for i, b in enumerate([one, two, one, two])]
+    assert taken == [True, True, False, False]
+    hour = budget_module.HOUR_COUNTER.format(hour="2026-06-01T11")
+    assert counting(harness).get_counter(hour) == 2
+    clock[0] = NOW_NS + 3600 * S  # the next clock hour
+    assert budget_module.Budget(runner).allows(_record("batches/r9"))
 
 
 def test_a_priced_archive_reads_back_on_every_store(harness: Harness) -> None:
@@ -222,6 +281,16 @@ def test_a_priced_archive_reads_back_on_every_store(harness: Harness) -> None:
     bands = [
         {"model": None, "band": 0, "rows": 3, "usage": {"promptTokenCount": 3600}},
         {"model": "gemini-2.0-flash", "band": 3, "rows": 1, "usage": {"promptTokenCount": 2**62}},
+        {  # issue 47: per-modality sums, a nested map of maps
+            "model": "gemini-3-pro-image-preview",
+            "band": 0,
+            "rows": 8,
+            "usage": {"promptTokenCount": 160, "candidatesTokenCount": 8960},
+            "modalities": {
+                "promptTokensDetails": {"TEXT": 160},
+                "candidatesTokensDetails": {"IMAGE": 8960},
+            },
+        },
     ]
     summary = {"rows": {"total": 4}, "usageBands": bands, "cost": cost}
     state = ArchiveState("archived", created_ns=record.created_ns, summary=summary)
@@ -232,3 +301,38 @@ def test_a_priced_archive_reads_back_on_every_store(harness: Harness) -> None:
     view = results_json(harness.store, name)
     assert view is not None and view["cost"] == cost_view(cost)
     assert view["cost"]["usd"] == 0.00036
+
+
+@dataclass
+class WritingRunner(StubRunner):
+    """A runner whose writes are kept here (``spend.charge`` writes the plan once charged)."""
+
+    writes: list[dict[str, Any]] = field(default_factory=list)
+
+    def write(self, root: Any, state: RetryState, doc: Any) -> RetryState:
+        self.writes.append(dict(doc))
+        return replace(state, doc=dict(doc), rev=state.rev + 1)
+
+
+def test_an_archived_child_is_charged_beyond_its_bound_once_on_every_store(
+    harness: Harness,
+) -> None:
+    """Issue 47: a child reserved $0.000000100 and really cost $0.00036: the difference is
+    added to the day it reserved in, once, even over the daily cap (what was spent is spent)."""
+    counter = spend.DAILY_COUNTER.format(day="2026-06-01")
+    assert counting(harness).add_counter(counter, 100, 100)
+    child = {
+        "id": "c",
+        "name": "batches/child",
+        "phase": "created",
+        "boundNanoUsd": 100,
+        "reservedIn": counter,
+    }
+    state = RetryState("active", created_ns=1, doc={"children": [child]})
+    runner = WritingRunner(harness.store, RetryConfig(table=parse_table("UNAVAILABLE")))
+    archives: dict[str, ArchiveState | None] = {"batches/child": priced_archive("0.00036", 3)}
+    state = spend.charge(runner, _record("batches/root"), state, archives)
+    assert counting(harness).get_counter(counter) == 360_000
+    assert state.doc["children"][0]["charged"] == 360_000
+    spend.charge(runner, _record("batches/root"), state, archives)
+    assert counting(harness).get_counter(counter) == 360_000 and len(runner.writes) == 1

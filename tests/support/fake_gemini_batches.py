@@ -36,6 +36,8 @@ Test helpers::
     fake.on_create(fn)     # fn(name) after the batch exists, before the answer; if fn raises,
                            # the connection closes unanswered (a create whose answer is lost)
     fake.clock = lambda: 1_777_000_000.0        # the seconds createTime/updateTime are read from
+    fake.limits = QueueLimits(enqueued_tokens={"gemini-2.5-flash": 3_000_000}, max_open=100)
+        # the Batch API's limits (tests/support/fake_gemini_limits.py); None: none
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any, Protocol
+
+from tests.support.fake_gemini_limits import QueueLimits
 
 if TYPE_CHECKING:
     from tests.support.fake_gemini import Request, Response
@@ -162,6 +166,7 @@ class FakeBatches:
     def _init_submits(self) -> None:
         self._submits = _Submits()
         self.clock = time.time
+        self.limits: QueueLimits | None = None
 
     def _close_submits(self) -> None:
         with self._lock:
@@ -310,6 +315,8 @@ class FakeBatches:
             size = int(request.headers.get("x-goog-upload-header-content-length", ""))
         except ValueError:
             return 400, _error(400, "X-Goog-Upload-Header-Content-Length is required")
+        if self.limits is not None and not self.limits.upload_size(size):
+            return 400, _error(400, f"the fake's limit: a file of {size} bytes is too large")
         mime = request.headers.get("x-goog-upload-header-content-type") or file.get(
             "mimeType", file.get("mime_type")
         )
@@ -410,10 +417,16 @@ class FakeBatches:
             known = file_name in self._submits.files
         if not known:
             return 400, _error(400, f"input file {file_name!r} does not exist")
-        now = self._now()
         with self._lock:
             self._submits.count += 1
             name = f"batches/created-{self._submits.count}"
+        if self.limits is not None:
+            data = self.uploaded(str(file_name))
+            refused = self.limits.admit(name, request.name, data, self._active)
+            if refused is not None:
+                return 429, refused
+        now = self._now()
+        with self._lock:
             self._submits.created.append(name)
             self._submits.inputs[name] = str(file_name)
         body: dict[str, Any] = {
@@ -436,6 +449,10 @@ class FakeBatches:
             except Exception as exc:
                 raise DropConnection(str(exc)) from exc
         return 200, body
+
+    def _active(self, name: str) -> bool:
+        body = self.resource(name)
+        return body is not None and (body.get("metadata") or {}).get("state") not in _TERMINAL
 
     def _delete_file(self, request: Request) -> Response:
         """``files.delete``: DELETE /v1beta/files/<id> answers 200 with an empty body; the

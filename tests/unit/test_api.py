@@ -442,6 +442,16 @@ def test_put_without_body_tracks_the_job_as_pending_now(api: Api) -> None:
     assert record.source == "report"
 
 
+@pytest.mark.parametrize("body", [None, {"state": "SUCCEEDED"}, {"retry": {"maxAttempts": 1}}])
+def test_put_of_a_job_name_is_refused_and_writes_nothing(api: Api, body: Any) -> None:
+    # A job (issue 46) is opstate's own: no report may create one, end one or attach a policy
+    # that would feed parts (THREATS.md, actor a).
+    raw = None if body is None else json.dumps(body).encode()
+    status, _, answer = api.call(operation_event("PUT", "jobs/0123456789abcdef01234567", raw))
+    assert status == 400 and answer["error"] == "invalid-name"
+    assert api.store.get("jobs/0123456789abcdef01234567") is None
+
+
 def test_put_report_then_stale_report(api: Api) -> None:
     running = compact({"state": "running", "updateTime": "2026-05-10T09:00:00+09:00"})
     status, _, answer = api.call(operation_event("PUT", "batches/r1", running))

@@ -44,6 +44,7 @@ DOMAIN = (
     "opstate.retry.reading",  # how a retry pass reads a line: strictly, key digests (issue 39)
     "opstate.retry.selection",  # the rules over key digests: which keys are retried (issue 39)
     "opstate.retry.authority",  # who attached a policy, which inputs it may name (issue 38)
+    "opstate.retry.jobs",  # a job's parts plan (issue 46)
 )
 # (layer name, module prefixes): "opstate.store" places opstate.store and opstate.store.*.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [

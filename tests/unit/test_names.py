@@ -197,6 +197,7 @@ def test_invalid_name_error_is_a_value_error() -> None:
         ("operations/o", Kind.OPERATION),
         ("models/gemini-2.5-pro/operations/o", Kind.OPERATION),
         ("tunedModels/t/operations/o", Kind.OPERATION),
+        ("jobs/0123abcd", Kind.JOB),
     ],
 )
 def test_kind_of(name: str, kind: Kind) -> None:
@@ -210,6 +211,7 @@ def test_kind_values_are_stable_strings() -> None:
         "interaction",
         "file_search_import",
         "operation",
+        "job",
     }
 
 
@@ -319,7 +321,7 @@ def test_raw_input_over_1024_characters_is_refused_even_if_it_would_shrink() -> 
             "x",
             "nope",
             "invalid operation name 'nope': unknown kind hint; expected one of batch, "
-            "video, interaction, file_search_import, operation",
+            "video, interaction, file_search_import, operation, job",
         ),
         (
             "b" * 2000,

@@ -127,17 +127,42 @@ def test_a_line_cut_inside_a_utf8_sequence_still_counts():
     assert ledger.rows.succeeded == 1 and ledger.usage["totalTokenCount"] == 7
 
 
-def test_token_counts_as_text_count_and_nonsense_counts_zero():
-    ledger = BatchLedger()
-    ledger.feed(
-        b'{"response": {"usageMetadata": {"promptTokenCount": "12", "totalTokenCount": true,'
-        b' "candidatesTokenCount": -3, "thoughtsTokenCount": 2.0}}}\n'
-    )
+@pytest.mark.parametrize("use_msgspec", [True, False], ids=["msgspec", "stdlib"])
+def test_token_counts_as_text_count_and_a_row_with_nonsense_is_unreadable(
+    use_msgspec: bool,
+) -> None:
+    """Issue 47: a count is an int of 0..2**63-1 or ASCII digits for one; any other value makes
+    its row unreadable. ``"²"`` passes ``str.isdigit`` and fails ``int``, and 5,000 digits
+    fail ``int`` past Python's limit: on 0.6.0 both raised out of the ledger, and the archive
+    failed on every attempt."""
+    ok = b'{"response": {"usageMetadata": {"promptTokenCount": "12", "totalTokenCount": 9}}}'
+    bad = [
+        b'{"response": {"usageMetadata": {"promptTokenCount": "\\u00b2"}}}',
+        '{"response": {"usageMetadata": {"promptTokenCount": "²"}}}'.encode(),
+        b'{"response": {"usageMetadata": {"promptTokenCount": "' + b"9" * 5000 + b'"}}}',
+        b'{"response": {"usageMetadata": {"promptTokenCount": "9223372036854775808"}}}',
+        b'{"response": {"usageMetadata": {"promptTokenCount": 9223372036854775808}}}',
+        b'{"response": {"usageMetadata": {"promptTokenCount": "\\u0661"}}}',  # Arabic-Indic 1
+        b'{"response": {"usageMetadata": {"promptTokenCount": " 1"}}}',
+        b'{"response": {"usageMetadata": {"totalTokenCount": true}}}',
+        b'{"response": {"usageMetadata": {"candidatesTokenCount": -3}}}',
+        b'{"response": {"usageMetadata": {"thoughtsTokenCount": 2.0}}}',
+        b'{"response": {"usageMetadata": {"promptTokensDetails": {"modality": "TEXT"}}}}',
+        b'{"response": {"usageMetadata": {"promptTokensDetails": [{"tokenCount": "x"}]}}}',
+    ]
+    ledger = BatchLedger(use_msgspec=use_msgspec)
+    ledger.feed(b"\n".join([ok, *bad]) + b"\n")
     ledger.finish()
+    assert ledger.rows.as_dict() == {
+        "total": 1 + len(bad),
+        "succeeded": 1,
+        "blocked": 1,
+        "failed": 0,
+        "unreadable": len(bad),
+    }
     assert ledger.usage["promptTokenCount"] == 12
-    assert ledger.usage["totalTokenCount"] == 0
+    assert ledger.usage["totalTokenCount"] == 9
     assert ledger.usage["candidatesTokenCount"] == 0
-    assert ledger.usage["thoughtsTokenCount"] == 2
 
 
 def test_a_finished_ledger_refuses_more_bytes():

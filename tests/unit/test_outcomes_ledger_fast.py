@@ -14,20 +14,44 @@ from hypothesis import strategies as st
 
 from opstate.outcomes import ledger as ledger_module
 from opstate.outcomes.ledger import BatchLedger
-from opstate.outcomes.ledger_reading import USAGE_FIELDS
+from opstate.outcomes.ledger_reading import DETAIL_FIELDS, DETAIL_KEYS, USAGE_FIELDS
 from tests.support.outcomes import chunked
 
 
+class Bad(Exception):
+    """A value that is no count: its row is unreadable (issue 47)."""
+
+
 def _count(value: object) -> int:
-    if isinstance(value, bool):
+    """A count: null or missing 0, an int of 0..2**63-1, or 1-19 ASCII digits of one."""
+    if value is None:
         return 0
-    if isinstance(value, int):
-        return max(value, 0)
-    if isinstance(value, float) and value.is_integer() and value >= 0:
-        return int(value)
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    return 0
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
+        return value
+    digits = isinstance(value, str) and 0 < len(value) < 20 and set(value) <= set("0123456789")
+    if digits and int(str(value)) < 2**63:
+        return int(str(value))
+    raise Bad(value)
+
+
+def _details(usage: dict[str, Any]) -> dict[tuple[str, str], int]:
+    """The per-modality counts by (list, modality); another modality is OTHER."""
+    found: dict[tuple[str, str], int] = {}
+    for name in DETAIL_FIELDS:
+        items = usage.get(name)
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            raise Bad(items)
+        for item in items:
+            if not isinstance(item, dict):
+                raise Bad(item)
+            modality = item.get("modality")
+            if modality not in ("TEXT", "IMAGE", "AUDIO", "VIDEO", "DOCUMENT"):
+                modality = "OTHER"
+            key = (name, str(modality))
+            found[key] = found.get(key, 0) + _count(item.get("tokenCount"))
+    return found
 
 
 def _code(status: dict[str, Any]) -> str:
@@ -77,6 +101,7 @@ def reference(data: bytes) -> dict[str, Any]:
     rows = {"total": 0, "succeeded": 0, "blocked": 0, "failed": 0, "unreadable": 0}
     errors: dict[str, int] = {}
     usage = dict.fromkeys(USAGE_FIELDS, 0)
+    details = dict.fromkeys(DETAIL_KEYS, 0)
     for raw in data.split(b"\n"):
         if not raw or raw.isspace():
             continue
@@ -88,12 +113,20 @@ def reference(data: bytes) -> dict[str, Any]:
         if not isinstance(row, dict):
             rows["unreadable"] += 1
         elif isinstance(row.get("response"), dict):
+            meta = row["response"].get("usageMetadata")
+            meta = meta if isinstance(meta, dict) else {}
+            try:
+                counts = [_count(meta.get(key)) for key in USAGE_FIELDS]
+                found = _details(meta)
+            except Bad:
+                rows["unreadable"] += 1
+                continue
             rows["succeeded"] += 1
             rows["blocked"] += _blocked(row["response"])
-            meta = row["response"].get("usageMetadata")
-            if isinstance(meta, dict):
-                for key in USAGE_FIELDS:
-                    usage[key] += _count(meta.get(key))
+            for key, n in zip(USAGE_FIELDS, counts, strict=True):
+                usage[key] += n
+            for key, n in found.items():
+                details[key] += n
         else:
             status = row.get("status")
             status = status if isinstance(status, dict) else row.get("error")
@@ -102,7 +135,16 @@ def reference(data: bytes) -> dict[str, Any]:
                 errors[_code(status)] = errors.get(_code(status), 0) + 1
             else:
                 rows["unreadable"] += 1
-    return {"rows": rows, "errors": errors, "usage": usage}
+    return {"rows": rows, "errors": errors, "usage": usage, "details": details}
+
+
+def band_details(ledger: BatchLedger) -> dict[tuple[str, str], int]:
+    """The ledger's per-modality sums over all its bands."""
+    sums = dict.fromkeys(DETAIL_KEYS, 0)
+    for band in ledger.bands.values():
+        for key, n in zip(DETAIL_KEYS, band[1 + len(USAGE_FIELDS) :], strict=True):
+            sums[key] += n
+    return sums
 
 
 # Lines near the fast path's edges: values that end before the line does, run past it, or
@@ -120,6 +162,23 @@ TRICKY = [
     b'{"response": {"usageMetadata": {"promptTokenCount": "12", "thoughtsTokenCount": 2.0,'
     b' "totalTokenCount": true, "candidatesTokenCount": -3, "cachedContentTokenCount": 1e400}}}',
     b'{"response": {"usageMetadata": {"totalTokenCount": NaN}}}',
+    # Per-modality counts (issue 47), well formed or not.
+    b'{"response": {"usageMetadata": {"promptTokenCount": 20, "candidatesTokenCount": 1120,'
+    b' "promptTokensDetails": [{"modality": "TEXT", "tokenCount": 20}],'
+    b' "candidatesTokensDetails": [{"modality": "IMAGE", "tokenCount": 1120}]}}}',
+    b'{"response": {"usageMetadata": {"cacheTokensDetails": [{"modality": "AUDIO",'
+    b' "tokenCount": "7"}, {"modality": "AUDIO", "tokenCount": 1}, {"tokenCount": 2}]}}}',
+    b'{"response": {"usageMetadata": {"toolUsePromptTokensDetails": [{"modality": 3,'
+    b' "tokenCount": 4}, {"modality": "MODALITY_UNSPECIFIED", "tokenCount": 5}]}}}',
+    b'{"response": {"usageMetadata": {"promptTokensDetails": null,'
+    b' "candidatesTokensDetails": []}}}',
+    b'{"response": {"usageMetadata": {"promptTokensDetails": {}}}}',
+    b'{"response": {"usageMetadata": {"promptTokensDetails": [null]}}}',
+    b'{"response": {"usageMetadata": {"promptTokensDetails": [{"tokenCount": -1}]}}}',
+    b'{"response": {"usageMetadata": {"promptTokensDetails": [{"tokenCount": 1.5}]}}}',
+    b'{"response": {"usageMetadata": {"promptTokenCount": "\\u00b2"}}}',
+    b'{"response": {"usageMetadata": {"promptTokenCount": "99999999999999999999"}}}',
+    b'{"response": {"usageMetadata": {"promptTokenCount": 9223372036854775807}}}',
     b'{"response": {"text": "a\x01b"}}',
     b'{"response": {"text": "\\ud800\\n\\"\\u00e9"}}',
     '{"response": {"text": "é\u2028"}}'.encode(),
@@ -236,6 +295,9 @@ lines = st.lists(
                                 "code",
                                 "usageMetadata",
                                 *USAGE_FIELDS,
+                                *DETAIL_FIELDS,
+                                "modality",
+                                "tokenCount",
                                 "promptFeedback",
                                 "blockReason",
                                 "candidates",
@@ -273,6 +335,7 @@ def test_the_fast_ways_count_what_json_loads_of_each_line_counts(
     assert ledger.rows.as_dict() == expected["rows"]
     assert ledger.errors == expected["errors"]
     assert ledger.usage == expected["usage"]
+    assert band_details(ledger) == expected["details"]
     assert (ledger.size, ledger.sha256) == (len(data), hashlib.sha256(data).hexdigest())
 
 
@@ -296,7 +359,19 @@ well_typed_response = st.fixed_dictionaries(
             },
         ),
         "usageMetadata": st.fixed_dictionaries(
-            {}, optional={"totalTokenCount": st.integers(min_value=0, max_value=10**6)}
+            {},
+            optional={
+                "totalTokenCount": st.integers(min_value=0, max_value=10**6),
+                "candidatesTokensDetails": st.lists(
+                    st.fixed_dictionaries(
+                        {
+                            "modality": st.sampled_from(["TEXT", "IMAGE", "AUDIO", "NEW"]),
+                            "tokenCount": st.integers(min_value=0, max_value=10**6),
+                        }
+                    ),
+                    max_size=2,
+                ),
+            },
         ),
     },
 )
@@ -324,6 +399,7 @@ def test_blocked_rows_are_counted_the_same_by_every_way(
     ledger.feed(data)
     ledger.finish()
     assert ledger.rows.as_dict() == reference(data)["rows"]
+    assert band_details(ledger) == reference(data)["details"]
     assert ledger.rows.blocked == sum(_blocked(r) for r in responses)
     if use_msgspec:
         assert by_definition == []  # every line read by the structs

@@ -50,7 +50,8 @@ def row(model: str | None, prompt: int, out: int, thoughts: int = 0, cached: int
 def row_price(model: str, prompt: int, out: int, thoughts: int, cached: int) -> Decimal:
     """One row priced on its own, the way the Batch API bills it: genai-prices' batch price
     (its ``processing: batch`` price variant) when its data has one for the model, else its
-    standard price times BATCH_FACTOR."""
+    standard price times BATCH_FACTOR on everything but cache reads, which keep their standard
+    rate (issue 47: Google's batch table keeps context caching at the standard price)."""
     usage = genai_prices.Usage(
         input_tokens=prompt, output_tokens=out + thoughts, cache_read_tokens=cached
     )
@@ -67,7 +68,11 @@ def row_price(model: str, prompt: int, out: int, thoughts: int, cached: int) -> 
             price_context={"processing": "batch"},
         )
         return batch.total_price
-    return standard.total_price * BATCH_FACTOR
+    rate = standard.model_price.cache_read_mtok or Decimal(0)
+    if isinstance(rate, genai_prices.types.TieredPrices):
+        rate = next((t.price for t in reversed(rate.tiers) if prompt > t.start), rate.base)
+    cache = rate * cached / 1_000_000
+    return (standard.total_price - cache) * BATCH_FACTOR + cache
 
 
 def summary_of_rows(data: bytes, use_msgspec: bool = True) -> dict[str, Any]:
@@ -78,10 +83,11 @@ def summary_of_rows(data: bytes, use_msgspec: bool = True) -> dict[str, Any]:
 
 
 def test_a_model_without_a_batch_price_in_genai_prices_is_half_its_standard_price() -> None:
-    # gemini-2.0-flash: genai-prices 0.2.5 has its standard price only.
-    data = row("gemini-2.0-flash", 1000, 200) + row("gemini-2.0-flash", 3000, 50, cached=1000)
+    # gemini-2.0-flash: genai-prices 0.2.5 has its standard price only. Half of it on input
+    # and output, cache reads at the standard rate (the next test).
+    data = row("gemini-2.0-flash", 1000, 200) + row("gemini-2.0-flash", 3000, 50)
     cost = cost_of(summary_of_rows(data), None, WHEN_NS, WHEN_NS)
-    usage = genai_prices.Usage(input_tokens=4000, output_tokens=250, cache_read_tokens=1000)
+    usage = genai_prices.Usage(input_tokens=4000, output_tokens=250)
     standard = genai_prices.calc_price(usage, "gemini-2.0-flash", provider_id="google")
     assert Decimal(cost["usd"]) == standard.total_price * Decimal("0.5")
     assert cost["batch_discount"] == {"by": "opstate", "factor": "0.5"}

@@ -273,3 +273,19 @@ def test_parse_overdue() -> None:
     assert parse_overdue("batch=0") == {}
     with pytest.raises(ValueError, match="unknown kind"):
         parse_overdue("nope=3")
+
+
+def test_a_job_record_is_never_polled_nor_marked_lost() -> None:
+    # A job (issue 46) is opstate's own record: Gemini has no such resource, so a poll would
+    # answer 404 and, after a day, mark the job lost. The retry pass moves it instead.
+    rig = Rig()
+    job = "jobs/0123456789abcdef01234567"
+    rig.track(job, State.PENDING, T0 - 2 * HOUR, created_ns=T0 - 2 * HOUR)
+    rig.track("batches/b1", State.RUNNING, T0)
+    rig.gateway.put("batches/b1", State.RUNNING, T0)
+    for _ in range(4):
+        rig.run()
+        rig.clock.advance(10 * HOUR / S)
+    assert rig.gateway.requests.get(job, 0) == 0
+    assert rig.gateway.requests["batches/b1"] >= 1
+    assert rig.record(job).state is State.PENDING and rig.marks(Mark.LOST) == []

@@ -114,6 +114,11 @@ METRICS: Final[Mapping[str, MetricSpec]] = {
         ),
         _spec("RetryBudgetReached", "archive", "roots held back by the deployment's retry budget"),
         _spec("ResultsFinal", "archive", "lineages whose final.jsonl was written"),
+        _spec("JobPartCreated", "archive", "parts of a job created (issue 46)"),
+        _spec("JobPartRefused", "archive", "creates of a job's part Gemini refused (held again)"),
+        _spec("JobPartsHeld", "archive", "parts of a job held at the end of its step"),
+        _spec("JobTokensEnqueued", "archive", "tokens a job holds in Gemini's queue (estimate)"),
+        _spec("JobFinal", "archive", "jobs whose final.jsonl was written"),
         _spec("WaitersRegistered", "webhook", "waiters newly registered"),
         _spec("WaitersResumed", "waiters", "waiters resumed, by outcome", "outcome"),
     )

@@ -20,7 +20,7 @@ from opstate.api.request import parse_json, raw_body
 from opstate.api.router import Response
 from opstate.config import DEFAULT_MAX_FUTURE_SKEW_S, RetrySettings
 from opstate.domain.events import InvalidEventError, UnsupportedEventError, from_report
-from opstate.domain.names import InvalidNameError, ParsedName, parse_name
+from opstate.domain.names import InvalidNameError, Kind, ParsedName, parse_name
 from opstate.domain.routes import OPERATIONS_PREFIX
 from opstate.domain.views import decision_to_json, record_to_json
 from opstate.ingest import find_named
@@ -133,6 +133,9 @@ class OperationsRoutes:
         except UnsupportedEventError as exc:
             # The producer is the user's own code: an unknown state is its bug to fix.
             raise ApiError(400, "invalid-state", exc.message) from None
+        if op_event.kind is Kind.JOB:
+            # A job (issue 46) is opstate's own: only ``opstate submit`` writes one.
+            raise ApiError(400, "invalid-name", "a jobs/ name is opstate's own: report batches")
         policy = None
         if body is not None and "retry" in body:
             self._may_act(event, op_event.name)

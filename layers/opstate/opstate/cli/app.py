@@ -26,6 +26,7 @@ from opstate.cli.common import (
     PROG,
     CliError,
     Parser,
+    aws_region_fallback,
     err,
     quiet_library_output,
 )
@@ -75,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     quiet = quiet_library_output() if args.command != "serve" else contextlib.nullcontext()
     try:
-        with quiet:
+        with quiet, aws_region_fallback():
             code: int = args.func(args)
         return code
     except CliError as exc:

@@ -14,7 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
-from opstate.config import DEFAULT_LOCAL_STORE, ConfigError, Settings, settings
+from opstate.config import (
+    DEFAULT_LOCAL_STORE,
+    ConfigError,
+    Settings,
+    settings,
+    sqlite_file,
+    store_location,
+)
 from opstate.domain.model import Decision, OpEvent
 from opstate.domain.names import InvalidNameError, canonical_name
 from opstate.domain.strict_json import dumps
@@ -92,9 +99,11 @@ def quiet_library_output() -> Iterator[None]:
     handler: Any = getattr(logger, "registered_handler", None)
     has_stream = isinstance(handler, logging.StreamHandler)
     previous = handler.stream if has_stream else None
+    formatter = handler.formatter if has_stream else None
     level = logger.log_level
     if has_stream:
         handler.stream = sys.stderr  # not setStream: it flushes the old stream
+        handler.setFormatter(LogSentence())  # an opstate: line, not a JSON document
     logger.setLevel("WARNING")
     _STDOUT.append(sys.stdout)
     try:
@@ -107,6 +116,53 @@ def quiet_library_output() -> Iterator[None]:
         logger.setLevel(level)
         if has_stream:
             handler.stream = previous
+            handler.setFormatter(formatter)
+
+
+_RECORD_KEYS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+
+class LogSentence(logging.Formatter):
+    """A library's log line as the command's own: ``opstate: MESSAGE: key value; ...`` (the
+    fields ``observability.log_fields`` gave, a reserved name's alias undone), e.g. a budget
+    stop's ``opstate: retry lineage stopped: name batches/x; why the retry budget stopped
+    it: ...``; control characters escaped."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = {
+            key.rpartition(".")[2]: value
+            for key, value in record.__dict__.items()
+            if key not in _RECORD_KEYS
+        }
+        text = f"{PROG}: {record.getMessage()}"
+        if fields:
+            text += ": " + "; ".join(f"{key} {value}" for key, value in fields.items())
+        if record.exc_info and record.exc_info[1] is not None:
+            text += f" ({_first_line(record.exc_info[1])})"
+        return printable_lines(text)
+
+
+@contextlib.contextmanager
+def aws_region_fallback() -> Iterator[None]:
+    """While a command runs, ``AWS_REGION`` stands in for an unset ``AWS_DEFAULT_REGION``.
+
+    boto3 takes its region from ``AWS_DEFAULT_REGION`` or the profile, not from ``AWS_REGION``
+    (botocore/configprovider.py: ``'region': ('region', 'AWS_DEFAULT_REGION', None, None)``),
+    while Lambda and the other AWS SDKs set or read ``AWS_REGION``: an operator who set only
+    that one gets it here too (above the profile's region, as those SDKs rank it). Restored
+    afterwards (``main`` may run in-process)."""
+    region = (os.environ.get("AWS_REGION") or "").strip()
+    previous = os.environ.get("AWS_DEFAULT_REGION")
+    fill = bool(region) and not (previous or "").strip()
+    if fill:
+        os.environ["AWS_DEFAULT_REGION"] = region
+    try:
+        yield
+    finally:
+        if fill and previous is None:
+            os.environ.pop("AWS_DEFAULT_REGION", None)
+        elif fill and previous is not None:
+            os.environ["AWS_DEFAULT_REGION"] = previous
 
 
 def decision_line(decision: Decision) -> str:
@@ -134,12 +190,26 @@ def settings_for(args: argparse.Namespace) -> Settings:
 
 
 @contextlib.contextmanager
-def open_store(config: Settings) -> Iterator[Store]:
+def open_store(
+    config: Settings, *, must_exist: bool = False, empty_if_missing: bool = False
+) -> Iterator[Store]:
     """The store named by ``config.store_url``; every failure to open or use it, here or in the
-    command's body, becomes one sentence naming the store (``store_error``)."""
+    command's body, becomes one sentence naming the store (``store_error``). ``must_exist``
+    (the commands that only read or act on what is there): a SQLite file that is not there is
+    ``no store at ...`` (exit 1), and nothing is created, neither the file nor its folders.
+    ``empty_if_missing`` (a periodic pass, ``retry --once``, ``archive --once``): said on
+    stderr, and the pass runs on an empty store in memory: nothing to do, nothing created."""
     from opstate.store import store_from_url
 
     url = config.store_url
+    if empty_if_missing and missing_store(url) is not None:
+        from opstate.store.memory import MemoryStore
+
+        err(f"{PROG}: {missing_store(url)}; nothing to do")
+        yield MemoryStore()
+        return
+    if must_exist:
+        require_store(url)
     try:
         store = store_from_url(url, config)
     except Exception as exc:
@@ -158,6 +228,29 @@ def open_store(config: Settings) -> Iterator[Store]:
         raise error from None
     finally:
         store.close()
+
+
+def require_store(url: str) -> None:
+    """``no store at ...`` when ``url`` names a SQLite file that does not exist (a read must
+    not invent an empty store: after a ``cd`` the jobs would seem to vanish)."""
+    missing = missing_store(url)
+    if missing is not None:
+        raise CliError(
+            f"{missing}; run this where you ran opstate serve, track or submit, or name the "
+            "store with --store or OPSTATE_STORE"
+        )
+
+
+def missing_store(url: str) -> str | None:
+    """``no store at ... (chosen by ...): nothing has been tracked there`` when ``url`` names a
+    SQLite file that is not there (a dangling link too: never followed); else None."""
+    path = sqlite_file(url)
+    if path is None or path.exists():
+        return None
+    return (
+        f"no store at {store_location(url)} (chosen by {store_origin(url)}): nothing has been "
+        "tracked there"
+    )
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -219,14 +312,22 @@ def _aws_store_error(url: str, exc: BaseException) -> CliError | None:
             f"AWS_ACCESS_KEY_ID, ...) or name another store with --store or OPSTATE_STORE "
             f"[{first}]"
         )
+    if url.startswith("dynamodb://") and _no_table(exc):
+        return CliError(
+            f"no store at {chosen}: the table does not exist in the region "
+            f"{_aws_region() or '(none set)'}; check the name and AWS_DEFAULT_REGION (or "
+            f"AWS_REGION, or the profile's region), or name another store with --store "
+            f"[{first}]"
+        )
     if isinstance(exc, RetryableError):
         return CliError(f"the store {chosen} is unavailable, try again later: {first}")
     if url.startswith("dynamodb://") and (
         type(exc).__name__ == "NoRegionError" or "Invalid endpoint" in str(exc)
     ):
         return UsageError(
-            f"no usable AWS region for the store {chosen}: set AWS_REGION (or "
-            f"AWS_DEFAULT_REGION), and check AWS_ENDPOINT_URL_DYNAMODB if you set it [{first}]"
+            f"no usable AWS region for the store {chosen}: set AWS_DEFAULT_REGION (boto3's "
+            "variable; opstate also reads AWS_REGION) or a region in the AWS profile "
+            f"(AWS_PROFILE), and check AWS_ENDPOINT_URL_DYNAMODB if you set it [{first}]"
         )
     if type(exc).__module__.startswith(("botocore", "boto3")):
         return CliError(
@@ -234,6 +335,31 @@ def _aws_store_error(url: str, exc: BaseException) -> CliError | None:
             "table and its permissions, or name another store with --store"
         )
     return None
+
+
+def _no_table(exc: BaseException) -> bool:
+    """DynamoDB answered ResourceNotFoundException (raised as is, or wrapped by the store as a
+    fault): the table is not there."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            code = response.get("Error", {}).get("Code")
+            if code in ("ResourceNotFoundException", "TableNotFoundException"):
+                return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _aws_region() -> str | None:
+    """The region boto3 resolves (environment, profile), for the sentence naming it."""
+    try:
+        import boto3
+
+        region: str | None = boto3.session.Session().region_name
+    except Exception:
+        return None
+    return region
 
 
 def _no_credentials(exc: BaseException) -> bool:

@@ -28,6 +28,7 @@ from opstate.cli.retry import (
     policy_sentence,
     retry_bound,
 )
+from opstate.cli.views import print_view
 from opstate.domain.events import EventError, from_report
 from opstate.domain.names import Kind, parse_name
 from opstate.domain.strict_json import InvalidJSONError, dumps, loads
@@ -92,7 +93,7 @@ def cmd_get(args: argparse.Namespace) -> int:
 
     name = name_arg(args.name)
     parsed = parse_name(args.name)
-    with open_store(config) as store:
+    with open_store(config, must_exist=True) as store:
         # A video record stored under its full name by an earlier release, and a Cloud job
         # keyed with its location as written, are still found.
         record = find_named(store, parsed)
@@ -102,6 +103,11 @@ def cmd_get(args: argparse.Namespace) -> int:
         retry = (
             store.get_retry(record.name)
             if record is not None and isinstance(store, RetryingStore)
+            else None
+        )
+        final = (
+            lineage_final(store, record.name, retry.doc)
+            if record is not None and retry is not None and not args.json
             else None
         )
     if record is None:
@@ -117,11 +123,30 @@ def cmd_get(args: argparse.Namespace) -> int:
         return EXIT_OK
     if shown_state(record) != view["state"]:  # the text shows how it ended
         view = {**view, "state": f"{view['state']} ({shown_state(record)})"}
-    width = max(len(key) for key in view)
-    for key, value in view.items():
-        shown = dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
-        out(f"{key:<{width}}  {'-' if shown is None else shown}")
+    if final is not None and view.get("root") == record.name:  # a root: its lineage's answer
+        view["final"] = final
+    print_view(view)
     return EXIT_OK
+
+
+def lineage_final(store: Store, name: str, doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A retry root's final result (``domain.retry.final_view``: rows, errors, where, and once
+    written what the lineage cost); before it is written, ``cost so far``: the archived
+    batches of the lineage priced as the final result will be (``domain.costs``)."""
+    from opstate.domain.costs import final_cost_view, lineage_cost
+    from opstate.domain.retry import final_view, lineage_names
+
+    final = final_view(doc)
+    if final["status"] != "final":
+        names = lineage_names(doc, name)
+        get_archive = getattr(store, "get_archive", None)
+        archives = {n: get_archive(n) if get_archive else None for n in names}
+        final["cost so far"] = final_cost_view(
+            lineage_cost(
+                names, {n: a.as_dict() if a is not None else None for n, a in archives.items()}
+            )
+        )
+    return final
 
 
 def _marked(store: Any, *, lost: bool, overdue: bool) -> dict[str, PollState]:
@@ -181,7 +206,7 @@ def _mark_json(poll: PollState) -> dict[str, Any]:
 def cmd_list(args: argparse.Namespace) -> int:
     config = settings_for(args)
     marks: dict[str, PollState] | None = None
-    with open_store(config) as store:
+    with open_store(config, must_exist=True) as store:
         if args.lost or args.overdue:
             marks = _marked(store, lost=args.lost, overdue=args.overdue)
         records = [

@@ -39,7 +39,7 @@ def cmd_refresh(args: argparse.Namespace) -> int:
     from opstate.store.port import PollingStore
     from opstate.wiring.reconcile import refresh_with
 
-    with open_store(config) as store:
+    with open_store(config, must_exist=True) as store:
         parsed = parse_name(args.name)
         # A video record stored under its full name by an earlier release, and a Cloud job
         # keyed with its location as written, are still found.

@@ -6,8 +6,8 @@ The input is streamed: one line is read, parsed (``strict_json``, the API's rule
 an event and ingested before the next is read, so memory does not grow with the file and a pipe
 is ingested as it arrives. A line is capped like an API body (``OPSTATE_MAX_BODY_BYTES``): a
 longer one is read past without being kept, reported as a bad line (``line-too-long``), and
-the replay goes on. The progress bar of a regular file counts its lines in a first pass (only
-when a bar is drawn; bounded the same way).
+the replay goes on. The progress bar (``cli.progress``, tqdm) of a regular file counts its lines
+in a first pass (only when a bar is drawn; bounded the same way).
 
 Every line ends in exactly one of: applied or dropped (counted by reason); bad (permanent: the
 line itself is wrong or the store refuses what it holds; reported with its number and skipped);
@@ -28,11 +28,10 @@ import dataclasses
 import os
 import stat
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from opstate.cli.common import (
     EXIT_FAILURE,
@@ -45,6 +44,7 @@ from opstate.cli.common import (
     print_json,
     settings_for,
 )
+from opstate.cli.progress import LineBar, enabled
 from opstate.config import Settings
 from opstate.domain.events import (
     InvalidEventError,
@@ -119,53 +119,6 @@ def add_parser(
         f"{DEFAULT_SECRET_FILE})",
     )
     p.set_defaults(func=cmd_replay)
-
-
-class Progress:
-    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
-
-    WIDTH = 30
-
-    def __init__(self, total: int | None, stream: IO[str], enabled: bool) -> None:
-        self.total = total
-        self.stream = stream
-        self.enabled = enabled
-        self.done = 0
-        self._last_draw = 0.0
-        self._shown = False
-
-    def advance(self) -> None:
-        self.done += 1
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if now - self._last_draw >= 0.05 or self.done == self.total:
-            self._draw()
-            self._last_draw = now
-
-    def _draw(self) -> None:
-        if self.total:
-            filled = int(self.WIDTH * self.done / self.total)
-            bar = "#" * filled + "-" * (self.WIDTH - filled)
-            text = f"\r[{bar}] {self.done}/{self.total} lines"
-        else:
-            text = f"\r{self.done} lines"
-        self.stream.write(text)
-        self.stream.flush()
-        self._shown = True
-
-    def clear(self) -> None:
-        if self.enabled and self._shown:
-            self.stream.write("\r" + " " * (self.WIDTH + 40) + "\r")
-            self.stream.flush()
-            self._shown = False
-
-    def message(self, text: str) -> None:
-        self.clear()
-        self.stream.write(printable(text) + "\n")
-        self.stream.flush()
-        if self.enabled:
-            self._draw()
 
 
 def event_from_line(obj: object, *, now_ns: int) -> OpEvent:
@@ -366,10 +319,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace, config: Settings, stream: BinaryIO, label: str) -> int:
-    interactive = sys.stderr.isatty() and not args.no_progress
+    interactive = enabled(args.no_progress)
     limit = config.max_body_bytes
     total = _count_lines(stream, args.from_line, limit) if interactive else None
-    progress = Progress(total, sys.stderr, interactive)
+    progress = LineBar(total, interactive)
     summary = ReplaySummary(file=label)
     failure: CliError | None = None
 

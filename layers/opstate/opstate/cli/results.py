@@ -20,8 +20,8 @@ from opstate.cli.common import (
     settings_for,
     store_error,
 )
+from opstate.cli.views import print_view
 from opstate.config import ConfigError
-from opstate.domain.strict_json import dumps
 
 # What the retry runner writes beside final.jsonl (opstate.retry.finalize.FINAL_LEDGER_KEY).
 FINAL_LEDGER_NAME = "final.json"
@@ -56,7 +56,7 @@ def cmd_archive(args: argparse.Namespace) -> int:
     from opstate.outcomes.wiring import archive_from_settings, archiving
 
     try:
-        with open_store(config) as store:
+        with open_store(config, empty_if_missing=True) as store:
             # Nothing due: no key needed, no client made (google-genai never loaded).
             if next(archiving(store).iter_archive_due(time.time_ns()), None) is None:
                 result = ArchiveResult()
@@ -117,15 +117,35 @@ def _final_locations(view: dict[str, Any]) -> list[str]:
     return [location, f"{folder}/{FINAL_LEDGER_NAME}"]
 
 
+def _job_results(config: Any, store: Any, name: str, args: argparse.Namespace) -> int:
+    """A job's results: its ``final.jsonl`` (and ``final.json``) once written (docs/jobs.md)."""
+    from opstate.domain.retry import final_view, retry_view
+
+    state = store.get_retry(name)
+    doc = state.doc if state is not None else {}
+    final = final_view(doc)
+    if final["status"] != "final":
+        waiting = retry_view(doc).get("job", {}).get("waitingFor", "its parts")
+        raise CliError(f"{name}'s final result is not written yet (it waits for {waiting})")
+    view = {"name": name, "status": "final", "objects": [], "final": final}
+    if args.download:
+        return _download(config, view, Path(args.download), "")
+    print_json(view)
+    return EXIT_OK
+
+
 def cmd_results(args: argparse.Namespace) -> int:
     config = settings_for(args)
     from opstate.outcomes.results import results_json
     from opstate.outcomes.wiring import archiving
 
     name = name_arg(args.name)
-    with open_store(config) as store:
-        if store.get(name) is None:
+    with open_store(config, must_exist=True) as store:
+        record = store.get(name)
+        if record is None:
             raise CliError(f"no record for {name} in {config.store_url}")
+        if str(record.kind) == "job":  # a job (issue 46): its final result is its results
+            return _job_results(config, store, name, args)
         view = results_json(store, name)
         state = archiving(store).get_archive(name)
     if view is None or state is None:
@@ -137,10 +157,7 @@ def cmd_results(args: argparse.Namespace) -> int:
     if args.json:
         print_json(view)
         return EXIT_OK
-    width = max(len(key) for key in view)
-    for key, value in view.items():
-        shown = dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
-        out(f"{key:<{width}}  {'-' if shown is None else shown}")
     if state.last_error:
-        out(f"{'error':<{width}}  {state.last_error} (attempts: {state.attempts})")
+        view = {**view, "error": f"{state.last_error} (attempts: {state.attempts})"}
+    print_view(view)
     return EXIT_OK

@@ -20,6 +20,7 @@ from opstate.cli.common import (
     settings_for,
     store_error,
 )
+from opstate.cli.progress import ByteSteps, enabled
 from opstate.config import ConfigError, Settings
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ def add_parsers(
     p.add_argument("--model", required=True, metavar="MODEL", help="e.g. gemini-2.5-flash")
     p.add_argument("--display-name", default="", metavar="D", help="the batch's display name")
     add_policy_flags(p)
+    add_progress_flag(p)
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser(
@@ -60,6 +62,14 @@ def add_parsers(
         help="stop the lineage of ROOT: no more retry batches; the final result follows",
     )
     p.set_defaults(func=cmd_retry)
+
+
+def add_progress_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="never draw progress (drawn only when stderr is a terminal)",
+    )
 
 
 def add_policy_flags(p: argparse.ArgumentParser) -> None:
@@ -128,6 +138,19 @@ def input_uri(raw: str, label: str = "") -> str:
     return path.resolve().as_uri()
 
 
+def _local_size(source: str) -> int | None:
+    """The size of a local input (``file://``), for its bars; None for any other."""
+    from urllib.parse import unquote, urlsplit
+
+    parts = urlsplit(source)
+    if parts.scheme != "file":
+        return None
+    try:
+        return Path(unquote(parts.path)).stat().st_size
+    except OSError:
+        return None
+
+
 def _fail(config: Settings, exc: Exception) -> CliError:
     error = store_error(config.store_url, exc, opened=True)
     if error is not None:
@@ -139,18 +162,31 @@ def _fail(config: Settings, exc: Exception) -> CliError:
     raise exc
 
 
-def check_file(source: str, config: Settings, said: str = "nothing submitted") -> int | None:
+def check_file(
+    source: str,
+    config: Settings,
+    said: str = "nothing submitted",
+    steps: ByteSteps | None = None,
+) -> int | None:
     """A local input checked line by line as ``submit`` keeps it (``check_input``: the same
     check), before any key, client or write: a usage error naming the first bad line; its
-    rows when good. An ``s3://`` input is checked where it is read (None: it needs AWS)."""
+    rows when good. An ``s3://`` input is checked where it is read (None: it needs AWS).
+    ``steps``: its bytes drawn as "reading"."""
     if not source.startswith("file://"):
         return None
     from opstate.retry.inputs import InputError, check_input, source_chunks
 
+    reads = source_chunks(source)
     try:
-        return check_input(source_chunks(source), config.results_max_line_mib * 1024 * 1024).rows
+        return check_input(
+            reads if steps is None else lambda: steps.read("reading", reads()),
+            config.results_max_line_mib * 1024 * 1024,
+        ).rows
     except InputError as exc:
         raise UsageError(f"{said}: {exc}") from None
+    finally:
+        if steps is not None:
+            steps.close()
 
 
 def retry_bound(policy: RetryPolicy, rows: int | None, config: Settings) -> int:
@@ -198,7 +234,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if not args.model.strip():
         raise UsageError("a model is required (--model)")
     source = input_uri(args.file)
-    check_file(source, config)  # before the key, google-genai and any write
+    steps = ByteSteps(enabled(args.no_progress), size=_local_size(source))
+    check_file(source, config, steps=steps)  # before the key, google-genai and any write
     require_gemini_key(config)
     from opstate.retry.inputs import InputError
     from opstate.retry.submit import PolicyChangedError
@@ -211,6 +248,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             model=args.model,
             policy=policy,
             display_name=args.display_name,
+            progress=steps,
         )
     except (InputError, ConfigError) as exc:
         raise UsageError(f"nothing submitted: {exc}") from None
@@ -220,6 +258,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     except Exception as exc:
         raise _fail(config, exc) from None
+    finally:
+        steps.close()
     bound = retry_bound(policy, done.input.rows, config)
     if args.json:
         print_json(done.as_dict() | {"retry": policy.as_doc(), "retryBatchesAtMost": bound})
@@ -244,7 +284,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
     from opstate.wiring.lineages import MembersRead, open_members, read_members
 
     try:
-        with open_store(config) as store:
+        with open_store(config, empty_if_missing=True) as store:
             if open_members(store).roots == 0:  # nothing to do for Gemini: no client, no key
                 result, members = RetryResult(), MembersRead()
             else:
@@ -273,7 +313,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from opstate.retry.policy import StopRefusedError, stop_lineage
     from opstate.store.port import RetryingStore
 
-    with open_store(config) as store:
+    with open_store(config, must_exist=True) as store:
         if not isinstance(store, RetryingStore):  # pragma: no cover - every store of ours is
             raise CliError(f"the store {config.store_url} keeps no retry policies")
         try:

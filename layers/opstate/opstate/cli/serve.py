@@ -54,10 +54,11 @@ def add_parser(sub: Any, *, store: argparse.ArgumentParser) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from opstate.config import serve_store_url
+    from opstate.config import checked_api_token, serve_store_url
     from opstate.local.serve import ServeError, ServeOptions, serve
 
     config = settings_for(args)
+    checked_api_token(config.api_token)  # checked here alone: only serve uses it
     # Not OPSTATE_TABLE_NAME: a local server writes a deployed table only when told to.
     config = dataclasses.replace(config, store_url=args.store or serve_store_url())
     options = ServeOptions(

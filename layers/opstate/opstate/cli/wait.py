@@ -17,10 +17,12 @@ from opstate.cli.common import (
     err,
     name_arg,
     open_store,
-    out,
     print_json,
     settings_for,
 )
+from opstate.cli.progress import WaitBar, enabled, watched
+from opstate.cli.retry import add_progress_flag
+from opstate.cli.views import print_view
 from opstate.domain.model import OpRecord
 from opstate.domain.strict_json import dumps
 from opstate.domain.times import NS_PER_SECOND
@@ -67,6 +69,7 @@ def add_parser(
         type=float,
         help="give up after SECONDS (exit 124); default: wait as long as it takes",
     )
+    add_progress_flag(p)
     p.set_defaults(func=cmd_wait)
 
 
@@ -79,12 +82,18 @@ def cmd_wait(args: argparse.Namespace) -> int:
         raise UsageError(f"--until {when}: {ARCHIVING_UNAVAILABLE}")
     config = settings_for(args)
     name = name_arg(args.name)
-    with open_store(config) as store:
+    bar = WaitBar(name, enabled(args.no_progress))
+    with open_store(config, must_exist=True) as store:
         read = store_status(store, wiring.results_reader_for(store))
         if read(name, False).record is None:
             err(f"opstate: {name} is not tracked (yet) in {config.store_url}; waiting")
-        watched = Notice(read, when, store, config.store_url)
-        done = wait_until(watched, name, when, timeout_s=timeout, interval_s=WAIT_POLL_INTERVAL_S)
+        notice = Notice(watched(read, bar), when, store, config.store_url, say=bar.say)
+        try:
+            done = wait_until(
+                notice, name, when, timeout_s=timeout, interval_s=WAIT_POLL_INTERVAL_S
+            )
+        finally:
+            bar.close()
         if done is not None and done[1].record is not None:
             view = full_view(store, done[1].record)
     if done is None:
@@ -116,10 +125,7 @@ def _show(view: Mapping[str, Any], *, as_json: bool) -> None:
     expired = isinstance(details, Mapping) and details.get("reason") == "expired"
     if view.get("state") == "FAILED" and expired:  # as get's text: how it ended
         view = {**view, "state": "FAILED (EXPIRED)"}
-    width = max(len(key) for key in view)
-    for key, value in view.items():
-        shown = dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
-        out(f"{key:<{width}}  {'-' if shown is None else shown}")
+    print_view(view)
 
 
 def _unanswered(final: Mapping[str, Any] | None) -> str | None:
@@ -152,9 +158,15 @@ class Notice:
     nothing polls shows it)."""
 
     def __init__(
-        self, read: Callable[[str, bool], Status], when: When, store: Any, url: str
+        self,
+        read: Callable[[str, bool], Status],
+        when: When,
+        store: Any,
+        url: str,
+        say: Callable[[str], None] = err,
     ) -> None:
         self.read = read
+        self.say = say
         self.when = when
         self.store = store
         self.url = url
@@ -167,7 +179,7 @@ class Notice:
             return status
         if decide(self.when, status) is PENDING:
             self.said = True
-            err(self.sentence(name, status))
+            self.say(self.sentence(name, status))
         return status
 
     def sentence(self, name: str, status: Status) -> str:

@@ -4,7 +4,7 @@ The package owns the settings: one frozen dataclass per part, each in a module o
 reading its own variables (``store.StoreSettings``, ``webhook.WebhookSettings``,
 ``reconcile.ReconcileSettings``, ``results.ResultsSettings``, ``notify.NotifySettings``,
 ``local.LocalSettings``, ``waiters.WaiterSettings``, ``retry.RetrySettings``,
-``metrics.MetricsSettings``; ``google_cloud``
+``submit.SubmitSettings``, ``metrics.MetricsSettings``; ``google_cloud``
 reads what two of them hold for Google Cloud, ``parse`` holds the readers and ``ConfigError``),
 and ``Settings``, all of them at once, here. Every default is written once, as the field's
 default: ``env_values`` returns only the variables that are set, so an unset one falls back to
@@ -35,6 +35,7 @@ from opstate.config.local import (
     DEFAULT_RECONCILE_EVERY_S,
     MIN_API_TOKEN_LENGTH,
     LocalSettings,
+    checked_api_token,
     serve_store_url,
 )
 from opstate.config.metrics import MetricsSettings, detailed_metrics
@@ -66,6 +67,17 @@ from opstate.config.store import (
     DEFAULT_RETENTION_DAYS,
     MAX_FUTURE_SKEW_LIMIT_S,
     StoreSettings,
+    sqlite_file,
+    store_location,
+)
+from opstate.config.submit import (
+    DEFAULT_SUBMIT_MAX_BATCHES,
+    DEFAULT_SUBMIT_MAX_FILE_BYTES,
+    DEFAULT_SUBMIT_MAX_ROWS,
+    TIER1_ENQUEUED_TOKENS,
+    SubmitSettings,
+    model_id,
+    parse_enqueued_tokens,
 )
 from opstate.config.waiters import DEFAULT_MAX_WAITERS, WaiterSettings
 from opstate.config.webhook import (
@@ -101,6 +113,9 @@ __all__ = [
     "DEFAULT_RETRY_MAX_BATCHES",
     "DEFAULT_RETRY_MAX_ROWS",
     "DEFAULT_RETRY_TRANSIENT",
+    "DEFAULT_SUBMIT_MAX_BATCHES",
+    "DEFAULT_SUBMIT_MAX_FILE_BYTES",
+    "DEFAULT_SUBMIT_MAX_ROWS",
     "DEFAULT_WEBHOOK_TOLERANCE_S",
     "MAX_FUTURE_SKEW_LIMIT_S",
     "MAX_RETRY_ATTEMPTS",
@@ -108,6 +123,7 @@ __all__ = [
     "MIN_API_TOKEN_LENGTH",
     "PARTS",
     "PUBSUB_ISSUERS",
+    "TIER1_ENQUEUED_TOKENS",
     "ConfigError",
     "LocalSettings",
     "MetricsSettings",
@@ -117,12 +133,18 @@ __all__ = [
     "RetrySettings",
     "Settings",
     "StoreSettings",
+    "SubmitSettings",
     "WaiterSettings",
     "WebhookSettings",
+    "checked_api_token",
     "detailed_metrics",
+    "model_id",
+    "parse_enqueued_tokens",
     "parse_overdue",
     "serve_store_url",
     "settings",
+    "sqlite_file",
+    "store_location",
 ]
 
 PARTS: tuple[type[Part], ...] = (
@@ -134,6 +156,7 @@ PARTS: tuple[type[Part], ...] = (
     LocalSettings,
     WaiterSettings,
     RetrySettings,
+    SubmitSettings,
     MetricsSettings,
 )
 
@@ -141,6 +164,7 @@ PARTS: tuple[type[Part], ...] = (
 @settings_part
 class Settings(
     MetricsSettings,
+    SubmitSettings,
     RetrySettings,
     WaiterSettings,
     LocalSettings,

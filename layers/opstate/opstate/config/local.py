@@ -26,7 +26,16 @@ MIN_API_TOKEN_LENGTH = 32
 
 
 def _api_token(env: Mapping[str, str]) -> str | None:
-    return read_token(env, "OPSTATE_API_TOKEN", MIN_API_TOKEN_LENGTH)
+    # As given: only ``opstate serve`` uses it, and checks it (``checked_api_token``), so a
+    # short token in the environment does not block ``list`` or ``get``.
+    return read_str(env, "OPSTATE_API_TOKEN")
+
+
+def checked_api_token(token: str | None) -> str | None:
+    """``OPSTATE_API_TOKEN`` as ``opstate serve`` takes it: ``ConfigError`` unless it has at
+    least ``MIN_API_TOKEN_LENGTH`` characters without spaces; None when unset."""
+    given_token = {} if token is None else {"OPSTATE_API_TOKEN": token}
+    return read_token(given_token, "OPSTATE_API_TOKEN", MIN_API_TOKEN_LENGTH)
 
 
 @settings_part

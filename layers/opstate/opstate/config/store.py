@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from opstate.config.parse import Part, given, read_float, read_int, read_str, settings_part
@@ -16,6 +17,30 @@ DEFAULT_INGEST_MAX_ATTEMPTS = 8
 # quarantined, polls skipped beyond it): a time far in the future would freeze a record.
 DEFAULT_MAX_FUTURE_SKEW_S = 3600.0
 MAX_FUTURE_SKEW_LIMIT_S = 7 * 86400.0
+_SQLITE_PREFIX = "sqlite:///"
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file a ``sqlite:///PATH`` URL names, as ``store_from_url`` opens it (``sqlite:///a.db``
+    relative to the working directory, ``sqlite:////a.db`` absolute, ``~`` expanded); None for
+    any other URL. Reading it creates nothing."""
+    text = url.strip()
+    if not text.lower().startswith(_SQLITE_PREFIX) or len(text) == len(_SQLITE_PREFIX):
+        return None
+    return Path(text[len(_SQLITE_PREFIX) :]).expanduser()
+
+
+def store_location(url: str) -> str:
+    """The store URL as an operator finds it again: a SQLite file named relative to the
+    working directory (the default ``.opstate/ops.db``) or with ``~`` gets its absolute path
+    beside the URL, so a ``cd`` elsewhere cannot hide where the jobs are."""
+    path = sqlite_file(url)
+    if path is None:
+        return url.strip()
+    shown = path.absolute()
+    if str(shown) == url.strip()[len(_SQLITE_PREFIX) :]:
+        return url.strip()
+    return f"{url.strip()} ({shown})"
 
 
 @settings_part

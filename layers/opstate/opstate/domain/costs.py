@@ -140,6 +140,42 @@ def lineage_cost(
     return doc
 
 
+def job_cost(parts: list[tuple[str, Mapping[str, Any] | None]]) -> dict[str, Any]:
+    """The stored cost of a job's final result (issue 46): the sum of its parts' lineage costs
+    (``lineage_cost`` of each part, as its final stored it; a part never created cost
+    nothing, so it is not listed); null with ``reason`` (naming the part) when any part's cost
+    is unknown - never a lower figure."""
+    total = retries = Decimal(0)
+    models: set[str] = set()
+    prices: set[str] = set()
+    ways: set[str] = set()
+    reason: str | None = None
+    for name, cost in parts:
+        usd = decimal_of(cost) if isinstance(cost, Mapping) else None
+        if cost is None or usd is None:
+            why = cost.get("reason") if isinstance(cost, Mapping) else None
+            reason = reason or f"the cost of part {name} is unknown: {why or 'no final cost'}"
+            continue
+        total += usd
+        retries += decimal_of({"usd": cost.get("retries_usd")}) or Decimal(0)
+        models.update(m for m in str(cost.get("model") or "").split(", ") if m)
+        if isinstance(cost.get("prices"), str):
+            prices.add(cost["prices"])
+        discount = cost.get("batch_discount")
+        if isinstance(discount, Mapping) and isinstance(discount.get("by"), str):
+            ways.add(discount["by"])
+    doc: dict[str, Any] = {
+        "usd": None if reason else format(total, "f"),
+        "retries_usd": None if reason else format(retries, "f"),
+        "model": ", ".join(sorted(models)) or None,
+        "prices": ", ".join(sorted(prices)) or None,
+        "batch_discount": _ways(ways),
+    }
+    if reason:
+        doc["reason"] = reason[:300]
+    return doc
+
+
 def _ways(ways: Iterable[str]) -> dict[str, Any] | None:
     found = set(ways)
     if not found:

@@ -67,6 +67,7 @@ class Kind(StrEnum):
     INTERACTION = "interaction"
     FILE_SEARCH_IMPORT = "file_search_import"
     OPERATION = "operation"
+    JOB = "job"  # opstate's own: one input fed to Gemini as parts (issue 46), never polled
 
 
 # The collection a bare id belongs to, by kind hint.
@@ -297,6 +298,8 @@ def kind_of(name: str) -> Kind:
         return Kind.BATCH
     if head == "interactions":
         return Kind.INTERACTION
+    if head == "jobs":
+        return Kind.JOB
     if head == "fileSearchStores" and "operations" in segments:
         return Kind.FILE_SEARCH_IMPORT
     if (

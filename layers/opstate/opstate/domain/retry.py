@@ -312,13 +312,23 @@ def retry_view(doc: Mapping[str, Any]) -> dict[str, Any]:
         for child in (raw_children if isinstance(raw_children, list) else [])
         if isinstance(child, Mapping)
     ]
-    return {
+    view = {
         "policy": policy.as_doc(),
         "status": status,
         "reason": stopped if stopped is not None else unavailable,
         "children": children,
         "input": _text(_map(doc.get("input")).get("location")),
     }
+    job = doc.get("job")
+    if isinstance(job, Mapping):  # a job's record (issue 46): its parts, its policy, its input
+        from opstate.domain.parts import job_view
+
+        view |= {
+            "policy": policy_of(job).as_doc(),
+            "input": _text(_map(job.get("input")).get("location")),
+            "job": job_view(job),
+        }
+    return view
 
 
 def _child_view(child: Mapping[str, Any]) -> dict[str, Any]:

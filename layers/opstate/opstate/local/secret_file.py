@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 
 from opstate.api_token import ApiToken, resolve_api_token, token_file_beside
-from opstate.config import Settings
+from opstate.config import Settings, checked_api_token
 from opstate.webhook_secrets import (
     KEY_RULE,
     SecretFileReader,
@@ -71,4 +71,5 @@ def resolve_secrets(settings: Settings, secret_file: Path) -> SecretSource:
 def api_token_for(settings: Settings, secret_file: Path) -> ApiToken:
     """The operations routes' token: ``OPSTATE_API_TOKEN``, else the file beside the secret
     file (generated on first use, mode 0600)."""
-    return resolve_api_token(settings.api_token, token_file_beside(secret_file.absolute()))
+    token = checked_api_token(settings.api_token)
+    return resolve_api_token(token, token_file_beside(secret_file.absolute()))

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, TextIO
 from urllib.parse import quote
 
 from opstate.api_token import API_TOKEN_ENV, ApiToken
+from opstate.config import store_location
 from opstate.domain.model import Decision
 from opstate.domain.routes import OPERATIONS_PREFIX, WEBHOOK_PATH
 from opstate.domain.times import format_time
@@ -103,7 +104,7 @@ def print_start(
 ) -> None:
     """Where things are: the store, the secret and token origins, the URLs, paste-ready tries."""
     chosen = f" (chosen by {options.store_chosen_by})" if options.store_chosen_by else ""
-    say(f"opstate serve: store {store_url}{chosen}")
+    say(f"opstate serve: store {store_location(store_url)}{chosen}")
     _print_secret_origin(say, source)
     _print_token_origin(say, token)
     say(f"webhook URL: {base_url}{WEBHOOK_PATH}")

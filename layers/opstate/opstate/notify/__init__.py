@@ -79,6 +79,7 @@ from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import 
 from opstate.config import ConfigError, Settings, settings
 from opstate.notify.entries import (
     DETAIL_TYPE,
+    JOB_PART_CREATED_DETAIL_TYPE,
     LOST_DETAIL_TYPE,
     MAX_ENTRIES_PER_CALL,
     MAX_REQUEST_BYTES,
@@ -189,6 +190,7 @@ def handle(
 
 __all__ = [
     "DETAIL_TYPE",
+    "JOB_PART_CREATED_DETAIL_TYPE",
     "LOST_DETAIL_TYPE",
     "MAX_ENTRIES_PER_CALL",
     "MAX_REQUEST_BYTES",

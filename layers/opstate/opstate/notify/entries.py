@@ -32,6 +32,7 @@ RESULTS_ARCHIVED_DETAIL_TYPE = "Operation Results Archived"
 RESULTS_LOST_DETAIL_TYPE = "Operation Results Lost"
 RETRY_SUBMITTED_DETAIL_TYPE = "Operation Retry Submitted"
 RESULTS_FINAL_DETAIL_TYPE = "Operation Results Final"
+JOB_PART_CREATED_DETAIL_TYPE = "Job Part Created"
 # PutEvents limits: 10 entries and 256 KiB per request (entry size as AWS counts it).
 MAX_ENTRIES_PER_CALL = 10
 MAX_REQUEST_BYTES = 256 * 1024
@@ -232,6 +233,37 @@ def results_final_detail(record: OpRecord, doc: Mapping[str, Any]) -> dict[str, 
     }
 
 
+def _parts(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    job = doc.get("job")
+    parts = job.get("parts") if isinstance(job, Mapping) else None
+    return [p for p in parts if isinstance(p, Mapping)] if isinstance(parts, list) else []
+
+
+def _part_created(old: Mapping[str, Any], new: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The one part of a job's plan (issue 46) newly created by this write, if exactly one."""
+    before = {p.get("n") for p in _parts(old) if p.get("batch")}
+    fresh = [p for p in _parts(new) if p.get("batch") and p.get("n") not in before]
+    return fresh[0] if len(fresh) == 1 else None
+
+
+def job_part_detail(record: OpRecord, part: Mapping[str, Any]) -> dict[str, Any]:
+    """The detail of ``Job Part Created``: the ``job``, the part's number, its ``batch``, its
+    ``rows`` and estimated ``tokens``; idempotencyKey ``<job>@<created_ns>#part#<n>`` (the
+    part's nonce is never published)."""
+    batch = part.get("batch")
+    if not isinstance(batch, str) or not batch:
+        raise InvalidStreamRecordError(f"a created job part without a batch: {part!r}")
+    number = _count(part.get("n"))
+    return {
+        "job": record.name,
+        "part": number,
+        "batch": batch,
+        "rows": _count(part.get("rows")),
+        "tokens": _count(part.get("tokens")),
+        "idempotencyKey": f"{record.name}@{record.created_ns}#part#{number}",
+    }
+
+
 def _retry_detail(
     current: OpRecord, old_image: Mapping[str, Any], new_image: Mapping[str, Any]
 ) -> tuple[str, dict[str, Any]] | None:
@@ -242,6 +274,9 @@ def _retry_detail(
         return None
     if _final_status(new) == "final" and _final_status(old) != "final":
         return RESULTS_FINAL_DETAIL_TYPE, results_final_detail(current, new)
+    part = _part_created(old, new)
+    if part is not None:
+        return JOB_PART_CREATED_DETAIL_TYPE, job_part_detail(current, part)
     before = {c.get("id") for c in _created(old)}
     fresh = [c for c in _created(new) if c.get("id") not in before]
     if len(fresh) != 1 or len(_created(new)) != len(before) + 1:

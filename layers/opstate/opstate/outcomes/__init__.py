@@ -11,6 +11,9 @@ One module per concern, shaped like ``opstate.reconcile``:
   name, then rename) and ``s3_sink`` (boto3 multipart upload, aborted on failure);
 - ``source``: the port to Gemini (``Source``: what an operation's outputs are, streaming a
   file into a writer), with ``genai_source`` on google-genai (``client.files.download``);
+- ``price``: what an archived batch cost (genai-prices, per band and modality), and
+  ``estimate``: at most what a batch's input rows will cost (``estimate_rows``: bytes in,
+  dollars or null with why out; the retry budgets and the job queue's parts call it);
 - ``run``: one archive pass, ``archive_once`` (idempotent; deadlines; claims);
 - ``wiring``: ``archive_from_settings``, ``sink_from_url`` and ``results_json``.
 

@@ -18,8 +18,10 @@ that cap, never by the file or its longest line:
   cut to ``plan.MAX_CODE_CHARS`` characters, and after ``plan.MAX_COUNTED_CODES`` different
   codes a new one counts under ``"other"``);
 - ``usage``: the sum over succeeded rows of ``response.usageMetadata``'s six token counts
-  (``USAGE_FIELDS``; a missing or non-integer field counts 0);
-- ``bands``: the same sums, and how many rows made them, per price band (issue 41): the row's
+  (``USAGE_FIELDS``; a missing or null field counts 0; a value that is no count, as
+  ``ledger_reading._count`` reads one, makes the row ``unreadable``: issue 47);
+- ``bands``: the same sums and the per-modality ones (``DETAIL_KEYS``: each ``*TokensDetails``
+  list's counts by modality), and how many rows made them, per price band (issue 41): the row's
   ``response.modelVersion`` (None when it names none; at most ``MAX_BAND_MODELS`` different
   ones, then ``OTHER_MODEL``) and how many of ``PRICE_TIER_STARTS`` its prompt
   (``promptTokenCount`` + ``toolUsePromptTokenCount``, what a tiered price is chosen by) is
@@ -49,23 +51,32 @@ from operator import attrgetter
 from typing import Any
 
 from opstate.outcomes.ledger_reading import (
+    DETAIL_KEYS,
     MAX_BAND_MODELS,
     OTHER_MODEL,
     PRICE_TIER_STARTS,
     USAGE_FIELDS,
     BandKey,
+    UnreadableRowError,
     _code,
-    _count,
     _cut,
     _is_utf8,
     _text,
     band_of,
     is_blocked,
+    usage_counts,
 )
 from opstate.outcomes.plan import MAX_COUNTED_CODES, OTHER_CODES
 
 try:
-    from opstate.outcomes.ledger_rows import ROW_ERRORS, USAGE_GETTERS, Row, decode_row
+    from opstate.outcomes.ledger_rows import (
+        ROW_ERRORS,
+        USAGE_GETTERS,
+        Row,
+        add_details,
+        counts_of,
+        decode_row,
+    )
     from opstate.outcomes.ledger_rows import is_blocked as struct_is_blocked
 
     HAVE_MSGSPEC = True
@@ -141,13 +152,15 @@ class BatchLedger(Digest):
     rows: Rows = field(default_factory=Rows)
     errors: dict[str, int] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_FIELDS, 0))
-    # (modelVersion, band) -> [rows, then the six sums in USAGE_FIELDS order], for every band
+    # (modelVersion, band) -> [rows, the six sums in USAGE_FIELDS order, then the
+    # per-modality ones in DETAIL_KEYS order], for every band
     # but the usual one (``_usual``: the first model seen in band 0), whose sums are the
     # totals less these (``bands``): a row of the usual band costs one comparison.
     _bands: dict[BandKey, list[int]] = field(default_factory=dict, repr=False)
     _usual: str | None = field(default=None, repr=False)
     _has_usual: bool = field(default=False, repr=False)
     _usage_rows: int = field(default=0, repr=False)  # rows that reported their usage
+    _details: list[int] = field(default_factory=lambda: [0] * len(DETAIL_KEYS), repr=False)
     # A line longer than this (bytes, without its newline) is one unreadable row.
     max_line_bytes: int = field(default=DEFAULT_MAX_LINE_BYTES, repr=False)
     _rest: bytearray = field(default_factory=bytearray, repr=False)
@@ -304,6 +317,7 @@ class BatchLedger(Digest):
             block = [sum(map(get, usages)) for _key, get in USAGE_GETTERS]
             for (key, _get), total in zip(USAGE_GETTERS, block, strict=True):
                 sums[key] += total
+            add_details(usages, self._details, 0)
             priced = responses
             if len(usages) < len(responses):
                 priced = [r for r in responses if r.usage_metadata is not None]
@@ -320,10 +334,11 @@ class BatchLedger(Digest):
 
     @property
     def bands(self) -> dict[BandKey, list[int]]:
-        """(modelVersion, band) -> [rows, then the six sums in ``USAGE_FIELDS`` order]."""
+        """(modelVersion, band) -> [rows, the six sums in ``USAGE_FIELDS`` order, then the
+        per-modality ones in ``DETAIL_KEYS`` order]."""
         found = {key: list(sums) for key, sums in self._bands.items()}
         if self._has_usual:
-            usual = [self._usage_rows, *(self.usage[k] for k in USAGE_FIELDS)]
+            usual = [self._usage_rows, *(self.usage[k] for k in USAGE_FIELDS), *self._details]
             for sums in self._bands.values():
                 for i, value in enumerate(sums):
                     usual[i] -= value
@@ -353,10 +368,11 @@ class BatchLedger(Digest):
             if self._is_usual(_cut(models.pop()), top):
                 return
         for row, usage in zip(priced, usages, strict=True):
-            self._add_band(row.model_version, [get(usage) for _key, get in USAGE_GETTERS])
+            self._add_band(row.model_version, counts_of(usage))
 
     def _add_band(self, model: object, counts: Sequence[int]) -> None:
-        """One row's counts (``USAGE_FIELDS`` order) into its band (the usual one's sums are
+        """One row's counts (``USAGE_FIELDS`` then ``DETAIL_KEYS``) into its band (the usual
+        one's sums are
         the totals'; a model past ``MAX_BAND_MODELS`` counts as ``OTHER_MODEL``)."""
         prompt = counts[_PROMPT_AT] + counts[_TOOL_AT]
         name = _cut(model)
@@ -371,7 +387,7 @@ class BatchLedger(Digest):
                 known.add(self._usual)
             if name is not None and name not in known and len(known) >= MAX_BAND_MODELS:
                 key = (OTHER_MODEL, key[1])
-            sums = bands.setdefault(key, [0] * (1 + len(USAGE_FIELDS)))
+            sums = bands.setdefault(key, [0] * (1 + len(USAGE_FIELDS) + len(DETAIL_KEYS)))
         sums[0] += 1
         for i, value in enumerate(counts, 1):
             sums[i] += value
@@ -419,15 +435,20 @@ class BatchLedger(Digest):
         self._row(row)
 
     def _row(self, row: dict[str, Any]) -> None:
-        """Account for one readable row (a JSON object)."""
+        """Account for one JSON object row (``unreadable`` when a value in it is no count)."""
         response = row.get("response")
         if isinstance(response, dict):
+            usage = response.get("usageMetadata")
+            try:
+                counts = usage_counts(usage) if isinstance(usage, dict) else None
+            except UnreadableRowError:
+                self.rows.unreadable += 1
+                return
             self.rows.succeeded += 1
             if is_blocked(response):
                 self.rows.blocked += 1
-            usage = response.get("usageMetadata")
-            if isinstance(usage, dict):
-                counts = self._add_usage([usage.get(key) for key in USAGE_FIELDS])
+            if counts is not None:
+                self._add_usage(counts)
                 self._usage_rows += 1
                 self._add_band(response.get("modelVersion"), counts)
             return
@@ -439,19 +460,15 @@ class BatchLedger(Digest):
             return
         self.rows.unreadable += 1
 
-    def _add_usage(self, values: Sequence[object]) -> list[int]:
-        """Add a succeeded row's six counts (``USAGE_FIELDS`` order) to the sums; returns
-        them as counted."""
+    def _add_usage(self, counts: Sequence[int]) -> None:
+        """Add a succeeded row's counts (``usage_counts``) to the sums."""
         sums = self.usage
-        counts = []
-        for key, value in zip(USAGE_FIELDS, values, strict=True):
-            if type(value) is int and value >= 0:  # the usual case, as _count says
-                n = value
-            else:
-                n = 0 if value is None else _count(value)
+        for key, n in zip(USAGE_FIELDS, counts, strict=False):
             sums[key] += n
-            counts.append(n)
-        return counts
+        if len(counts) > len(USAGE_FIELDS):
+            details = self._details
+            for i, n in enumerate(counts[len(USAGE_FIELDS) :]):
+                details[i] += n
 
     def _add_failed(self, code: object) -> None:
         self.rows.failed += 1

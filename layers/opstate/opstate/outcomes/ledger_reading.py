@@ -28,19 +28,85 @@ MAX_BAND_MODELS = 8
 MAX_MODEL_CHARS = 128
 OTHER_MODEL = "other"
 type BandKey = tuple[str | None, int]
+# The largest token count read (an int64, as Gemini's proto declares them), and its digits.
+MAX_COUNT = 2**63 - 1
+_MAX_DIGITS = len(str(MAX_COUNT))
+# The per-modality counts of a ``usageMetadata`` (issue 47), summed per band as genai-prices'
+# own Google extractor reads them: each list's ``[{"modality", "tokenCount"}]``. A modality of
+# any other name (``MODALITY_UNSPECIFIED``, a new one) counts as ``OTHER``, which is not priced.
+DETAIL_FIELDS = (
+    "promptTokensDetails",
+    "candidatesTokensDetails",
+    "cacheTokensDetails",
+    "toolUsePromptTokensDetails",
+)
+MODALITIES = ("TEXT", "IMAGE", "AUDIO", "VIDEO", "DOCUMENT", "OTHER")
+# (list, modality) of each per-modality sum, after the six of USAGE_FIELDS in a band's sums.
+DETAIL_KEYS = tuple((d, m) for d in DETAIL_FIELDS for m in MODALITIES)
+_MODALITY_AT = {m: i for i, m in enumerate(MODALITIES)}
+_OTHER_AT = MODALITIES.index("OTHER")
+
+
+class UnreadableRowError(ValueError):
+    """A row the ledger cannot read (a token count or a modality list that is not one): the
+    row is counted ``unreadable``, never the end of the archive."""
 
 
 def _count(value: object) -> int:
-    """A token count as JSON carries it (a number, or an int64 as decimal text); else 0."""
-    if isinstance(value, bool):
+    """A token count as JSON carries it: an int of ``0..MAX_COUNT``, or an int64 as decimal
+    text (proto3's JSON form: ASCII digits only, at most ``MAX_COUNT``); missing or null is 0.
+    Anything else (a bool, a float, a negative number, ``"²"``, 5,000 digits) raises
+    ``UnreadableRowError``: the row is unreadable (issue 47)."""
+    if value is None:
         return 0
-    if isinstance(value, int):
-        return value if value >= 0 else 0
-    if isinstance(value, float) and value.is_integer() and value >= 0:
+    if type(value) is int:
+        if 0 <= value <= MAX_COUNT:
+            return value
+    elif (
+        type(value) is str
+        and 0 < len(value) <= _MAX_DIGITS
+        and value.isascii()
+        and value.isdigit()
+        and int(value) <= MAX_COUNT
+    ):
         return int(value)
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    return 0
+    raise UnreadableRowError(f"not a token count: {str(value)[:40]!r}")
+
+
+def _details(value: object) -> list[tuple[int, int]]:
+    """A ``*TokensDetails`` list (``[{"modality", "tokenCount"}]``) as (modality index in
+    ``MODALITIES``, count) pairs; a modality of no other name counts as ``OTHER``. Missing or
+    null is none; anything but a list of objects raises ``UnreadableRowError``."""
+    if value is None:
+        return []
+    if type(value) is not list:
+        raise UnreadableRowError("a modality list that is not a list")
+    found = []
+    for item in value:
+        if type(item) is not dict:
+            raise UnreadableRowError("a modality count that is not an object")
+        modality = item.get("modality")
+        index = _MODALITY_AT.get(modality, _OTHER_AT) if type(modality) is str else _OTHER_AT
+        found.append((index, _count(item.get("tokenCount"))))
+    return found
+
+
+def usage_counts(usage: Mapping[str, Any]) -> list[int]:
+    """A ``usageMetadata`` object's counts as a band sums them: ``USAGE_FIELDS``, then
+    ``DETAIL_KEYS`` only when it has a per-modality list (``UnreadableRowError`` for a value
+    that is no count). The usual count (an int in range, or none) is read inline."""
+    counts = [
+        0 if v is None else v if type(v) is int and 0 <= v <= MAX_COUNT else _count(v)
+        for v in map(usage.get, USAGE_FIELDS)
+    ]
+    if usage.keys().isdisjoint(DETAIL_FIELDS):
+        return counts
+    counts.extend([0] * len(DETAIL_KEYS))
+    for d, name in enumerate(DETAIL_FIELDS):
+        base = len(USAGE_FIELDS) + d * len(MODALITIES)
+        for index, n in _details(usage.get(name)):
+            counts[base + index] += n
+    return counts
 
 
 def band_of(prompt: int) -> int:

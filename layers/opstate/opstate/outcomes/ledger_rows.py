@@ -17,16 +17,33 @@ Imported only by ``opstate.outcomes.ledger``, which works without msgspec (slowe
 
 from __future__ import annotations
 
+from itertools import chain
 from operator import attrgetter
 from typing import Annotated
 
 import msgspec
 
+from opstate.outcomes.ledger_reading import (
+    DETAIL_FIELDS,
+    DETAIL_KEYS,
+    MAX_COUNT,
+    MODALITIES,
+    USAGE_FIELDS,
+)
 from opstate.outcomes.plan import BLOCKING_FINISH_REASONS
 
-# A token count as the structs take it: an int >= 0. Any other value the ledger counts by its
-# definition (``ledger._count``: a float that is whole, decimal text, else 0) through ``line``.
-type Count = Annotated[int, msgspec.Meta(ge=0)]
+# A token count as the structs take it: an int of 0..MAX_COUNT. Any other value the ledger reads
+# by its definition (``ledger_reading._count``: decimal text, else an unreadable row) through
+# ``line``.
+type Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+
+
+class ModalityCount(msgspec.Struct, rename="camel", gc=False):
+    """One item of a ``*TokensDetails`` list (a modality that is not a string is refused, so
+    ``line`` reads it: as ``OTHER``)."""
+
+    modality: str | None = None
+    token_count: Count = 0
 
 
 class Usage(msgspec.Struct, rename="camel"):
@@ -39,6 +56,11 @@ class Usage(msgspec.Struct, rename="camel"):
     cached_content_token_count: Count = 0
     tool_use_prompt_token_count: Count = 0
     total_token_count: Count = 0
+    # The per-modality counts (``ledger_reading.DETAIL_FIELDS``; None: missing).
+    prompt_tokens_details: list[ModalityCount] | None = None
+    candidates_tokens_details: list[ModalityCount] | None = None
+    cache_tokens_details: list[ModalityCount] | None = None
+    tool_use_prompt_tokens_details: list[ModalityCount] | None = None
 
 
 class PromptFeedback(msgspec.Struct, rename="camel"):
@@ -94,7 +116,42 @@ decode_row = msgspec.json.Decoder(Row).decode
 # (the camelCase name in ledger.USAGE_FIELDS, the getter of that count on a Usage)
 USAGE_GETTERS: tuple[tuple[str, attrgetter[int]], ...] = tuple(
     (Usage.__struct_encode_fields__[i], attrgetter(name))
-    for i, name in enumerate(Usage.__struct_fields__)
+    for i, name in enumerate(Usage.__struct_fields__[: len(USAGE_FIELDS)])
 )
+_DETAIL_GETTERS = tuple(attrgetter(name) for name in Usage.__struct_fields__[len(USAGE_FIELDS) :])
+assert tuple(Usage.__struct_encode_fields__[len(USAGE_FIELDS) :]) == DETAIL_FIELDS
+_MODALITY_AT = {m: i for i, m in enumerate(MODALITIES)}
+_OTHER_AT = MODALITIES.index("OTHER")
+_WIDTH = len(MODALITIES)
+_MODALITY_OF = attrgetter("modality")
+_TOKENS_OF = attrgetter("token_count")
+
+
+def add_details(usages: list[Usage], sums: list[int], offset: int) -> None:
+    """Add the per-modality counts of ``usages`` to ``sums[offset:]`` (``DETAIL_KEYS``
+    order). Each list's items over the block are gathered and read by C-level getters; a list
+    of one modality only (Gemini's usual TEXT) is one sum."""
+    for d, get in enumerate(_DETAIL_GETTERS):
+        items = list(chain.from_iterable(filter(None, map(get, usages))))
+        if not items:
+            continue
+        base = offset + d * _WIDTH
+        modalities = list(map(_MODALITY_OF, items))
+        first = modalities[0]
+        if modalities.count(first) == len(modalities):
+            sums[base + _MODALITY_AT.get(first, _OTHER_AT)] += sum(map(_TOKENS_OF, items))
+            continue
+        for modality, n in zip(modalities, map(_TOKENS_OF, items), strict=True):
+            sums[base + _MODALITY_AT.get(modality, _OTHER_AT)] += n
+
+
+def counts_of(usage: Usage) -> list[int]:
+    """One row's counts as a band sums them (``USAGE_FIELDS`` then ``DETAIL_KEYS``)."""
+    counts = [get(usage) for _key, get in USAGE_GETTERS]
+    counts.extend([0] * len(DETAIL_KEYS))
+    add_details([usage], counts, len(USAGE_FIELDS))
+    return counts
+
+
 # What decode_row raises for a line it cannot read exactly (both are msgspec.MsgspecError).
 ROW_ERRORS: tuple[type[Exception], ...] = (msgspec.MsgspecError, RecursionError)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from opstate.domain.events import EventError, UnsupportedEventError
 from opstate.domain.model import Decision, OpEvent, OpRecord
+from opstate.domain.names import Kind
 from opstate.domain.reducer import apply_event
 from opstate.ingest import Ingested
 from opstate.observability import log_fields, logger
@@ -65,6 +66,8 @@ class DueQueue:
         """
         with self._lock:
             while (entry := self._next()) is not None:
+                if entry.record.kind is Kind.JOB:
+                    continue  # opstate's own job (issue 46): the retry pass moves it
                 self.run.tally.seen_open(entry.record)
                 name = entry.record.name
                 if name not in self.discovered:

@@ -3,17 +3,24 @@
 ``OPSTATE_RETRY_MAX_BATCHES_PER_HOUR`` retry batches created in any hour, whatever the
 policies ask.
 
-Counted from the stored retry states, no counter of its own: once per pass, before its first
-create, the active roots are listed (``iter_retry_due``: every active root); a lineage is
-*retrying* when its root is active, not stopped, and has a child being created or created; a
-batch counts for the hour when its plan entry was created (``createdNs``) or claimed for
-creating (``claimedNs``) in the last hour. Then the pass adds what it creates itself. A root
-that is over the budget creates nothing: its children stay planned and it is due again later;
-counted in ``RetryBudgetReached`` (alarm ``RetryBudgetAlarm``) and logged once a pass.
+Lineages: counted from the stored retry states: once per pass, before its first create, the
+active roots are listed (``iter_retry_due``: every active root); a lineage is *retrying* when
+its root is active, not stopped, and has a child being created or created. Runners passing at
+the same time each count before the other's create (at most one lineage over per concurrent
+runner).
 
-The bound is the deployment's, not a hard cap per instant: runners passing at the same time
-each count before the other's create (at most one batch over per concurrent runner), and a
-lineage that finished within the hour no longer counts for it.
+Batches per hour (issue 47): a store counter like the daily spend's (``store.counters``:
+``HOUR_COUNTER`` of the UTC clock hour), taken one at a time under the bound by an atomic add
+before each create (or each adoption of a batch found after an ambiguous create), so runners
+passing at once never go over it together, and a batch counts for its hour whatever became of
+its lineage since (0.6.0 counted the active lineages' children only: a lineage that finished
+dropped out). The hour is the clock hour: at most the bound per UTC hour, so at most twice
+the bound in a 60-minute span that straddles two. A slot taken for a create that then fails
+stays taken (over-counted, never under). A store without counters counts from the stored
+states as 0.6.0 did.
+
+A root that is over the budget creates nothing: its children stay planned and it is due again
+later; counted in ``RetryBudgetReached`` (alarm ``RetryBudgetAlarm``) and logged once a pass.
 """
 
 from __future__ import annotations
@@ -21,12 +28,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from opstate.domain.model import OpRecord
-from opstate.domain.times import NS_PER_SECOND
+from opstate.domain.times import NS_PER_SECOND, format_time
 from opstate.observability import count, log_fields, logger
 from opstate.retry import lineage
 from opstate.retry.passes import Runner
+from opstate.store.counters import CountingStore
 
 HOUR_NS = 3600 * NS_PER_SECOND
+HOUR_COUNTER = "retry-batches:{hour}"
 # A due time past any root's: the listing of every active root.
 EVERY_NS = 2**62
 
@@ -67,15 +76,15 @@ class Budget:
             self._load()
         config = self.runner.config
         why = None
-        if self.recent >= config.max_batches_per_hour:
-            why = (
-                f"{self.recent} retry batches were created in the last hour, the most "
-                f"OPSTATE_RETRY_MAX_BATCHES_PER_HOUR ({config.max_batches_per_hour}) allows"
-            )
-        elif root.name not in self.retrying and len(self.retrying) >= config.max_active_lineages:
+        if root.name not in self.retrying and len(self.retrying) >= config.max_active_lineages:
             why = (
                 f"{len(self.retrying)} lineages are retrying, the most "
                 f"OPSTATE_RETRY_MAX_ACTIVE_LINEAGES ({config.max_active_lineages}) allows"
+            )
+        elif not self._take_hour():
+            why = (
+                f"{self.recent} retry batches were created this hour, the most "
+                f"OPSTATE_RETRY_MAX_BATCHES_PER_HOUR ({config.max_batches_per_hour}) allows"
             )
         if why is None:
             return True
@@ -87,6 +96,17 @@ class Budget:
                 "retry budget reached: nothing created, the root waits",
                 {"name": root.name, "why": why},
             )
+        return False
+
+    def _take_hour(self) -> bool:
+        """Take one of this hour's batches (False: none is left)."""
+        store, most = self.runner.store, self.runner.config.max_batches_per_hour
+        if not isinstance(store, CountingStore):
+            return self.recent < most
+        counter = HOUR_COUNTER.format(hour=format_time(self.runner.clock_ns())[:13])
+        if store.add_counter(counter, 1, most):
+            return True
+        self.recent = store.get_counter(counter)
         return False
 
     def spent(self, root: OpRecord) -> None:

@@ -43,7 +43,7 @@ from opstate.gemini.errors import GatewayError
 from opstate.gemini.submit import inlined_requests
 from opstate.observability import count, log_fields, logger
 from opstate.outcomes.sink import Sink, SinkError
-from opstate.retry import evidence, lineage, spend
+from opstate.retry import evidence, job_step, lineage, spend
 from opstate.retry.authority import INPUT_UNUSABLE, NOT_UNDER, acting_policy, reads_input
 from opstate.retry.children import Creator
 from opstate.retry.cutting import retry_keys, write_inputs
@@ -149,8 +149,8 @@ class RetryRunner:
         return found
 
     def one(self, root: OpRecord, state: RetryState) -> None:
-        if state.created_ns != root.created_ns:
-            return  # a state of an earlier incarnation: never acted on
+        if state.created_ns != root.created_ns or job_step.job_step(self, root, state):
+            return  # an earlier incarnation's state (never acted on), or a job's step
         state = self._redate(root, state)
         ready = self._ready(root, state)
         if ready is None:
@@ -159,7 +159,7 @@ class RetryRunner:
         refs = lineage.members(root.name, state.doc)
         records = {ref.name: self.store.get(ref.name) for ref in refs}
         archives = {ref.name: self.store.get_archive(ref.name) for ref in refs}
-        state = self._note_ended(root, state, records)
+        state = spend.charge(self, root, self._note_ended(root, state, records), archives)
         state = pending_timeouts(self, self.creator.cancel, root, state, refs, records)
         if any(not _settled(records[r.name], archives[r.name]) for r in refs):
             self.result.waiting += 1

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,11 @@ from opstate.retry.authority import VIA_SUBMIT
 from opstate.retry.inputs import KeptInput, keep_input, source_chunks
 from opstate.retry.policy import attach_policy
 
+# ``progress(stage, done, total)``: the bytes of the input a stage has read so far, for a caller
+# that shows them (``opstate submit``'s bars, opstate.cli.progress); stages "checking" and
+# "keeping" (the input's two reads into the sink, total None), "uploading" (total: its bytes).
+# Called in the submitting thread between chunks; it must return quickly and never raise.
+ProgressHook = Callable[[str, int, int | None], None]
 MAX_DISPLAY_NAME_CHARS = 100
 # How long a re-run's search for the batch an earlier call created may take (seconds).
 SEARCH_SECONDS = 120.0
@@ -86,12 +91,17 @@ def submit(
     display_name: str = "",
     max_line_bytes: int = 32 * 1024 * 1024,
     clock_ns: Callable[[], int] = time.time_ns,
+    progress: ProgressHook | None = None,
 ) -> Submitted:
     """Keep, upload, create and track (see the module docstring). ``InputError`` for a bad
-    input (nothing created), ``GatewayError`` when Gemini refused or failed."""
+    input (nothing created), ``GatewayError`` when Gemini refused or failed. ``progress``:
+    told the bytes each stage has read (``ProgressHook``)."""
     if not model.strip():
         raise ValueError("a model is required (--model)")
-    kept = keep_input(source_chunks(source), sink, max_line_bytes)
+    reads: Callable[[], Iterable[bytes]] = source_chunks(source)
+    if progress is not None:
+        reads = _reported(reads, progress, ("checking", "keeping"))
+    kept = keep_input(reads, sink, max_line_bytes)
     marker_id = submit_id(kept.sha256, model, display_name)
     shown = f"{display_name[:MAX_DISPLAY_NAME_CHARS]} {marker_id}".strip()
     marker = f"inputs/{kept.sha256}/submit-{marker_id}.json"
@@ -102,7 +112,7 @@ def submit(
         try:
             file_name = upload_jsonl(
                 client,
-                chunks=sink.chunks(kept.location),
+                chunks=_counted(sink.chunks(kept.location), progress, "uploading", kept.bytes),
                 size=kept.bytes,
                 display_name=marker_id,
             )
@@ -123,6 +133,37 @@ def submit(
         {"name": record.name, "rows": kept.rows, "input": kept.location},
     )
     return Submitted(record.name, str(record.state), created, kept, shown)
+
+
+def _counted(
+    chunks: Iterable[bytes], progress: ProgressHook | None, stage: str, total: int | None
+) -> Iterable[bytes]:
+    """``chunks`` as they are, each one's bytes told to ``progress`` (when given)."""
+    if progress is None:
+        return chunks
+
+    def told() -> Iterator[bytes]:
+        done = 0
+        progress(stage, 0, total)
+        for chunk in chunks:
+            done += len(chunk)
+            progress(stage, done, total)
+            yield chunk
+
+    return told()
+
+
+def _reported(
+    reads: Callable[[], Iterable[bytes]], progress: ProgressHook, stages: tuple[str, ...]
+) -> Callable[[], Iterable[bytes]]:
+    """``reads`` (a fresh stream per call), the n-th call's bytes told as ``stages[n]``
+    (a read past the named stages, e.g. naming a repeated key, as "reading")."""
+    calls = iter(stages)
+
+    def read() -> Iterable[bytes]:
+        return _counted(reads(), progress, next(calls, "reading"), None)
+
+    return read
 
 
 class PolicyChangedError(ValueError):

@@ -10,9 +10,10 @@ from opstate.config import Settings
 from opstate.domain.retry import RetryPolicy
 from opstate.outcomes.sink import Sink
 from opstate.retry.engine import retry_once
+from opstate.retry.job_submit import JobSubmitted, submit_job
 from opstate.retry.passes import RetryConfig, RetryResult
 from opstate.retry.rules import parse_table
-from opstate.retry.submit import Submitted, submit
+from opstate.retry.submit import ProgressHook, Submitted, submit
 
 MiB = 1024 * 1024
 
@@ -86,9 +87,28 @@ def submit_from_settings(
     policy: RetryPolicy,
     display_name: str = "",
     store: Any | None = None,
-) -> Submitted:
-    """``opstate submit`` and the submit function: keep, upload, create, track."""
+    progress: ProgressHook | None = None,
+) -> Submitted | JobSubmitted:
+    """``opstate submit`` and the submit function: keep, upload, create, track
+    (``progress``: told each stage's bytes, ``retry.submit.ProgressHook``); an input
+    larger than one batch allows is a job (``retry.job_submit``, docs/jobs.md), whose first
+    feeding step runs at once."""
+    from opstate.retry.inputs import source_chunks
+
     with _opened(settings, store) as (used, sink, client):
+        job = submit_job(
+            used,
+            sink,
+            source_chunks(source),
+            model=model,
+            policy=policy,
+            limits=settings,
+            display_name=display_name,
+            max_line_bytes=settings.results_max_line_mib * MiB,
+        )
+        if job is not None:
+            retry_once(used, sink, client, config_from(settings), names=[job.name], every=True)
+            return job
         return submit(
             used,
             sink,
@@ -98,6 +118,7 @@ def submit_from_settings(
             policy=policy,
             display_name=display_name,
             max_line_bytes=settings.results_max_line_mib * MiB,
+            progress=progress,
         )
 
 
@@ -113,6 +134,9 @@ def roots_of(store: Any, names: list[str]) -> list[str]:
             continue
         if state.status == RETRY_ACTIVE:
             roots.append(name)
+            job = state.doc.get("partOf")  # a job's part (issue 46): its job feeds on
+            if isinstance(job, str) and job.startswith("jobs/"):
+                roots.append(job)
         elif state.status == RETRY_MEMBER:
             found = state.doc.get("lineage")
             root = found.get("root") if isinstance(found, dict) else None
@@ -135,8 +159,10 @@ def submit_event(settings: Settings, request: Any) -> dict[str, Any]:
     """The submit function's request (``{"input": "s3://...", "model", "displayName",
     "retry": {...}}``, docs/retry.md) submitted; ``SubmitRefusedError`` when it is not one
     this system accepts (nothing created)."""
+    from opstate.domain.parts import SplitError
     from opstate.domain.retry import InvalidRetryError, parse_retry
     from opstate.retry.inputs import InputError
+    from opstate.retry.jobs import PlanError
     from opstate.retry.policy import settings_policy
 
     if not isinstance(request, dict):
@@ -159,7 +185,7 @@ def submit_event(settings: Settings, request: Any) -> dict[str, Any]:
         done = submit_from_settings(
             settings, source=source, model=model, policy=policy, display_name=display
         )
-    except InputError as exc:
+    except (InputError, SplitError, PlanError) as exc:
         raise SubmitRefusedError(f"nothing submitted: {exc}") from None
     return done.as_dict() | {"retry": policy.as_doc()}
 
