@@ -41,8 +41,19 @@ a 2-part upload and a multipart copy where a small one is not, so a calibration 
 few full 10 MB outputs and as many scaled ones after the day, and the difference per archive
 (S3 requests by operation, archiver milliseconds) is added for each 10 MB output of the day.
 
-Run: ``.venv/bin/python benchmarks/bench_aws_cost.py [--quick] [--json]``; ``run.py``
-runs it as section ``aws-cost`` (key ``aws_cost``).
+The stack is the template's defaults with ``DEPLOY_PARAMETERS`` (``RetryOverApi=true``: the
+day attaches retry policies with ``PUT /operations``) and any ``--parameter NAME=VALUE``;
+``--discover all|tracked`` sets the reconciler's ``OPSTATE_DISCOVER``. The month's fixed cost
+(custom metrics the day sent, alarm metrics, dashboards and secrets of the deployed template:
+``fixed_costs.py``) and the peer designs for the same jobs (``peers.py``: a Step Functions
+poller at 30 s and at 5 minutes, a Standard workflow waiting for a callback, a Lambda durable
+function waiting on a callback, each with the receiver of Gemini's webhook) are priced beside
+the day (issue 48).
+
+Run: ``.venv/bin/python benchmarks/bench_aws_cost.py [--quick] [--json] [--discover all|tracked]
+[--batches N --videos N] [--parameter NAME=VALUE ...]``; ``run.py`` runs it as section
+``aws-cost`` (key ``aws_cost``); ``tests/integration/test_bench_aws_cost_quick.py`` runs
+``--quick`` in ``make test``.
 """
 
 from __future__ import annotations
@@ -87,6 +98,8 @@ for _key, _value in {
 os.environ.pop("AWS_PROFILE", None)
 
 import aws_prices as P  # noqa: E402
+import fixed_costs  # noqa: E402
+import peers  # noqa: E402
 
 S = 1_000_000_000
 DAY_START_S = 1_790_208_000  # 2026-09-24T00:00:00Z
@@ -112,6 +125,11 @@ RESUMER_TYPES = (
     "Operation Results Lost",
     "Operation Results Final",
 )
+# The stack's parameter overrides (``sam deploy --parameter-overrides``): the day attaches a
+# retry policy to every 20th job with PUT /operations, which only a stack deployed with
+# RetryOverApi=true allows (the retry right of 0.6.0: otherwise 403 retry-not-allowed).
+# Every other parameter keeps its default.
+DEPLOY_PARAMETERS: dict[str, str] = {"RetryOverApi": "true"}
 # logical id -> short name (the label everything is counted under)
 FUNCTIONS = {
     "WebhookFunction": "webhook",
@@ -302,13 +320,12 @@ def template_config(refs: dict[str, str]) -> tuple[dict[str, str], dict[str, int
             except UnresolvableError:
                 continue
         memory[short] = int(tpl.resolve(tpl.function_setting(logical, "MemorySize"), refs))
-    types = Counter(r.get("Type") for r in tpl.resources.values())
     rate = int(tpl.parameter_default("ReconcileRateMinutes"))
+    parameters = {k: v for k, v in refs.items() if k in tpl.data.get("Parameters", {})}
     facts = {
+        "template": tpl.data,
+        "parameters": parameters,
         "reconcile_rate_minutes": rate,
-        "alarms": types["AWS::CloudWatch::Alarm"],
-        "dashboards": types["AWS::CloudWatch::Dashboard"],
-        "secrets": types["AWS::SecretsManager::Secret"],
         "architecture": tpl.parameter_default("Architecture"),
         "operations_indexes": [
             [k["AttributeName"] for k in gsi["KeySchema"]]
@@ -801,7 +818,10 @@ class Rig:
 
 
 @contextlib.contextmanager
-def rig() -> Iterator[Rig]:
+def rig(parameters: dict[str, str] | None = None, discover: str | None = None) -> Iterator[Rig]:
+    """The moto server, the fake Gemini and the functions' environment as the template gives
+    it, deployed with ``DEPLOY_PARAMETERS`` and ``parameters`` (overrides) and, when given,
+    ``OPSTATE_DISCOVER=discover``."""
     import boto3
 
     from tests.support.fake_gemini import FakeGemini
@@ -825,6 +845,8 @@ def rig() -> Iterator[Rig]:
             "WebhookQuarantineQueue": "",
             "AWS::StackName": STACK,
             "AWS::Region": "us-east-1",
+            **DEPLOY_PARAMETERS,
+            **(parameters or {}),
         }
         env, memory, facts = template_config(refs)
         for key in [k for k in env if k.endswith("_SECRET_ARN")]:
@@ -838,6 +860,8 @@ def rig() -> Iterator[Rig]:
                 "POWERTOOLS_TRACE_DISABLED": "true",
             }
         )
+        if discover is not None:
+            env["OPSTATE_DISCOVER"] = discover
         env = {k: v for k, v in env.items() if v != ""}
         for key in ("OPSTATE_STORE", "OPSTATE_QUARANTINE_QUEUE_URL"):
             os.environ.pop(key, None)
@@ -861,17 +885,26 @@ def rig() -> Iterator[Rig]:
         server.stop()
 
 
-def measure(sizes: Sizes = FULL, seed: int = 41) -> dict[str, Any]:
-    """The day, the calibration, the Step Functions poller beside it, priced."""
+def measure(
+    sizes: Sizes = FULL,
+    seed: int = 41,
+    *,
+    parameters: dict[str, str] | None = None,
+    discover: str | None = None,
+) -> dict[str, Any]:
+    """The day, the calibration, the Step Functions poller beside it, priced. ``parameters``:
+    template parameter overrides; ``discover``: ``OPSTATE_DISCOVER`` (default: the template's)."""
     import time_machine
 
     from opstate import api as api_module
     from opstate import config as config_module
+    from opstate import observability
     from tests.support.webhooks import TEST_SECRET
 
     started = time.perf_counter()
-    with rig() as r:
+    with rig(parameters, discover) as r:
         config_module.settings.cache_clear()
+        observability.reset_metric_switch()
         api_module.reset_default_app()
         functions = Functions(r.memory, r.fake)
         day = Day(
@@ -903,6 +936,13 @@ def measure(sizes: Sizes = FULL, seed: int = 41) -> dict[str, Any]:
             config_module.settings.cache_clear()
     poller = step_functions_poller(day, poll_ms)
     result = report(day, sizes, r.facts, calibration, stored, poller)
+    result["peers"] = peer_table(day, poll_ms, result)
+    result["deployed_with"] = {**DEPLOY_PARAMETERS, **(parameters or {})}
+    result["discover"] = (
+        discover
+        or r.env.get("OPSTATE_DISCOVER")
+        or f"{config_module.Settings.from_env({}).reconcile_discover} (the code's default)"
+    )
     result["seconds"] = {
         "day": round(day_seconds, 1),
         "total": round(time.perf_counter() - started, 1),
@@ -1000,6 +1040,37 @@ def step_functions_poller(day: Day, done: float) -> dict[str, Any]:
         "usd_total": round(total, 6),
         "usd_per_1000_jobs": round(P.per_thousand(total, sfn.executions), 5),
     }
+
+
+def peer_table(day: Day, poll_ms: float, got: dict[str, Any]) -> list[dict[str, Any]]:
+    """opstate beside the designs of ``peers.py`` for the same jobs (their durations, the
+    day's share of duplicate deliveries), per 1,000 jobs, with their price lines."""
+    durations = [
+        j.duration_s
+        for j in day.jobs.values()
+        if j.kind in ("batch", "video") and not j.full_size and "calib-" not in j.name
+    ]
+    billed = math.ceil(poll_ms + GEMINI_LATENCY_MS)
+    rows: list[dict[str, Any]] = [
+        {
+            "design": "opstate, tracking alone (no archiver, no S3)",
+            "usd_per_1000_jobs": got["usd_tracking_only_per_1000_jobs"],
+        },
+        {
+            "design": "opstate, all in (results archived)",
+            "usd_per_1000_jobs": got["usd_per_1000_jobs"],
+        },
+    ]
+    for design in peers.compare(durations, billed, 1.0 + DUPLICATE_SHARE):
+        rows.append(
+            {
+                "design": design.name,
+                "usd_per_1000_jobs": round(design.per_1000_jobs, 5),
+                "usd": {k: round(v, 6) for k, v in design.usd.items()},
+                "counted": dict(design.counted),
+            }
+        )
+    return rows
 
 
 def poller_time_ms(fake: Any, rounds: int = 50) -> float:
@@ -1128,12 +1199,7 @@ def report(
         + P.PRICES["logs_ingested_gb"].cost(lambdas["reconcile"]["log_bytes"] / 1e9)
     )
     storage_month = P.PRICES["s3_storage"].cost(stored_gb)
-    fixed_month = {
-        "custom metrics": P.PRICES["custom_metrics"].cost(len(metrics)),
-        "alarms": P.PRICES["alarms"].cost(facts["alarms"]),
-        "dashboard": P.PRICES["dashboards"].cost(facts["dashboards"]),
-        "secrets": P.PRICES["secrets"].cost(facts["secrets"]),
-    }
+    fixed = fixed_costs.fixed_month(facts["template"], facts["parameters"], metrics)
     return {
         "sizes": sizes.__dict__,
         "prices_read": P.PRICES_READ,
@@ -1176,7 +1242,10 @@ def report(
         ),
         "s3_storage_usd_per_month_kept": round(storage_month, 6),
         "s3_storage_usd_per_1000_jobs_month": round(P.per_thousand(storage_month, jobs), 5),
-        "fixed_usd_per_month": {k: round(v, 4) for k, v in fixed_month.items()},
+        "fixed_usd_per_month": {k: round(v, 4) for k, v in fixed["usd"].items()},
+        "fixed_counts": fixed["counts"],
+        "fixed_usd_month_total": round(fixed["usd_total"], 4),
+        "custom_metrics_sent": sorted(f"{name}{dict(dims) or ''}" for _, name, dims in metrics),
         "step_functions_poller": poller,
         "prices": {
             k: {"usd": p.usd, "per": p.per, "unit": p.unit, "source": p.source}
@@ -1203,22 +1272,27 @@ def distinct_metrics(lines: list[bytes]) -> set[tuple[str, str, tuple[tuple[str,
 
 
 def table_rows(got: dict[str, Any], row: Callable[[str, Any, Any, Any, str], None]) -> None:
-    """run.py's table rows: the cost per 1,000 jobs of both."""
+    """run.py's table rows: opstate per 1,000 jobs beside each peer design (issue 48: the
+    callback designs are the honest comparison, the 30-s poller the one of issue 41)."""
     if "usd_per_1000_jobs" not in got:
         return
-    sfn = got["step_functions_poller"]
+    rows = {r["design"]: r["usd_per_1000_jobs"] for r in got.get("peers", [])}
+    tracking = got["usd_tracking_only_per_1000_jobs"]
+    for design, usd in rows.items():
+        if design.startswith("opstate"):
+            continue
+        row(
+            f"AWS cost per 1,000 jobs, opstate tracking vs {design} ({got['jobs']} jobs/day)",
+            f"${tracking:.4f}",
+            f"${usd:.4f}",
+            round(tracking / usd, 3) if usd else "",
+            "",
+        )
     row(
-        f"AWS cost per 1,000 jobs, opstate vs Step Functions poller ({got['jobs']} jobs/day)",
+        "  opstate all in (results archived), per 1,000 jobs; fixed month",
         f"${got['usd_per_1000_jobs']:.4f}",
-        f"${sfn['usd_per_1000_jobs']:.4f}",
-        round(got["usd_per_1000_jobs"] / sfn["usd_per_1000_jobs"], 3),
+        f"${got.get('fixed_usd_month_total', 0.0):.2f}",
         "",
-    )
-    row(
-        "  opstate tracking only (no archiver, no S3)",
-        f"${got['usd_tracking_only_per_1000_jobs']:.4f}",
-        f"${sfn['usd_per_1000_jobs']:.4f}",
-        round(got["usd_tracking_only_per_1000_jobs"] / sfn["usd_per_1000_jobs"], 3),
         "",
     )
 
@@ -1259,7 +1333,14 @@ def print_report(got: dict[str, Any]) -> None:
         f"(measured: ${got['usd']['Lambda GB-seconds']:.6f})"
     )
     say(f"  most frequent log lines: {got['log_lines_by_message']}")
-    say(f"  fixed per month: {got['fixed_usd_per_month']}")
+    say(
+        f"  fixed per month: ${got['fixed_usd_month_total']:.2f} {got['fixed_usd_per_month']} "
+        f"{got['fixed_counts']}; deployed with {got.get('deployed_with')}, "
+        f"discover={got.get('discover')}"
+    )
+    say(f"  custom metrics sent: {got['custom_metrics_sent']}")
+    for row in got.get("peers", []):
+        say(f"  per 1,000 jobs: ${row['usd_per_1000_jobs']:.4f}  {row['design']}")
     sfn = got["step_functions_poller"]
     say(
         f"  Step Functions poller: {sfn['polls']} polls, {sfn['state_transitions']} "
@@ -1273,7 +1354,20 @@ def main() -> int:
     parser.add_argument("--batches", type=int)
     parser.add_argument("--videos", type=int)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--discover",
+        choices=("all", "tracked"),
+        help="OPSTATE_DISCOVER for the reconciler (default: what the template sets, or the code)",
+    )
+    parser.add_argument(
+        "--parameter",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a template parameter override, as sam deploy --parameter-overrides (repeatable)",
+    )
     args = parser.parse_args()
+    overrides = dict(item.split("=", 1) for item in args.parameter if "=" in item)
     sizes = QUICK if args.quick else FULL
     if args.batches is not None or args.videos is not None:
         sizes = Sizes(
@@ -1283,7 +1377,7 @@ def main() -> int:
                 "videos": args.videos if args.videos is not None else sizes.videos,
             }
         )
-    got = measure(sizes)
+    got = measure(sizes, parameters=overrides, discover=args.discover)
     if args.json:
         print(json.dumps(got, indent=2))
     else:

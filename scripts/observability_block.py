@@ -40,6 +40,7 @@ NAMESPACE = "${Namespace}"
 STACK = "${AWS::StackName}"
 REGION = "${AWS::Region}"
 PERIOD = 300
+DASHBOARD_CONDITION = "HasDetailedMetrics"  # template.yaml's Conditions
 WIDTH = 8  # three panels per row of CloudWatch's 24-column grid
 HEIGHT = 6
 
@@ -372,6 +373,9 @@ def block() -> str:
         BEGIN,
         "  Dashboard:",
         "    Type: AWS::CloudWatch::Dashboard",
+        # Its widgets draw the detailed metrics, which are sent only with DetailedMetrics=true;
+        # a dashboard is $3 a month beyond an account's first three (issue 48).
+        f"    Condition: {DASHBOARD_CONDITION}",
         "    Properties:",
         "      DashboardName: !Ref AWS::StackName",
         "      DashboardBody: !Sub",

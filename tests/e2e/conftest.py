@@ -84,6 +84,9 @@ class Stack:
             # The reconciler's re-drive target (moto has no such function: the invoke fails
             # and is logged, which the re-drive tolerates by design).
             "ArchiverFunction": f"{STACK_NAME}-archiver",
+            # Deployed with every metric: the tests check each one the dashboard draws (at the
+            # defaults only the core set is sent: tests/integration/test_bench_aws_cost_quick.py).
+            "DetailedMetrics": "true",
             "AWS::StackName": STACK_NAME,
             "AWS::Region": REGION,
             "AWS::AccountId": ACCOUNT_ID,

@@ -29,6 +29,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.metrics.base import SingleMetric
 from aws_lambda_powertools.metrics.functions import is_metrics_disabled
 
+from opstate.config import ConfigError, detailed_metrics
 from opstate.domain.model import Decision, Reason
 from opstate.domain.times import format_time
 
@@ -122,6 +123,49 @@ METRICS: Final[Mapping[str, MetricSpec]] = {
         _spec("WaitersResumed", "waiters", "waiters resumed, by outcome", "outcome"),
     )
 }
+
+# The core set (issue 48): the metrics an alarm reads, sent whatever ``OPSTATE_DETAILED_METRICS``
+# says. CloudWatch bills each custom metric (name x dimension values) sent in a month, so on AWS
+# (the template's DetailedMetrics=false) every other metric is not sent and a core one only
+# when it counts something: an alarm's "missing data" is "not breaching", the same answer as 0.
+CORE_METRICS: Final = frozenset(
+    {
+        "StoreUnavailable",
+        "SignatureRejected",
+        "WebhooksQuarantined",
+        "WebhooksDisabled",
+        "OperationsOverdue",
+        "OperationsLost",
+        "ResultsAtRisk",
+        "ResultsLost",
+        "RetryStopped",
+        "RetryBudgetReached",
+    }
+)
+_DETAILED: list[bool] = []  # read once (the environment), kept until reset_metric_switch()
+
+
+def metrics_detailed() -> bool:
+    """Whether every metric of ``METRICS`` is sent (``OPSTATE_DETAILED_METRICS``, unset: yes;
+    a value the settings refuse counts as yes here: the settings stop the function anyway)."""
+    if not _DETAILED:
+        try:
+            _DETAILED.append(detailed_metrics(os.environ))
+        except ConfigError:
+            _DETAILED.append(True)
+    return _DETAILED[0]
+
+
+def reset_metric_switch() -> None:
+    """Read ``OPSTATE_DETAILED_METRICS`` again at the next metric (tests, the benchmark)."""
+    _DETAILED.clear()
+
+
+def metric_on(name: str, value: float = 1) -> bool:
+    """Whether ``name`` with ``value`` is sent: every metric when detailed, else a core one
+    that is not zero."""
+    return metrics_detailed() or (name in CORE_METRICS and value != 0)
+
 
 # What a webhook request ended as (the ``outcome`` dimension of ``WebhookDeliveries``).
 WEBHOOK_OUTCOMES: Final = (
@@ -313,7 +357,10 @@ def count(name: str, value: float = 1, **dimensions: str) -> None:
 
     Powertools prints a single metric's blob even where its metrics are disabled
     (``POWERTOOLS_METRICS_DISABLED``, ``POWERTOOLS_DEV``), so that rule is applied here too.
+    A metric outside the core set is sent only with detailed metrics on (``metric_on``).
     """
+    if not metric_on(name, value):
+        return
     if not dimensions:
         metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
         return

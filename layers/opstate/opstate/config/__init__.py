@@ -4,7 +4,7 @@ The package owns the settings: one frozen dataclass per part, each in a module o
 reading its own variables (``store.StoreSettings``, ``webhook.WebhookSettings``,
 ``reconcile.ReconcileSettings``, ``results.ResultsSettings``, ``notify.NotifySettings``,
 ``local.LocalSettings``, ``waiters.WaiterSettings``, ``retry.RetrySettings``,
-``submit.SubmitSettings``; ``google_cloud``
+``submit.SubmitSettings``, ``metrics.MetricsSettings``; ``google_cloud``
 reads what two of them hold for Google Cloud, ``parse`` holds the readers and ``ConfigError``),
 and ``Settings``, all of them at once, here. Every default is written once, as the field's
 default: ``env_values`` returns only the variables that are set, so an unset one falls back to
@@ -38,6 +38,7 @@ from opstate.config.local import (
     checked_api_token,
     serve_store_url,
 )
+from opstate.config.metrics import MetricsSettings, detailed_metrics
 from opstate.config.notify import NotifySettings
 from opstate.config.parse import MAX_SECONDS, ConfigError, Part, settings_part
 from opstate.config.reconcile import (
@@ -125,6 +126,7 @@ __all__ = [
     "TIER1_ENQUEUED_TOKENS",
     "ConfigError",
     "LocalSettings",
+    "MetricsSettings",
     "NotifySettings",
     "ReconcileSettings",
     "ResultsSettings",
@@ -135,6 +137,7 @@ __all__ = [
     "WaiterSettings",
     "WebhookSettings",
     "checked_api_token",
+    "detailed_metrics",
     "model_id",
     "parse_enqueued_tokens",
     "parse_overdue",
@@ -154,11 +157,13 @@ PARTS: tuple[type[Part], ...] = (
     WaiterSettings,
     RetrySettings,
     SubmitSettings,
+    MetricsSettings,
 )
 
 
 @settings_part
 class Settings(
+    MetricsSettings,
     SubmitSettings,
     RetrySettings,
     WaiterSettings,

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from aws_lambda_powertools.metrics import MetricUnit
 
 from opstate.domain.model import Decision, OpRecord
-from opstate.observability import count, logger, metrics
+from opstate.observability import count, logger, metric_on, metrics
 from opstate.reconcile.schedule import Mark
 from opstate.store.port import PollState
 
@@ -133,7 +133,8 @@ class Tally:
             count(METRIC_NAMES[key], int(value))
         oldest = self.oldest_start_ns
         age = max(0.0, (now_ns - oldest) / 1e9) if oldest else 0.0
-        metrics.add_metric(name="OldestOpenAgeSeconds", unit=MetricUnit.Seconds, value=age)
+        if metric_on("OldestOpenAgeSeconds", age):
+            metrics.add_metric(name="OldestOpenAgeSeconds", unit=MetricUnit.Seconds, value=age)
         for reason, n in sorted(self.applied_reasons.items()):
             count("EventsApplied", n, reason=reason)
         for reason, n in sorted(self.dropped_reasons.items()):

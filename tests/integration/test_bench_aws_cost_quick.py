@@ -1,0 +1,80 @@
+"""The AWS cost benchmark runs (issue 48): ``benchmarks/bench_aws_cost.py --quick`` - 3
+simulated hours, 20 batches and 2 Veo operations through the functions' own entries on a moto
+server - in a fresh process, so a change that breaks the benchmark (it broke once, unseen: the
+retry right of 0.6.0 refused its policies with 403 retry-not-allowed) fails the build.
+
+It also holds the fixed month at the template's defaults to the issue's goal (at most $3) and
+checks that what the default deployment sends is only the core metrics. Nothing here asserts a
+time or a per-job price: those move with the machine and with the code being measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opstate.observability import CORE_METRICS
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "bench_aws_cost.py"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def quick() -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPSTATE_", "AWS_"))}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got: dict[str, Any] = json.loads(done.stdout)
+    return got
+
+
+def test_the_quick_day_runs_every_job_through_the_functions(quick: dict[str, Any]) -> None:
+    counts = quick["counts"]
+    assert quick["jobs"] == 22
+    assert counts["submitted_batch"] == 20 and counts["submitted_video"] == 2
+    # Durations are drawn (lognormal, median 30 min, up to 5 h): most batches end within the
+    # 3 hours, a few are still running; every video (1-4 min) ends.
+    assert 15 <= counts["finished_batch"] <= 20
+    assert counts["finished_video"] == 2
+    assert quick["webhook_errors"] == 0
+    # Every 20th job carries a retry policy (PUT /operations on a stack deployed with
+    # RetryOverApi=true): its lineage ran, a child batch was created and archived.
+    assert quick["deployed_with"]["RetryOverApi"] == "true"
+    assert quick["retry_children"] >= 1
+    assert quick["scheduler_invocations"] == 36  # 3 h at the template's rate(5 minutes)
+    assert quick["lambda"]["archiver"]["invocations"] > 0
+    assert quick["usd_total"] > 0
+
+
+def test_the_default_deployment_keeps_its_fixed_month_under_3_dollars(
+    quick: dict[str, Any],
+) -> None:
+    assert quick["fixed_usd_month_total"] <= 3.00, quick["fixed_usd_per_month"]
+    assert quick["fixed_counts"]["dashboards"] == 0  # DetailedMetrics=false: no dashboard
+    sent = {name.split("{", 1)[0] for name in quick["custom_metrics_sent"]}
+    assert sent <= CORE_METRICS, sorted(sent - CORE_METRICS)
+
+
+def test_the_peers_are_priced_beside_opstate(quick: dict[str, Any]) -> None:
+    rows = {row["design"]: row["usd_per_1000_jobs"] for row in quick["peers"]}
+    assert len(rows) == 6
+    poller_30 = rows["Step Functions poller, every 30 s"]
+    poller_300 = rows["Step Functions poller, every 300 s"]
+    assert poller_30 > poller_300 > 0
+    assert all(value > 0 for value in rows.values())
