@@ -29,6 +29,7 @@ from opstate.domain.model import OpEvent, OpRecord
 from opstate.domain.retry import RetryPolicy, policy_of
 from opstate.domain.times import format_time
 from opstate.gemini.errors import GatewayError, classify
+from opstate.gemini.port import GeminiClient
 from opstate.gemini.submit import create_or_delete, find_by_display_id, upload_jsonl
 from opstate.ingest import ingest
 from opstate.observability import log_fields, logger
@@ -37,6 +38,7 @@ from opstate.retry.acting import read_job
 from opstate.retry.authority import VIA_SUBMIT
 from opstate.retry.inputs import KeptInput, keep_input, source_chunks
 from opstate.retry.policy import attach_policy
+from opstate.store.port import RetryingStore
 
 MAX_DISPLAY_NAME_CHARS = 100
 # How long a re-run's search for the batch an earlier call created may take (seconds).
@@ -76,9 +78,9 @@ def submit_id(sha256: str, model: str, display_name: str) -> str:
 
 
 def submit(
-    store: Any,
+    store: RetryingStore,
     sink: Sink,
-    client: Any,
+    client: GeminiClient,
     *,
     source: str,
     model: str,
@@ -130,7 +132,7 @@ class PolicyChangedError(ValueError):
     nothing is changed (the kept policy changes only through ``opstate track``)."""
 
 
-def _same_policy(store: Any, record: OpRecord, policy: RetryPolicy) -> None:
+def _same_policy(store: RetryingStore, record: OpRecord, policy: RetryPolicy) -> None:
     """Refuse a submit found again whose policy differs from the one kept beside it."""
     state = store.get_retry(record.name)
     if state is None or state.created_ns != record.created_ns:
@@ -146,7 +148,7 @@ def _same_policy(store: Any, record: OpRecord, policy: RetryPolicy) -> None:
         )
 
 
-def _found(client: Any, marker_id: str) -> OpEvent | None:
+def _found(client: GeminiClient, marker_id: str) -> OpEvent | None:
     """The batch an earlier call created under ``marker_id``: each job the listing names is
     read itself and counts only when its own display name carries the id (issue 38). A search
     cut short (``SearchCutError``: page cap, repeated token, ``SEARCH_SECONDS``) raises:
@@ -173,7 +175,7 @@ def _write_marker(sink: Sink, key: str, model: str, shown: str, now_ns: int) -> 
 
 
 def _keep_state(
-    store: Any,
+    store: RetryingStore,
     record: OpRecord,
     policy: RetryPolicy,
     model: str,
