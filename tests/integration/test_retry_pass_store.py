@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from opstate.config import ConfigError
-from opstate.retry.wiring import pass_store, roots_of
+from opstate.config import ConfigError, Settings
+from opstate.retry.wiring import pass_store, retry_from_settings, roots_of
 from opstate.store.memory import MemoryStore
 from opstate.store.port import RetryPassStore
 from opstate.wiring.lineages import open_members
@@ -41,3 +41,18 @@ def test_a_store_without_retry_states_is_refused_by_name() -> None:
     ):
         with pytest.raises(ConfigError, match="DelegatingStore keeps no retry states"):
             call()
+
+
+def test_the_pass_refuses_such_a_store_before_it_makes_a_client(tmp_path: Path) -> None:
+    # No Gemini key is set: were the client made first, its error would say so instead.
+    config = Settings.from_env(
+        {
+            "OPSTATE_STORE": f"sqlite:///{tmp_path}/ops.db",
+            "OPSTATE_RESULTS_URL": f"file://{tmp_path}/results",
+        }
+    )
+    bare = DelegatingStore(MemoryStore())
+    with pytest.raises(ConfigError, match="keeps no retry states"):
+        retry_from_settings(config, store=bare)
+    with pytest.raises(ConfigError, match="no Gemini API key"):  # a store that keeps them
+        retry_from_settings(config, store=MemoryStore())
