@@ -23,6 +23,7 @@ an existing package needs nothing here; a new top-level module must be given a l
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -329,3 +330,80 @@ def test_every_package_says_what_it_owns_and_may_import(package: str) -> None:
     doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
     assert "owns" in doc.lower(), f"{path}: the docstring should say what the package owns"
     assert "may import" in doc.lower(), f"{path}: the docstring should say what it may import"
+
+
+# -- the retry room's stages (issue 49) ------------------------------------------------------
+
+RETRY = "opstate.retry"
+_STAGE = re.compile(r"^(\d)\. (\w+)[^:]*:(.*?)(?=^\d\. |\n\n|\Z)", re.MULTILINE | re.DOTALL)
+
+
+def retry_stages(doc: str, modules: Iterable[str]) -> dict[str, tuple[int, str]]:
+    """module -> (stage number, stage name), as the numbered list of the retry room's
+    docstring places them: every ````name```` in a stage's item that is one of ``modules``."""
+    known = set(modules)
+    placed: dict[str, tuple[int, str]] = {}
+    for number, name, body in _STAGE.findall(doc):
+        for word in re.findall(r"``(\w+)``", body):
+            if word in known:
+                placed.setdefault(word, (int(number), name))
+    return placed
+
+
+def later_stage_imports(
+    graph: Mapping[str, Iterable[str]], stages: Mapping[str, tuple[int, str]]
+) -> list[str]:
+    """Imports inside the retry room that point to a later stage than their own."""
+    problems = []
+    for module, targets in sorted(graph.items()):
+        short = module.removeprefix(RETRY + ".")
+        if short not in stages:
+            continue
+        for target in sorted(targets):
+            aim = stages.get(target.removeprefix(RETRY + "."))
+            if target.startswith(RETRY + ".") and aim is not None and aim[0] > stages[short][0]:
+                problems.append(
+                    f"{short} ({stages[short][1]}) imports {target.removeprefix(RETRY + '.')} "
+                    f"({aim[1]})"
+                )
+    return problems
+
+
+RETRY_MODULES = sorted(m.removeprefix(RETRY + ".") for m in GRAPH if m.startswith(RETRY + "."))
+RETRY_DOC = ast.get_docstring(ast.parse(module_files()[RETRY].read_text(encoding="utf-8"))) or ""
+
+
+def test_every_retry_module_has_a_stage() -> None:
+    stages = retry_stages(RETRY_DOC, RETRY_MODULES)
+    assert [m for m in RETRY_MODULES if m not in stages] == [], (
+        "list these modules under their stage in the docstring of opstate/retry/__init__.py"
+    )
+    assert {name for _number, name in stages.values()} == {"rules", "plans", "acting", "passes"}
+    assert stages["rules"] == (1, "rules") and stages["engine"] == (4, "passes")
+
+
+def test_retry_imports_point_to_earlier_stages() -> None:
+    stages = retry_stages(RETRY_DOC, RETRY_MODULES)
+    assert later_stage_imports(GRAPH, stages) == []
+
+
+def test_the_stage_check_can_fail() -> None:
+    doc = (
+        "Stages:\n\n1. rules, pure: ``rules`` (the ``table``), ``final``;\n"
+        "2. plans: ``lineage``;\n3. acting (one step each):\n   ``children``\n\n"
+        "Not a stage: ``engine``.\n"
+    )
+    stages = retry_stages(doc, ["rules", "final", "lineage", "children", "engine"])
+    assert stages == {
+        "rules": (1, "rules"),
+        "final": (1, "rules"),
+        "lineage": (2, "plans"),
+        "children": (3, "acting"),
+    }
+    graph = {
+        "opstate.retry.rules": {"opstate.retry.lineage", "opstate.domain.model"},  # later
+        "opstate.retry.final": {"opstate.retry.rules"},  # same stage
+        "opstate.retry.lineage": {"opstate.retry.final"},  # earlier
+        "opstate.retry.children": {"opstate.retry.engine"},  # unplaced: the other test's
+    }
+    assert later_stage_imports(graph, stages) == ["rules (rules) imports lineage (plans)"]

@@ -129,8 +129,9 @@ METRICS: Final[Mapping[str, MetricSpec]] = {
 # (the template's DetailedMetrics=false) every other metric is not sent and a core one only
 # when it counts something: an alarm's "missing data" is "not breaching", the same answer as 0.
 CORE_METRICS: Final = frozenset(
-    "StoreUnavailable SignatureRejected WebhooksQuarantined WebhooksDisabled OperationsOverdue"
-    " OperationsLost ResultsAtRisk ResultsLost RetryStopped RetryBudgetReached".split()
+    {"StoreUnavailable", "SignatureRejected", "WebhooksQuarantined", "WebhooksDisabled"}
+    | {"OperationsOverdue", "OperationsLost", "ResultsAtRisk", "ResultsLost"}
+    | {"RetryStopped", "RetryBudgetReached"}
 )
 _DETAILED: list[bool] = []  # read once (the environment), kept until reset_metric_switch()
 

@@ -82,7 +82,10 @@ class Refusal(StrEnum):
     OTHER = OTHER
 
 
-@dataclass(frozen=True, slots=True)  # slots=False: an equivalent mutant (only the memory)
+@dataclass(
+    frozen=True,
+    slots=True,  # mutant: equivalent — slots=False changes only the memory
+)
 class Verdict:
     """What a refusal means: its ``kind`` and the delay Gemini asked for (seconds), if any."""
 
@@ -234,8 +237,10 @@ def backoff_s(refusals: int, delay_s: float | None) -> float:
     ``BACKOFF_MAX_S`` either way, at least 1 s."""
     if delay_s is not None:
         return min(max(delay_s, 1.0), BACKOFF_MAX_S)
-    # 16 only keeps the power small: the cap is reached at 6 (16 -> 17 is an equivalent mutant)
-    doublings = min(max(refusals - 1, 0), 16)
+    doublings = min(
+        max(refusals - 1, 0),
+        16,  # mutant: equivalent — 16 only keeps the power small: the cap is reached at 6
+    )
     return min(BACKOFF_BASE_S * float(2**doublings), BACKOFF_MAX_S)
 
 
@@ -274,7 +279,9 @@ def next_pacific_midnight_s(utc_s: float) -> float:
     local = utc_s + pacific_offset_s(utc_s)
     midnight_local = (int(local // _DAY_S) + 1) * _DAY_S
     # The offset at that midnight: read at a UTC instant within a day before it (a DST change
-    # happens at 02:00 local, never between the day before's 08:00 and midnight), so
-    # ``+ 8 * _HOUR_S`` and ``- 8 * _HOUR_S`` agree: that mutant is equivalent.
-    guess = midnight_local + 8 * _HOUR_S
+    # happens at 02:00 local, never between the day before's 08:00 and midnight).
+    guess = (
+        midnight_local  # mutant: equivalent — + and - 8 hours read the same offset (above)
+        + 8 * _HOUR_S
+    )
     return float(midnight_local - pacific_offset_s(guess))

@@ -52,7 +52,10 @@ class InvalidRetryError(ValueError):
     """A retry policy (or a transient table) this system cannot use; the message says why."""
 
 
-@dataclass(frozen=True, slots=True)  # slots=False: an equivalent mutant (only the memory)
+@dataclass(
+    frozen=True,
+    slots=True,  # mutant: equivalent — slots=False changes only the memory
+)
 class RetryPolicy:
     """What an operation's retries may do: retries per request key (0: none), whether an
     EXPIRED batch is resubmitted whole, the pending timeout (hours; None: off) and where its

@@ -2,6 +2,9 @@
 
 One module per concern:
 
+- ``port``: ``GeminiClient``, what opstate calls on a Gemini client (``batches``, ``files``
+  and the one private REST request), which a real ``google.genai.Client`` fills (mypy checks
+  it); the acting rooms take it, never ``Any``;
 - ``client``: the Gemini API key (Secrets Manager or ``GEMINI_API_KEY``) and ``make_client``;
 - ``batches``: reading batch jobs, the REST resource with its ``batchStats`` (``rest_batch``,
   ``rest_batch_pages``, ``batch_stats``) and the SDK's pager (``batch_job_pages``);

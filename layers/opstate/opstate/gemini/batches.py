@@ -26,6 +26,7 @@ from opstate.domain.events import EventError, from_batch_job
 from opstate.domain.model import OpEvent
 from opstate.domain.views import PROGRESS_DETAIL
 from opstate.gemini.errors import GatewayError, classify
+from opstate.gemini.port import GeminiClient
 
 # One listed batch job: its raw name and either its event or why it was refused.
 Listed = tuple[str, OpEvent | EventError]
@@ -81,7 +82,7 @@ def rest_batch_event(body: Mapping[str, Any]) -> OpEvent:
     return replace(event, details={**event.details, BATCH_STATS_DETAIL: stats})
 
 
-def rest_resource(client: Any, name: str) -> Mapping[str, Any]:
+def rest_resource(client: GeminiClient, name: str) -> Mapping[str, Any]:
     """The REST resource of ``name`` (``GET {name}``) as a mapping ({} for anything else), read
     through the client's own request path (same base URL, key, timeout, errors)."""
     answer = client._api_client.request("get", name, {})
@@ -89,12 +90,12 @@ def rest_resource(client: Any, name: str) -> Mapping[str, Any]:
     return body if isinstance(body, Mapping) else {}
 
 
-def rest_batch(client: Any, name: str) -> OpEvent:
+def rest_batch(client: GeminiClient, name: str) -> OpEvent:
     """One batch from its REST resource (``GET batches/{id}``)."""
     return rest_batch_event(rest_resource(client, name))
 
 
-def rest_listing(client: Any, page_size: int) -> Iterator[list[object]]:
+def rest_listing(client: GeminiClient, page_size: int) -> Iterator[list[object]]:
     """The Gemini API's REST listing (``GET batches?pageSize&pageToken``: ``{"operations":
     [...], "nextPageToken"}``) page by page, each page's raw items, through the client's own
     request path; a failure as ``classify`` says."""
@@ -102,7 +103,9 @@ def rest_listing(client: Any, page_size: int) -> Iterator[list[object]]:
         yield page
 
 
-def rest_listing_tokens(client: Any, page_size: int) -> Iterator[tuple[list[object], str | None]]:
+def rest_listing_tokens(
+    client: GeminiClient, page_size: int
+) -> Iterator[tuple[list[object], str | None]]:
     """``rest_listing`` with each page's next-page token (None on the last page), so a caller
     can bound the listing (a token seen before, a page cap) before the next page is asked."""
     token: str | None = None
@@ -126,7 +129,7 @@ def rest_listing_tokens(client: Any, page_size: int) -> Iterator[tuple[list[obje
             return
 
 
-def rest_batch_pages(client: Any, page_size: int) -> Iterator[Sequence[Listed]]:
+def rest_batch_pages(client: GeminiClient, page_size: int) -> Iterator[Sequence[Listed]]:
     """``rest_listing`` with each job as ``rest_batch_event`` reads it or the ``EventError``
     that refused it."""
     for page in rest_listing(client, page_size):
@@ -143,7 +146,7 @@ def _listed(item: object) -> Listed:
 
 
 def batch_job_pages(
-    client: Any, page_size: int, classify: Callable[[BaseException], GatewayError]
+    client: GeminiClient, page_size: int, classify: Callable[[BaseException], GatewayError]
 ) -> Iterator[Sequence[Listed]]:
     """``client.batches.list`` page by page, each job as an event or the ``EventError`` that
     refused it; an SDK failure as ``classify`` says (Google Cloud's listing: the SDK keeps a

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opstate.domain.times import parse_time
+from opstate.gemini.port import GeminiClient
 
 _FILE_ID = re.compile(r"files/([a-z0-9-]+)")
 _FILE_NAME = re.compile(r"files/[a-z0-9-]{1,128}")
@@ -68,7 +69,7 @@ class FileInfo:
     expiration_ns: int
 
 
-def file_info(client: Any, name: str) -> FileInfo:
+def file_info(client: GeminiClient, name: str) -> FileInfo:
     """``files.get`` of ``name`` (a ``google.genai.Client``'s)."""
     found = client.files.get(name=name)
     when = found.expiration_time
@@ -96,6 +97,6 @@ class _Into(io.RawIOBase):
         return len(chunk)
 
 
-def download(client: Any, name: str, write: Callable[[bytes], object]) -> None:
+def download(client: GeminiClient, name: str, write: Callable[[bytes], object]) -> None:
     """Stream file ``name``'s bytes into ``write``, chunk by chunk (never the whole file held)."""
     client.files.download(file=name, destination=_Into(write))

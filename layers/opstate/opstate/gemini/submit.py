@@ -36,6 +36,7 @@ from opstate.domain.refusals import Verdict, refusal_of
 from opstate.gemini.batches import input_file_of, rest_batch, rest_listing_tokens, rest_resource
 from opstate.gemini.errors import GatewayError, classify
 from opstate.gemini.files import is_file_name
+from opstate.gemini.port import GeminiClient
 
 # Bytes per ``upload`` command: a multiple of 256 KiB (the resumable protocol's granularity for
 # every chunk but the last); the SDK would read 8 MiB at a time from a plain file.
@@ -131,7 +132,7 @@ def _nonempty(pieces: Iterable[bytes]) -> Iterator[bytes]:
 
 
 def upload_jsonl(
-    client: Any,
+    client: GeminiClient,
     path: Path | None = None,
     *,
     chunks: Iterable[bytes] | None = None,
@@ -174,7 +175,7 @@ def upload_jsonl(
     return name
 
 
-def create_batch(client: Any, model: str, file_name: str, display_name: str) -> OpEvent:
+def create_batch(client: GeminiClient, model: str, file_name: str, display_name: str) -> OpEvent:
     """Create a batch of ``model`` over the uploaded ``file_name`` (``batches.create``): the
     event its answer makes (its ``name`` is the batch's, ``batches/<id>``)."""
     if not model.strip():
@@ -192,7 +193,9 @@ def create_batch(client: Any, model: str, file_name: str, display_name: str) -> 
     return from_batch_job(job)
 
 
-def create_or_delete(client: Any, model: str, file_name: str, display_name: str) -> OpEvent:
+def create_or_delete(
+    client: GeminiClient, model: str, file_name: str, display_name: str
+) -> OpEvent:
     """``create_batch``; when Gemini refuses it with a definite answer (a 4xx: no batch was
     made), the uploaded ``file_name`` is deleted (``files.delete``, best effort) before the
     refusal is raised, so a failed create leaves no upload behind. A timeout or a 5xx may
@@ -205,7 +208,7 @@ def create_or_delete(client: Any, model: str, file_name: str, display_name: str)
         raise
 
 
-def delete_file(client: Any, name: str) -> bool:
+def delete_file(client: GeminiClient, name: str) -> bool:
     """Delete the uploaded file ``name`` (``files.delete``); False when it could not be (a
     404 counts as deleted: Gemini no longer holds it)."""
     try:
@@ -215,7 +218,7 @@ def delete_file(client: Any, name: str) -> bool:
     return True
 
 
-def cancel_batch(client: Any, name: str) -> None:
+def cancel_batch(client: GeminiClient, name: str) -> None:
     """Ask Gemini to cancel batch ``name`` (``batches.cancel``)."""
     try:
         client.batches.cancel(name=name)
@@ -225,7 +228,7 @@ def cancel_batch(client: Any, name: str) -> None:
         raise classify(exc) from exc
 
 
-def read_batch(client: Any, name: str) -> OpEvent:
+def read_batch(client: GeminiClient, name: str) -> OpEvent:
     """Batch ``name`` as its REST resource says now (``rest_batch``: with its batchStats)."""
     try:
         return rest_batch(client, name)
@@ -254,7 +257,7 @@ class SearchCutError(GatewayError):
 
 
 def find_by_display_id(
-    client: Any,
+    client: GeminiClient,
     marker: str,
     page_size: int = 100,
     *,
@@ -285,7 +288,7 @@ def find_by_display_id(
 
 
 def find_by_input_file(
-    client: Any,
+    client: GeminiClient,
     file_name: str,
     page_size: int = 100,
     *,
@@ -308,7 +311,7 @@ def find_by_input_file(
 
 
 def _search(
-    client: Any,
+    client: GeminiClient,
     what: str,
     matches: Callable[[object], bool],
     page_size: int,
@@ -369,7 +372,7 @@ def create_refusal(exc: BaseException) -> Verdict:
     return refusal_of(error.status, error.rpc_status, error.said or error.message, error.details)
 
 
-def inlined_requests(client: Any, name: str) -> list[bytes] | None:
+def inlined_requests(client: GeminiClient, name: str) -> list[bytes] | None:
     """The input of batch ``name`` when it was created with inlined requests, as JSONL lines
     ``{"key", "request"}`` (from its REST resource: ``metadata.inputConfig.requests.requests``,
     each ``{"request", "metadata": {"key"}}``); None when the resource holds none (a file input,
@@ -391,7 +394,7 @@ def inlined_requests(client: Any, name: str) -> list[bytes] | None:
     return lines
 
 
-def batch_metadata(client: Any, name: str) -> Mapping[str, Any]:
+def batch_metadata(client: GeminiClient, name: str) -> Mapping[str, Any]:
     """The ``metadata`` (the batch itself) of batch ``name``'s REST resource; {} when it has
     none. A failure as ``classify`` says."""
     try:
@@ -402,7 +405,7 @@ def batch_metadata(client: Any, name: str) -> Mapping[str, Any]:
     return metadata if isinstance(metadata, Mapping) else {}
 
 
-def batch_model(client: Any, name: str) -> str:
+def batch_model(client: GeminiClient, name: str) -> str:
     """The model batch ``name`` runs on (``metadata.model``): a batch tracked with ``--input``
     was created elsewhere, its retries use the same model."""
     model = batch_metadata(client, name).get("model")

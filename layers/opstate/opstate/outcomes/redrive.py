@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from opstate.config import Settings
 from opstate.domain.times import NS_PER_SECOND, format_time
@@ -33,13 +33,16 @@ from opstate.store.port import (
     Store,
 )
 
+if TYPE_CHECKING:
+    from mypy_boto3_lambda import LambdaClient
+
 Invoke = Callable[[str, bytes], None]
 
 
 def _lambda_invoke(function: str, payload: bytes) -> None:
     import boto3
 
-    client: Any = boto3.session.Session().client("lambda")
+    client: LambdaClient = boto3.session.Session().client("lambda")
     client.invoke(FunctionName=function, InvocationType="Event", Payload=payload)
 
 

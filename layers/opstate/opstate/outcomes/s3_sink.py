@@ -15,11 +15,15 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from opstate.outcomes.sink import SinkError, StoredObject
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import CompletedPartTypeDef
 
 DEFAULT_PART_SIZE = 8 * 1024 * 1024
 MIN_PART_SIZE = 5 * 1024 * 1024
@@ -44,7 +48,7 @@ class _S3Writer:
         self.temp = temp
         self.upload_id = upload_id
         self.buffer = bytearray()
-        self.parts: list[dict[str, Any]] = []
+        self.parts: list[CompletedPartTypeDef] = []
         self.size = 0
         self.committed: StoredObject | None = None
 
@@ -106,14 +110,19 @@ class S3Sink:
     """The ``Sink`` on an S3 bucket and prefix (see the module docstring)."""
 
     def __init__(
-        self, bucket: str, prefix: str = "", *, client: Any = None, part_size: int | None = None
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        client: S3Client | None = None,
+        part_size: int | None = None,
     ) -> None:
         if not bucket:
             raise ValueError("an S3 bucket name is required")
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.part_size = max(MIN_PART_SIZE, part_size or DEFAULT_PART_SIZE)
-        self.client: Any = client if client is not None else _make_client()
+        self.client: S3Client = client if client is not None else _make_client()
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
 
     def full_key(self, key: str) -> str:
@@ -210,7 +219,7 @@ class S3Sink:
             raise _fault(exc, "GetObject") from exc
 
 
-def _make_client() -> Any:
+def _make_client() -> S3Client:
     import boto3
     from botocore.config import Config
 

@@ -30,6 +30,7 @@ from opstate.domain.states import State
 from opstate.domain.times import NS_PER_SECOND
 from opstate.gemini.batches import input_file_of, rest_batch_event, rest_resource
 from opstate.gemini.errors import GatewayError, classify
+from opstate.gemini.port import GeminiClient
 from opstate.outcomes.sink import Sink
 from opstate.retry import lineage
 
@@ -71,7 +72,7 @@ class Job:
         return bool(marker) and marker in self.display_name.split()
 
 
-def read_job(client: Any, name: str) -> Job:
+def read_job(client: GeminiClient, name: str) -> Job:
     """Batch ``name`` as Gemini says now (module doc). ``GatewayError`` for a failed read other
     than a 404 (``transient`` when worth trying again), and for a resource this release cannot
     read (non-transient)."""

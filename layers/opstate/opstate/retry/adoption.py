@@ -22,10 +22,10 @@ to send the very bytes opstate planned.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from opstate.gemini.errors import GatewayError, classify
 from opstate.gemini.files import file_info, is_file_name
+from opstate.gemini.port import GeminiClient
 from opstate.retry.acting import Job
 
 
@@ -48,7 +48,7 @@ def model_id(model: str | None) -> str:
     return (model or "").removeprefix("models/")
 
 
-def refusal(client: Any, job: Job, claim: Claim) -> str | None:
+def refusal(client: GeminiClient, job: Job, claim: Claim) -> str | None:
     """Why ``job`` is not the batch ``claim`` created (None: it is, by the module's rules).
     ``GatewayError`` (transient) when the input file's own sha256 could not be read for a
     reason other than a 404."""
@@ -65,7 +65,7 @@ def refusal(client: Any, job: Job, claim: Claim) -> str | None:
     return None
 
 
-def _same_bytes(client: Any, job: Job, sha256: str | None) -> str | None:
+def _same_bytes(client: GeminiClient, job: Job, sha256: str | None) -> str | None:
     """Why ``job``'s input file does not hold the planned bytes (None: it does)."""
     if not sha256:
         return "no upload was recorded and no sha256 to check its input against"

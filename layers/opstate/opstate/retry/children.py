@@ -56,6 +56,7 @@ from opstate.domain.model import OpEvent, OpRecord
 from opstate.domain.refusals import DAILY, MONEY, PASSING, backoff_s, next_pacific_midnight_s
 from opstate.domain.times import NS_PER_SECOND
 from opstate.gemini.errors import GatewayError, classify
+from opstate.gemini.port import GeminiClient
 from opstate.gemini.submit import (
     SearchCutError,
     batch_model,
@@ -459,7 +460,7 @@ def _ns(value: object) -> int | None:
 
 
 def _by_display(
-    client: Any, marker: str, left: Callable[[], float] | None
+    client: GeminiClient, marker: str, left: Callable[[], float] | None
 ) -> Callable[[], list[str]]:
     return lambda: find_by_display_id(client, marker, time_left=left)
 

@@ -40,6 +40,7 @@ from opstate.domain.retry import RetryPolicy
 from opstate.domain.states import State
 from opstate.domain.times import NS_PER_SECOND
 from opstate.gemini.errors import GatewayError
+from opstate.gemini.port import GeminiClient
 from opstate.gemini.submit import inlined_requests
 from opstate.observability import count, log_fields, logger
 from opstate.outcomes.sink import Sink, SinkError
@@ -59,7 +60,7 @@ from opstate.retry.inputs import (
 from opstate.retry.passes import LostRace, RetryConfig, RetryResult, said_stopped
 from opstate.retry.selection import Selection
 from opstate.retry.timeouts import pending_timeouts
-from opstate.store.port import ArchiveState, RetryableError
+from opstate.store.port import ArchiveState, RetryableError, RetryPassStore
 from opstate.store.retry_state import RETRY_ACTIVE, RETRY_DONE, RetryState
 
 MAX_ERROR_TEXT = 300
@@ -75,9 +76,9 @@ class RetryRunner:
 
     def __init__(
         self,
-        store: Any,
+        store: RetryPassStore,
         sink: Sink,
-        client: Any,
+        client: GeminiClient,
         config: RetryConfig,
         clock_ns: Callable[[], int] = time.time_ns,
         on_final: Callable[[str], None] | None = None,
@@ -343,8 +344,6 @@ class RetryRunner:
         doc["covered"] = True
         return self.write(root, state, doc)
 
-    # -- 3. pending timeouts -----------------------------------------------------------------
-
     # -- 5. planning -------------------------------------------------------------------------
 
     def _plan(
@@ -480,9 +479,9 @@ def _text(exc: BaseException) -> str:
 
 
 def retry_once(
-    store: Any,
+    store: RetryPassStore,
     sink: Sink,
-    client: Any,
+    client: GeminiClient,
     config: RetryConfig,
     *,
     clock_ns: Callable[[], int] = time.time_ns,

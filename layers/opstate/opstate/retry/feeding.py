@@ -40,6 +40,7 @@ from opstate.domain.parts import Bounds, SplitError, learned_cap, room, split_ha
 from opstate.domain.refusals import Refusal
 from opstate.gemini.batches import rest_batch_event, rest_resource
 from opstate.gemini.errors import GatewayError, classify
+from opstate.gemini.port import GeminiClient
 from opstate.gemini.submit import (
     create_or_delete,
     create_refusal,
@@ -160,7 +161,7 @@ class Feeder:
         self,
         holder: PlanHolder,
         counters: CountingStore,
-        client: Any,
+        client: GeminiClient,
         source: Callable[[], Iterator[bytes]],
         is_open: Callable[[str], bool],
         limits: FeedLimits,

@@ -42,14 +42,17 @@ from opstate.retry.rules import lines, row_of
 MISSING_CODE = "missing"
 MISSING_MESSAGE = "no attempt returned this key"
 UNKNOWN_CODE = "unknown"
-# line numbers below 2**40; mutant "41": equivalent, because every reader shifts by the same
-# _LINE_BITS and the ranks (a lineage's few members, < 2**20) still end below _RETRIED
-_LINE_BITS = 40
+# line numbers below 2**40; 41 alike: every reader shifts by the same _LINE_BITS and the ranks
+# (a lineage's few members, < 2**20) still end below _RETRIED
+_LINE_BITS = 40  # mutant: equivalent — 41 (above)
 _ANSWERED = 1 << 62
 _RETRIED = 1 << 61  # some attempt >= 1 had a line of the key (not part of the ranking)
 
 
-@dataclass(frozen=True, slots=True)  # mutant slots=False: equivalent (only the memory)
+@dataclass(
+    frozen=True,
+    slots=True,  # mutant: equivalent — slots=False changes only the memory
+)
 class Member:
     """One batch of a lineage: its attempt (0 = the root), its name, its archived output
     (a callable giving a fresh chunk stream each call; None when it has none: expired,
@@ -61,7 +64,10 @@ class Member:
     input: Callable[[], Iterable[bytes]] | None = None
 
 
-@dataclass(frozen=True, slots=True)  # mutant slots=False: equivalent (only the memory)
+@dataclass(
+    frozen=True,
+    slots=True,  # mutant: equivalent — slots=False changes only the memory
+)
 class FinalLedger:
     """What ``final.jsonl`` holds: ``total`` lines (one per original key), ``answered`` (with
     ``blocked`` among them), ``failed`` by code text (``"missing"`` for a key no attempt
@@ -97,7 +103,7 @@ class FinalLedger:
 def _ranks(members: Sequence[Member]) -> list[int]:
     """Each member's rank: by attempt, then by position (the later wins)."""
     order = sorted(range(len(members)), key=lambda i: (members[i].attempt, i))
-    ranks = [0] * len(members)  # mutant "[1]": equivalent, every entry is overwritten below
+    ranks = [0] * len(members)  # mutant: equivalent — [1]: every entry is overwritten below
     for rank, index in enumerate(order):
         ranks[index] = rank
     return ranks
@@ -135,8 +141,8 @@ def _choose(
     ``_RETRIED`` set when an attempt >= 1 had a line of the key; ``given[i]``: member i's
     given keys by slot (None: every key)."""
     ranks = _ranks(members)
-    # mutant "[-2]": equivalent, "none yet" is only ever read as "< 0"
-    choice = _Choice(array("q", [-1]) * len(index))
+    none = array("q", [-1])  # mutant: equivalent — -2: "none yet" is only read "< 0"
+    choice = _Choice(none * len(index))
     best = choice.best
     for position, member in enumerate(members):
         if member.output is None:
@@ -166,13 +172,14 @@ def _choose(
 def _better(old: int, packed: int, retried: int) -> int:
     """The packed choice of a slot holding ``old`` (-1: none) once line ``packed`` is seen
     (``retried``: ``_RETRIED`` when its member is an attempt >= 1)."""
-    # mutants "old <= 0", "old < 1": equivalent, because old == 0 is rank 0, line 0, not
-    # answered, not retried, and a later line of the slot packs above 0, so both branches
-    # give packed | retried
-    if old < 0:
+    # "old <= 0", "old < 1" alike: old == 0 is rank 0, line 0, not answered, not retried,
+    # and a later line of the slot packs above 0, so both branches give packed | retried
+    none_yet = old < 0  # mutant: equivalent — old <= 0 and old < 1 (above)
+    if none_yet:
         return packed | retried
-    # mutant ">=": equivalent, a line is seen once, so two lines of a slot never pack equal
-    if packed > old & ~_RETRIED:
+    # ">=" alike: a line is seen once, so two lines of a slot never pack equal
+    newer = packed > old & ~_RETRIED  # mutant: equivalent — >= (above)
+    if newer:
         return packed | retried | (old & _RETRIED)
     return old | retried
 
@@ -244,7 +251,7 @@ def _given(
         for key in _input_keys(member.input(), max_line_bytes):
             slot = index.slot(key)
             if slot is not None:
-                mine[slot] = 1  # mutant "2": equivalent, only its truth is read
+                mine[slot] = 1  # mutant: equivalent — 2: only its truth is read
                 held[slot] = max(held[slot], min(member.attempt, 255))  # attempt 0: no change
         given.append(mine)
     return given, held
@@ -285,12 +292,12 @@ def write_final(
             tally.line(row.value, bool(packed & _RETRIED) or held[slot] >= 1)
             for piece in pieces:
                 write(piece)
-            written[slot] = 1  # mutant "2": equivalent, only its truth is read
+            written[slot] = 1  # mutant: equivalent — 2: only its truth is read
     for key in _input_keys(input_chunks(), max_line_bytes):
         slot = index.slot(key)
         if slot is None or written[slot]:
             continue
-        written[slot] = 1  # mutant "2": equivalent, only its truth is read
+        written[slot] = 1  # mutant: equivalent — 2: only its truth is read
         attempt = held[slot]
         tally.failure(MISSING_CODE)
         tally.retried += attempt >= 1

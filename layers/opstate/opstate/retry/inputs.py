@@ -34,7 +34,7 @@ import hashlib
 from array import array
 from collections.abc import Callable, Container, Iterable, Iterator, Set
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from opstate.outcomes.sink import Sink, SinkError
@@ -50,6 +50,9 @@ from opstate.retry.reading import (
     utf8_error,
 )
 from opstate.retry.rules import LineTooLongError, lines
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 MAX_KEY_CHARS = 512
 CHUNK = 1024 * 1024
@@ -229,7 +232,7 @@ _S3_REFUSALS = frozenset(
 )
 
 
-def _s3_chunks(bucket: str, key: str, client: Any) -> Iterator[bytes]:
+def _s3_chunks(bucket: str, key: str, client: S3Client | None) -> Iterator[bytes]:
     from botocore.exceptions import BotoCoreError, ClientError
 
     if client is None:
@@ -252,7 +255,7 @@ def _s3_chunks(bucket: str, key: str, client: Any) -> Iterator[bytes]:
         raise SinkError(f"reading s3://{bucket}/{key} failed: {exc}") from None
 
 
-def source_chunks(uri: str, *, client: Any = None) -> Callable[[], Iterator[bytes]]:
+def source_chunks(uri: str, *, client: S3Client | None = None) -> Callable[[], Iterator[bytes]]:
     """A callable streaming the object ``uri`` names, afresh on every call: ``file:///ABS``
     (a local file) or ``s3://BUCKET/KEY`` (``client``: an S3 client, else boto3's default).
     ``ValueError`` for any other URI."""

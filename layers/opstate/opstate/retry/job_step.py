@@ -37,6 +37,7 @@ from opstate.retry.passes import LostRace, Runner
 from opstate.retry.policy import attach_policy
 from opstate.retry.reading import key_of
 from opstate.store.counters import CountingStore
+from opstate.store.port import RetryingStore
 from opstate.store.retry_state import RETRY_ACTIVE, RETRY_DONE, RetryState
 
 JOB = "job"
@@ -53,7 +54,7 @@ def plan_of(state: RetryState) -> Mapping[str, Any] | None:
 class StatePlan:
     """The plan kept in a job record's retry state, written under the state's revision."""
 
-    def __init__(self, store: Any, name: str, created_ns: int) -> None:
+    def __init__(self, store: RetryingStore, name: str, created_ns: int) -> None:
         self.store = store
         self.name = name
         self.created_ns = created_ns
@@ -130,7 +131,7 @@ def job_step(runner: Runner, root: OpRecord, state: RetryState) -> bool:
     return True
 
 
-def _is_open(store: Any, batch: str) -> bool:
+def _is_open(store: RetryingStore, batch: str) -> bool:
     record = store.get(batch)
     return record is None or not record.terminal
 
@@ -174,7 +175,7 @@ def _track(runner: Runner, root: OpRecord, plan: Mapping[str, Any], event: OpEve
     log_fields(logger.info, "job part tracked", {"job": root.name, "name": record.name})
 
 
-def _final_of(store: Any, part: Mapping[str, Any]) -> str | None:
+def _final_of(store: RetryingStore, part: Mapping[str, Any]) -> str | None:
     """The location of a created part's final result, once its lineage wrote it."""
     state = store.get_retry(part["batch"])
     final = state.doc.get("final") if state is not None else None
@@ -249,7 +250,7 @@ def _write_final(
         runner.on_final(root.name)
 
 
-def _cost_of(store: Any, batch: str) -> Mapping[str, Any] | None:
+def _cost_of(store: RetryingStore, batch: str) -> Mapping[str, Any] | None:
     """A created part's lineage cost, as its final stored it (None: unknown)."""
     state = store.get_retry(batch)
     final = state.doc.get("final") if state is not None else None
@@ -257,7 +258,9 @@ def _cost_of(store: Any, batch: str) -> Mapping[str, Any] | None:
     return cost if isinstance(cost, Mapping) else None
 
 
-def _add_counts(store: Any, batch: str, rows: dict[str, int], errors: Counter[str]) -> int:
+def _add_counts(
+    store: RetryingStore, batch: str, rows: dict[str, int], errors: Counter[str]
+) -> int:
     """Add a part's final counts (its lineage's ledger) to the job's; its attempts."""
     state = store.get_retry(batch)
     final = state.doc.get("final") if state is not None else None

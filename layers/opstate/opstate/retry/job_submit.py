@@ -27,6 +27,7 @@ from opstate.retry import jobs
 from opstate.retry.feeding import lines_of
 from opstate.retry.inputs import KeptInput, keep_input
 from opstate.retry.job_step import JOB, JOB_SOURCE
+from opstate.store.port import RetryingStore
 from opstate.store.retry_state import RETRY_ACTIVE, RetryState
 
 JOBS = "jobs/"
@@ -63,7 +64,7 @@ class JobSubmitted:
 
 
 def submit_job(
-    store: Any,
+    store: RetryingStore,
     sink: Sink,
     source: Callable[[], Any],
     *,

@@ -8,9 +8,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from opstate.domain.model import OpRecord
+from opstate.gemini.port import GeminiClient
 from opstate.observability import count, log_fields, logger
 from opstate.outcomes.sink import Sink
 from opstate.retry.rules import TransientTable
+from opstate.store.port import RetryPassStore
 from opstate.store.retry_state import RetryState
 
 
@@ -71,9 +73,9 @@ class LostRace(Exception):
 class Runner(Protocol):
     """What ``children.Creator`` uses of the runner driving it."""
 
-    store: Any
+    store: RetryPassStore
     sink: Sink
-    client: Any
+    client: GeminiClient
     config: RetryConfig
     clock_ns: Callable[[], int]
     result: RetryResult

@@ -81,6 +81,10 @@ class LineTooLongError(ValueError):
         self.max_line_bytes = max_line_bytes
 
 
+# A held line may be the cap and its "\r"; one byte more and it is cut.
+_CR = 1  # mutant: equivalent — 2: held a byte longer, the same lines are cut
+
+
 class _LineCut:
     """``lines``' state between chunks: the unfinished last line (at most the cap of it)."""
 
@@ -106,7 +110,7 @@ class _LineCut:
         last = parts.pop()  # what follows the chunk's last newline (maybe b"")
         if parts and self.skipping:  # the end of a long line read past
             self.skipping = False
-            self.number += 1  # only skip_long skips, and then no number is said: += 2 equivalent
+            self.number += 1  # mutant: equivalent — only skip_long skips: no number said
             parts = parts[1:]
         elif parts and self.carry:
             self.carry += parts[0]
@@ -116,16 +120,16 @@ class _LineCut:
         limit = self.max
         for line in parts:
             self.number += 1
-            if len(line) > limit and self.too_long(line):  # too_long decides: > or >= equivalent
+            over = len(line) > limit  # mutant: equivalent — too_long decides: > or >= alike
+            if over and self.too_long(line):
                 continue
             yield _without_cr(line)
         if not self.skipping:
             self.carry += last
-            # limit + 2 would hold one byte more and cut the same lines (an equivalent mutant)
-            if len(self.carry) > limit + 1:
+            if len(self.carry) > limit + _CR:
                 self.number += 1  # the line being held: its number, should it raise
                 self.too_long(self.carry)
-                self.number -= 1  # only skip_long gets here, no number said: -= 2 equivalent
+                self.number -= 1  # mutant: equivalent — only skip_long gets here: no number said
                 self.skipping = True
                 self.carry.clear()
 
@@ -165,7 +169,10 @@ def lines(
     yield from cut.end()
 
 
-@dataclass(frozen=True, slots=True)  # slots=False: an equivalent mutant (only the memory)
+@dataclass(
+    frozen=True,
+    slots=True,  # mutant: equivalent — slots=False changes only the memory
+)
 class TransientTable:
     """The reasons retried, each with its per-key limit of retries (None: no limit of its
     own)."""
@@ -196,14 +203,17 @@ def parse_table(text: str) -> TransientTable:
     parser (``opstate.domain.retry.parse_transient``: names any case, ``N`` 0-10, each name
     once), so no value passes the settings' check at init and fails here; ``""`` lists nothing.
     ``ValueError`` (``InvalidRetryError``) names the bad entry."""
-    # text.strip() and text.lstrip() are empty together: that mutant is equivalent
-    return TransientTable(parse_transient(text) if text.strip() else {})
+    listed = text.strip()  # mutant: equivalent — lstrip is empty as often
+    return TransientTable(parse_transient(text) if listed else {})
 
 
 DEFAULT_TABLE = parse_table(DEFAULT_TRANSIENT)
 
 
-@dataclass(frozen=True, slots=True)  # slots=False: an equivalent mutant (only the memory)
+@dataclass(
+    frozen=True,
+    slots=True,  # mutant: equivalent — slots=False changes only the memory
+)
 class Row:
     """One output line, as much of it as retries need. ``answered``: it has a ``response``
     object (``blocked`` when that carries no answer); otherwise it failed, with the ``code``

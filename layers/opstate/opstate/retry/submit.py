@@ -41,6 +41,7 @@ from opstate.domain.retry import RetryPolicy, policy_of
 from opstate.domain.times import format_time
 from opstate.gemini.errors import GatewayError, classify
 from opstate.gemini.files import is_file_name
+from opstate.gemini.port import GeminiClient
 from opstate.gemini.submit import (
     create_or_delete,
     delete_file,
@@ -56,6 +57,7 @@ from opstate.retry.acting import read_job
 from opstate.retry.authority import VIA_SUBMIT
 from opstate.retry.inputs import InputError, KeptInput, keep_input, source_chunks, verified
 from opstate.retry.policy import attach_policy
+from opstate.store.port import RetryingStore
 
 # ``progress(stage, done, total)``: the bytes of the input a stage has read so far, for a caller
 # that shows them (``opstate submit``'s bars, opstate.cli.progress); stages "checking" and
@@ -104,9 +106,9 @@ def submit_id(sha256: str, model: str, display_name: str) -> str:
 
 
 def submit(
-    store: Any,
+    store: RetryingStore,
     sink: Sink,
-    client: Any,
+    client: GeminiClient,
     *,
     source: str,
     model: str,
@@ -206,7 +208,7 @@ class PolicyChangedError(ValueError):
     nothing is changed (the kept policy changes only through ``opstate track``)."""
 
 
-def _same_policy(store: Any, record: OpRecord, policy: RetryPolicy) -> None:
+def _same_policy(store: RetryingStore, record: OpRecord, policy: RetryPolicy) -> None:
     """Refuse a submit found again whose policy differs from the one kept beside it."""
     state = store.get_retry(record.name)
     if state is None or state.created_ns != record.created_ns:
@@ -223,7 +225,7 @@ def _same_policy(store: Any, record: OpRecord, policy: RetryPolicy) -> None:
 
 
 def _found(
-    client: Any, marker_id: str, earlier: Mapping[str, Any], model: str, sha256: str
+    client: GeminiClient, marker_id: str, earlier: Mapping[str, Any], model: str, sha256: str
 ) -> OpEvent | None:
     """The batch an earlier call created under ``marker_id`` (whose marker said ``earlier``):
     each job the listing names is read itself and counts only on the evidence of the module
@@ -296,7 +298,7 @@ def _write_marker(
 
 
 def _keep_state(
-    store: Any,
+    store: RetryingStore,
     record: OpRecord,
     policy: RetryPolicy,
     model: str,

@@ -6,14 +6,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from opstate.config import Settings
+from opstate.config import ConfigError, Settings
 from opstate.domain.retry import RetryPolicy
+from opstate.gemini.port import GeminiClient
 from opstate.outcomes.sink import Sink
 from opstate.retry.engine import retry_once
 from opstate.retry.job_submit import JobSubmitted, submit_job
 from opstate.retry.passes import RetryConfig, RetryResult
 from opstate.retry.rules import parse_table
 from opstate.retry.submit import ProgressHook, Submitted, submit
+from opstate.store.port import RetryPassStore, Store
 
 MiB = 1024 * 1024
 
@@ -35,7 +37,9 @@ def config_from(settings: Settings) -> RetryConfig:
 
 
 @contextmanager
-def _opened(settings: Settings, store: Any | None) -> Iterator[tuple[Any, Sink, Any]]:
+def _opened(
+    settings: Settings, store: Store | None
+) -> Iterator[tuple[RetryPassStore, Sink, GeminiClient]]:
     """The configured store (unless given), the results sink and a google-genai client (the
     archiver's per-read timeout, no SDK retries); what was opened here is closed after."""
     from opstate.gemini.client import make_client
@@ -45,9 +49,10 @@ def _opened(settings: Settings, store: Any | None) -> Iterator[tuple[Any, Sink, 
     sink = sink_from_url(results_url_for(settings), settings)
     used = store if store is not None else store_from_url(settings.store_url, settings)
     try:
+        kept = pass_store(used)
         client = make_client(settings, timeout_s=settings.results_http_timeout_s)
         try:
-            yield used, sink, client
+            yield kept, sink, client
         finally:
             client.close()
     finally:
@@ -55,11 +60,20 @@ def _opened(settings: Settings, store: Any | None) -> Iterator[tuple[Any, Sink, 
             used.close()
 
 
+def pass_store(store: Store) -> RetryPassStore:
+    """``store`` as a retry pass uses it (narrowed at the edge, as ``check_keepable`` does);
+    ``ConfigError`` for a store that keeps no retry states, archive states or counters (every
+    store of this package keeps them)."""
+    if not isinstance(store, RetryPassStore):
+        raise ConfigError(f"{type(store).__name__} keeps no retry states: no retry pass on it")
+    return store
+
+
 def retry_from_settings(
     settings: Settings,
     remaining_s: Callable[[], float] | None = None,
     *,
-    store: Any | None = None,
+    store: Store | None = None,
     names: list[str] | None = None,
     on_final: Callable[[str], None] | None = None,
     every: bool = False,
@@ -86,7 +100,7 @@ def submit_from_settings(
     model: str,
     policy: RetryPolicy,
     display_name: str = "",
-    store: Any | None = None,
+    store: Store | None = None,
     progress: ProgressHook | None = None,
 ) -> Submitted | JobSubmitted:
     """``opstate submit`` and the submit function: keep, upload, create, track
@@ -122,14 +136,15 @@ def submit_from_settings(
         )
 
 
-def roots_of(store: Any, names: list[str]) -> list[str]:
+def roots_of(store: Store, names: list[str]) -> list[str]:
     """The roots whose lineage ``names`` belong to (a child: its root; a root: itself), for a
     pass over the operations a bus trigger named (``GetItem``s, no listing)."""
     from opstate.store.retry_state import RETRY_ACTIVE, RETRY_MEMBER
 
     roots: list[str] = []
+    kept = pass_store(store)
     for name in names:
-        state = store.get_retry(name)
+        state = kept.get_retry(name)
         if state is None:
             continue
         if state.status == RETRY_ACTIVE:

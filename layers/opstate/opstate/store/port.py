@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from opstate.domain.details import InvalidDetailsError, check
 from opstate.domain.model import OpEvent, OpRecord
 from opstate.domain.times import NS_PER_SECOND
+from opstate.store.counters import CountingStore
 
 if TYPE_CHECKING:  # the retry state loads on first use: the webhook's init never needs it
     from opstate.store.retry_state import RetryState
@@ -362,3 +363,11 @@ class RetryingStore(Store, Protocol):
         shard of the sparse GSI ``retry-index``; memory: a sorted walk). Records without a
         retry state never."""
         ...
+
+
+@runtime_checkable
+class RetryPassStore(RetryingStore, ArchivingStore, CountingStore, Protocol):
+    """What a retry pass (``opstate.retry``) uses: records (``get`` and ingest's writes),
+    retry states (``get_retry``, ``set_retry``, ``iter_retry_due``), archive states
+    (``get_archive``: is a member settled) and counters (the daily budget). Every store of
+    this package provides it."""

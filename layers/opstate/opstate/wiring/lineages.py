@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from opstate.config import Settings
+from opstate.config import ConfigError, Settings
 from opstate.domain.model import OpRecord
 from opstate.retry import lineage
 from opstate.retry.engine import EVERY_NS, SETTLED
+from opstate.retry.wiring import pass_store
+from opstate.store.port import PollingStore, Store
 
 # Most members read from Gemini in one call (a pass stays a bounded number of requests).
 MAX_MEMBER_READS = 200
@@ -45,21 +46,21 @@ class MembersRead:
     first_error: str | None = None
 
 
-def open_members(store: Any) -> Members:
+def open_members(store: Store) -> Members:
     """The members of every active lineage that Gemini or the archiver still has to move."""
-    found = Members()
-    for root, state in store.iter_retry_due(EVERY_NS):
+    found, kept = Members(), pass_store(store)
+    for root, state in kept.iter_retry_due(EVERY_NS):
         if state.created_ns != root.created_ns:
             continue
         found.roots += 1
         for ref in lineage.members(root.name, state.doc):
-            record = root if ref.name == root.name else store.get(ref.name)
+            record = root if ref.name == root.name else kept.get(ref.name)
             if record is None:
                 continue
             if not record.terminal:
                 found.open.append(record)
                 continue
-            archive = store.get_archive(record.name)
+            archive = kept.get_archive(record.name)
             if archive is None or archive.status not in SETTLED:
                 found.unarchived.append(record.name)
     found.open = found.open[:MAX_MEMBER_READS]
@@ -67,7 +68,7 @@ def open_members(store: Any) -> Members:
 
 
 def read_members(
-    store: Any,
+    store: Store,
     settings: Settings,
     *,
     remaining_s: Callable[[], float] | None = None,
@@ -90,16 +91,19 @@ def read_members(
     return done
 
 
-def _poll(store: Any, settings: Settings, records: list[OpRecord], done: MembersRead) -> None:
+def _poll(store: Store, settings: Settings, records: list[OpRecord], done: MembersRead) -> None:
     from opstate.reconcile.cloud_gateway import GoogleCloudGateway
     from opstate.reconcile.run import refresh_one
     from opstate.wiring.reconcile import gemini_gateway
 
+    if not isinstance(store, PollingStore):
+        raise ConfigError(f"{type(store).__name__} keeps no open index: its members cannot be read")
+    polling = store
     gateway = gemini_gateway(settings)
     cloud = GoogleCloudGateway(settings) if settings.google_cloud_configured else None
     try:
         for record in records:
-            refreshed = refresh_one(store, gateway, record, settings=settings, cloud=cloud)
+            refreshed = refresh_one(polling, gateway, record, settings=settings, cloud=cloud)
             done.read += 1
             if refreshed.decision is not None and refreshed.decision.applied:
                 done.changed += 1
