@@ -211,3 +211,61 @@ def test_a_sqlite_file_of_the_previous_release_is_upgraded_and_polled_to_the_end
         assert "not_found" not in record.details
     finally:
         store.close()
+
+
+@pytest.fixture(params=("sqlite", "dynamodb-mock"))
+def held(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
+    with harness_of(request, tmp_path, clock=lambda: NOW_NS) as h:
+        yield h
+
+
+def open_key(h: Harness, name: str) -> object:
+    raw = h.raw(name)
+    assert raw is not None
+    return raw.get("open_update_ns", raw.get("open_ns"))
+
+
+def test_a_young_unchanged_operation_is_polled_every_run_without_rewriting_its_index_key(
+    held: Harness,
+) -> None:
+    """Issue 48: younger than 15 minutes, an operation is due again at the next run; a poll
+    that changes nothing leaves its item (and so its open-index entry) as it was."""
+    name = "batches/young"
+    track(held, name, State.RUNNING, NOW_NS - S)
+    key, version = open_key(held, name), held.raw(name)
+    gateway = MemoryGateway()
+    gateway.put(name, State.RUNNING, NOW_NS - S)
+    clock = FakeClock(NOW_NS)
+    for _ in range(3):  # 0, 5, 10 minutes old
+        result = reconcile_once(held.store, gateway, settings=SETTINGS, clock=clock)  # type: ignore[arg-type]
+        assert result.polled == 1 and result.errors == 0
+        assert held.raw(name) == version and open_key(held, name) == key
+        clock.advance(300)
+    assert gateway.requests[name] == 3
+    clock.advance(300)  # 20 minutes old: due again in 2.5 minutes, written as before
+    reconcile_once(held.store, gateway, settings=SETTINGS, clock=clock)  # type: ignore[arg-type]
+    poll = held.store.poll_state(name)  # type: ignore[attr-defined]
+    assert poll is not None and poll.due_ns > clock.now_ns() - S
+    assert gateway.requests[name] == 4
+
+
+def test_a_run_that_leaves_operations_due_moves_every_polled_one_to_the_back(
+    held: Harness,
+) -> None:
+    """Fairness: a run that could not poll everything due writes the held schedules too, so
+    the next run starts with what waited longest."""
+    names = ["batches/young-a", "batches/young-b"]
+    gateway = MemoryGateway()
+    for i, name in enumerate(names):
+        track(held, name, State.RUNNING, NOW_NS - 10 * S + i)
+        gateway.put(name, State.RUNNING, NOW_NS - 10 * S + i)
+    settings = replace(SETTINGS, reconcile_open_limit=1)
+    clock = FakeClock(NOW_NS)
+    first = reconcile_once(held.store, gateway, settings=settings, clock=clock)  # type: ignore[arg-type]
+    assert first.polled == 1 and first.stopped_early
+    assert gateway.requests == {names[0]: 1}
+    poll = held.store.poll_state(names[0])  # type: ignore[attr-defined]
+    assert poll is not None and poll.due_ns == NOW_NS  # moved behind the other one
+    clock.advance(300)
+    reconcile_once(held.store, gateway, settings=settings, clock=clock)  # type: ignore[arg-type]
+    assert gateway.requests == {names[0]: 1, names[1]: 1}

@@ -133,7 +133,7 @@ def test_polled_only_kinds_stay_on_the_faster_side_and_idle_interactions_go_slow
 
 def test_unchanged_answer_touches_no_record_only_the_schedule() -> None:
     rig = Rig()
-    rig.track("batches/a", State.RUNNING, T0 - S)
+    rig.track("batches/a", State.RUNNING, T0 - S, created_ns=T0 - HOUR)
     rig.gateway.put("batches/a", State.RUNNING, T0 - S)
     before = rig.record("batches/a")
     rig.run()
@@ -141,7 +141,18 @@ def test_unchanged_answer_touches_no_record_only_the_schedule() -> None:
     dropped = [d for d in rig.decisions if isinstance(d, Decision)]
     assert [str(d.reason) for d in dropped] == ["stale-or-equal-update-time"]
     poll = rig.store.poll_state("batches/a")
-    assert poll is not None and poll.due_ns >= T0
+    assert poll is not None and poll.due_ns >= T0 + 7 * MIN  # 1/8 of its hour
+
+
+def test_a_young_unchanged_answer_leaves_even_the_schedule_and_is_polled_next_run() -> None:
+    """Issue 48: due at the next run either way, so the write that would say so is held."""
+    rig = Rig()
+    rig.track("batches/a", State.RUNNING, T0 - S)
+    rig.gateway.put("batches/a", State.RUNNING, T0 - S)
+    before = rig.store.poll_state("batches/a")
+    rig.runs(3)
+    assert rig.store.poll_state("batches/a") == before
+    assert rig.gateway.requests["batches/a"] == 3
 
 
 def test_paging_covers_every_due_operation_across_runs_each_once() -> None:
@@ -259,6 +270,7 @@ def test_lost_and_overdue_in_the_same_poll_are_two_writes() -> None:
 
 def test_discovered_batches_are_rescheduled_without_a_request() -> None:
     rig = Rig(replace(SETTINGS, reconcile_max_pages=1))
+    rig.track("batches/d", State.RUNNING, T0 - S, created_ns=T0 - HOUR)
     rig.gateway.put("batches/d", State.RUNNING, T0 - S)
     rig.gateway.batch_list.append("batches/d")
     result = rig.run()

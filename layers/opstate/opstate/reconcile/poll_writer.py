@@ -7,10 +7,19 @@ next run sees it afresh. A store fault is counted and left for the next run.
 A batch's progress (``batch_stats``, ``progress_of`` its answer) goes with every write, whichever
 way the run read the batch: polled, or listed by discovery (``Discovered``) and rescheduled
 without a request.
+
+``reschedule`` holds back the write that would only move an operation's due time to "the next
+run" (``Schedule.interval_s`` 0: younger than 15 minutes) when nothing else changed: no mark, no
+progress, the same not-found streak. Its due time stays where it was, already due, so the next
+run polls it as it would have, and the open index (whose sort key the due time is) is not
+rewritten. ``flush`` writes what was held back: the run calls it when it left anything due
+(stopped early, or a lane refused), so every operation it polled moves to the back as before
+and the operations that waited longest still come first. At most ``HOLD_LIMIT`` are held per run.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
@@ -23,6 +32,10 @@ from opstate.reconcile.tally import MarkDecision, RunDecision, Tally
 from opstate.store.port import PollingStore, PollState, RetryableError
 
 Progress = Mapping[str, int]
+
+# Poll writes held back per run at most (beyond it they are written at once), so a run that
+# stops on its time budget flushes them within about a second.
+HOLD_LIMIT = 100
 
 
 def progress_of(event: OpEvent | None) -> Progress | None:
@@ -50,6 +63,41 @@ class PollWriter:
         self.store = store
         self.tally = tally
         self.report = report
+        self.held: list[tuple[OpRecord, PollState, PollState]] = []
+        self._lock = threading.Lock()
+
+    def reschedule(
+        self,
+        record: OpRecord,
+        before: PollState,
+        poll: PollState,
+        marks: list[Mark],
+        progress: Progress | None,
+        now_ns: int,
+    ) -> None:
+        """``write``, unless the poll only made the operation due again at once (``poll.due_ns``
+        not after ``now_ns``) and changed nothing else: then the write is held (see ``flush``)
+        and the stored due time, already due, stays."""
+        if (
+            not marks
+            and progress is None
+            and poll.due_ns <= now_ns
+            and before.due_ns <= now_ns
+            and replace(poll, due_ns=before.due_ns) == before
+        ):
+            with self._lock:
+                if len(self.held) < HOLD_LIMIT:
+                    self.held.append((record, before, poll))
+                    return
+        self.write(record, before, poll, marks, progress)
+
+    def flush(self) -> int:
+        """Write the held poll states (the run left something due); how many were held."""
+        with self._lock:
+            held, self.held = self.held, []
+        for record, before, poll in held:
+            self.write(record, before, poll, [])
+        return len(held)
 
     def write(
         self,

@@ -102,6 +102,9 @@ def poll_due(run: Run, pool: ThreadPoolExecutor, discovered: Mapping[str, Discov
     if run.stop_reason is not None:
         # Count what is still due, at most one more page (never the whole index).
         run.tally.add(remaining_due=queue.rest(DUE_PAGE_SIZE))
+    if run.stop_reason is not None or run.tally.result.remaining_due:
+        # Something is left due: every operation polled moves to the back, held ones too.
+        run.writer.flush()
 
 
 def poll_worker(run: Run, queue: DueQueue) -> None:
@@ -132,19 +135,21 @@ def reschedule_discovered(run: Run, entry: Due, discovered: Discovered) -> None:
     record = discovered.record
     if record is None or record.terminal:
         return
-    poll, marks = run.schedule.after_poll(record, entry.poll, found=True, now_ns=run.clock.now_ns())
-    run.writer.write(record, entry.poll, poll, marks, discovered.progress)
+    now_ns = run.clock.now_ns()
+    poll, marks = run.schedule.after_poll(record, entry.poll, found=True, now_ns=now_ns)
+    run.writer.reschedule(record, entry.poll, poll, marks, discovered.progress, now_ns)
 
 
 def poll_one(run: Run, entry: Due, lane: Lane) -> None:
     polled = poll_record(run, entry.record, lane)
     if polled.current is None:
         return  # left for the next run, or terminal now: nothing to schedule
+    now_ns = run.clock.now_ns()
     poll, marks = run.schedule.after_poll(
-        polled.current, entry.poll, found=polled.found, now_ns=run.clock.now_ns()
+        polled.current, entry.poll, found=polled.found, now_ns=now_ns
     )
     event = polled.decision.event if polled.decision is not None else None
-    run.writer.write(polled.current, entry.poll, poll, marks, progress_of(event))
+    run.writer.reschedule(polled.current, entry.poll, poll, marks, progress_of(event), now_ns)
 
 
 def poll_record(run: Run, record: OpRecord, lane: Lane) -> Polled:
