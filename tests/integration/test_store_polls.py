@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from opstate.config import Settings
-from opstate.domain.model import OpEvent
+from opstate.domain.model import OpEvent, OpRecord
 from opstate.domain.states import State
 from opstate.domain.times import parse_time
+from opstate.domain.views import PROGRESS_DETAIL
 from opstate.ingest import ingest
 from opstate.reconcile.run import reconcile_once
 from opstate.store import PollState
@@ -269,3 +270,42 @@ def test_a_run_that_leaves_operations_due_moves_every_polled_one_to_the_back(
     clock.advance(300)
     reconcile_once(held.store, gateway, settings=settings, clock=clock)  # type: ignore[arg-type]
     assert gateway.requests == {names[0]: 1, names[1]: 1}
+
+
+class ProgressGateway(MemoryGateway):
+    """Answers carry a batch's progress (the ``batch_stats`` detail), as the Gemini API's do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.progress: dict[str, dict[str, int]] = {}
+
+    def fetch(self, record: OpRecord) -> OpEvent:
+        event = super().fetch(record)
+        stats = self.progress.get(record.name)
+        return event if stats is None else replace(event, details={PROGRESS_DETAIL: dict(stats)})
+
+
+def test_a_young_batch_poll_with_the_stored_progress_is_held_a_new_progress_written(
+    held: Harness,
+) -> None:
+    name = "batches/counting"
+    track(held, name, State.RUNNING, NOW_NS - S)
+    gateway = ProgressGateway()
+    gateway.put(name, State.RUNNING, NOW_NS - S)
+    gateway.progress[name] = {"requestCount": 10, "successfulRequestCount": 1}
+    clock = FakeClock(NOW_NS)
+
+    def run() -> None:
+        result = reconcile_once(held.store, gateway, settings=SETTINGS, clock=clock)  # type: ignore[arg-type]
+        assert result.polled == 1 and result.errors == 0
+        clock.advance(60)
+
+    run()  # a progress the store does not hold yet: written
+    assert held.store.get_progress(name) == gateway.progress[name]  # type: ignore[attr-defined]
+    written = held.raw(name)
+    run()  # the same progress: held, the item as it was
+    assert held.raw(name) == written
+    gateway.progress[name] = {"requestCount": 10, "successfulRequestCount": 4}
+    run()  # moved on: written
+    assert held.store.get_progress(name) == gateway.progress[name]  # type: ignore[attr-defined]
+    assert gateway.requests[name] == 3

@@ -10,11 +10,12 @@ without a request.
 
 ``reschedule`` holds back the write that would only move an operation's due time to "the next
 run" (``Schedule.interval_s`` 0: younger than 15 minutes) when nothing else changed: no mark, no
-progress, the same not-found streak. Its due time stays where it was, already due, so the next
-run polls it as it would have, and the open index (whose sort key the due time is) is not
-rewritten. ``flush`` writes what was held back: the run calls it when it left anything due
-(stopped early, or a lane refused), so every operation it polled moves to the back as before
-and the operations that waited longest still come first. At most ``HOLD_LIMIT`` are held per run.
+new progress (none, or the stored one), the same not-found streak. Its due time stays where it
+was, already due, so the next run polls it as it would have, and the open index (whose sort key
+the due time is) is not rewritten. ``flush`` writes what was held back: the run calls it when
+it left anything due (stopped early, or a lane refused), so every operation it polled moves to
+the back as before and the operations that waited longest still come first. At most
+``HOLD_LIMIT`` are held per run.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ def progress_of(event: OpEvent | None) -> Progress | None:
     reducer said of the answer (an equal update time drops the event, not its progress)."""
     progress = event.details.get(PROGRESS_DETAIL) if event is not None else None
     return progress if isinstance(progress, Mapping) else None
+
+
+def same_progress(progress: Progress, stored: Progress | None) -> bool:
+    """Whether ``progress`` is what the store already holds (``PollState.progress`` as read)."""
+    return stored is not None and dict(progress) == dict(stored)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +86,7 @@ class PollWriter:
         and the stored due time, already due, stays."""
         if (
             not marks
-            and progress is None
+            and (progress is None or same_progress(progress, before.progress))
             and poll.due_ns <= now_ns
             and before.due_ns <= now_ns
             and replace(poll, due_ns=before.due_ns) == before

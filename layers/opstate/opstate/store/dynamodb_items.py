@@ -269,7 +269,8 @@ def record_from_item(item: Mapping[str, Any]) -> OpRecord:
 
 
 def poll_from_item(item: Mapping[str, Any]) -> PollState:
-    """The poll state stored beside a record (deserialised item; absent attributes are 0)."""
+    """The poll state stored beside a record (deserialised item; absent attributes are 0; the
+    stored progress, if any)."""
 
     def number(key: str) -> int:
         value = item.get(key)
@@ -281,7 +282,21 @@ def poll_from_item(item: Mapping[str, Any]) -> PollState:
         missing_since_ns=number("poll_missing_since_ns"),
         lost_ns=number("lost_ns"),
         overdue_ns=number("overdue_ns"),
+        progress=progress_from(item.get("progress")),
     )
+
+
+def progress_from(value: object) -> dict[str, int] | None:
+    """A stored batch progress (``PollState.progress``: a map of counts) as integers; None when
+    there is none or it is not a map of numbers."""
+    if not isinstance(value, Mapping):
+        return None
+    out: dict[str, int] = {}
+    for key, count in value.items():
+        if isinstance(count, bool) or not isinstance(count, int | float | Decimal):
+            return None
+        out[str(key)] = int(count)
+    return out
 
 
 def archive_from_item(item: Mapping[str, Any]) -> ArchiveState | None:

@@ -76,7 +76,7 @@ COLUMNS = (
 )
 SELECT = f"SELECT {COLUMNS} FROM operations"
 SELECT_ARCHIVE = f"SELECT {COLUMNS}"
-SELECT_DUE = f"SELECT {COLUMNS}, {', '.join(POLL_COLUMNS)} FROM operations"
+SELECT_DUE = f"SELECT {COLUMNS}, {', '.join(POLL_COLUMNS)}, progress FROM operations"
 
 # Fragments of sqlite3.OperationalError messages that mean "not now", not "wrong SQL".
 _UNAVAILABLE_MESSAGES = (
@@ -153,6 +153,7 @@ def due_of(row: Sequence[Any]) -> Due:
     record = record_of(row)
     open_ns = row[10]
     misses, missing_since, lost, overdue = (int(v or 0) for v in row[12:16])
+    progress = json.loads(row[16]) if len(row) > 16 and row[16] else None
     return Due(
         record,
         PollState(
@@ -161,6 +162,7 @@ def due_of(row: Sequence[Any]) -> Due:
             missing_since_ns=missing_since,
             lost_ns=lost,
             overdue_ns=overdue,
+            progress=progress if isinstance(progress, dict) else None,
         ),
     )
 
