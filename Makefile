@@ -34,7 +34,7 @@ CHECKOV := $(CHECKOV_VENV)/bin/checkov
 SAM := SAM_CLI_TELEMETRY=0 $(TOOLS_VENV)/bin/sam
 CFN_LINT := $(TOOLS_VENV)/bin/cfn-lint
 
-.PHONY: help run test unit lint typecheck pytest venv bench bench-quick clean \
+.PHONY: help run test test-setup unit lint typecheck pytest venv bench bench-quick clean \
 	tools rie-venv checkov-venv template-check build build-arm64 e2e dashboard mutate lambda-base-image \
 	lambda-base-image-if-docker samlocal package
 
@@ -196,17 +196,28 @@ typecheck: $(STAMP)
 	@for f in functions/*/app.py; do $(VENV)/bin/mypy --strict --follow-imports=silent "$$f" || exit 1; done
 	$(VENV)/bin/mypy --strict tests/support tests/e2e tests/samlocal benchmarks scripts
 
+# pytest on every core (pytest-xdist; tests/conftest.py keeps the tests that share a server, a
+# built wheel or a browser on one worker and starts the slowest first). PYTEST_WORKERS=0: one
+# process, as before; PYTEST_WORKERS=4: four workers.
+PYTEST_WORKERS ?= auto
 pytest: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup) \
+		$(PYTEST_ARGS)
 
 # The inner loop: tests/unit (the domain and the modules around it; no servers, no AWS, no
 # build). A unit test marked `slow` leaves this loop; `make test` still runs it.
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q -m "not slow" $(PYTEST_ARGS)
 
-# The template checks and the build come first: the e2e and sam local tests (part of pytest)
-# run the build.
-test: lint typecheck template-check build build-arm64 rie-venv lambda-base-image-if-docker pytest
+# The checks and the builds come first, side by side (make -j: the environments install, the
+# linters and the two builds run while the others wait on pip or Docker), then pytest: its e2e
+# and sam local tests run the build. TEST_JOBS=1 runs them one after another.
+TEST_JOBS ?= 4
+test-setup: lint typecheck template-check build build-arm64 rie-venv lambda-base-image-if-docker
+
+test:
+	$(MAKE) --no-print-directory -j$(TEST_JOBS) test-setup
+	$(MAKE) --no-print-directory pytest
 
 bench: $(STAMP) build lambda-base-image-if-docker
 	$(PY) benchmarks/run.py

@@ -2,7 +2,8 @@
 ``requires-python >=3.12`` (the Lambda functions stay on 3.13, template.yaml's runtime), so the
 wheel is built, installed into a fresh virtualenv of a CPython 3.12 found on this machine
 (scripts/find-python.sh: PATH, pyenv's versions, Debian's package) from a folder outside any
-checkout, and the operator's commands run there: ``--version``, ``track`` / ``get`` / ``list``
+checkout by README.md's "Use it without a clone" line (its ``python3`` that Python), and the
+operator's commands run there: ``--version``, ``track`` / ``get`` / ``list``
 on an embedded SQLite store, then ``submit`` and ``retry --once`` against the fake Gemini (the
 real google-genai client on 3.12) until the lineage's final result is written.
 
@@ -27,6 +28,7 @@ from tests.support.retry_rows import answered, failed, input_keys, write_input
 
 ROOT = Path(__file__).resolve().parents[2]
 OLDEST = "3.12"
+SECTION = "## Use it without a clone"
 
 pytestmark = pytest.mark.slow
 
@@ -64,9 +66,18 @@ def clean_env(home: Path) -> dict[str, str]:
     return env
 
 
+def readme_venv_line() -> str:
+    """The "Use it without a clone" line that makes the operator's virtualenv, comment cut."""
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split(SECTION, 1)[1]
+    line = next(x for x in section.splitlines() if x.startswith("python3 -m venv "))
+    return line.split("#", 1)[0].strip()
+
+
 @pytest.fixture(scope="module")
 def oldest_install(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, dict]]:
-    """(the 3.12 virtualenv's bin, a folder outside any checkout, the environment)."""
+    """(the virtualenv's bin, a folder outside any checkout, the environment): the README's
+    line run as written by bash in a folder holding ``dist/<the wheel>``, with ``python3`` the
+    oldest supported Python (first on PATH) and HOME a fresh folder."""
     python = find_python(OLDEST)
     require(
         python is not None,
@@ -75,22 +86,23 @@ def oldest_install(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[P
         skip_prefix="the CLI's oldest-Python test needs ",
     )
     assert python is not None
-    base = tmp_path_factory.mktemp("oldest")
-    dist, venv, work = base / "dist", base / "venv", base / "work"
-    work.mkdir()
-    env = clean_env(base)
+    home = tmp_path_factory.mktemp("oldest")
+    work, shims = home / "work", home / "shims"
+    shims.mkdir()
+    (shims / "python3").symlink_to(python)
     built = subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(ROOT)],
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(work / "dist"), str(ROOT)],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    (wheel,) = dist.glob("*.whl")
-    subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=120)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check"]
+    env = clean_env(home)
+    # pip reads these as its --no-compile / --disable-pip-version-check (the line stays as is).
+    env |= {"PIP_NO_COMPILE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env["PATH"] = f"{shims}{os.pathsep}{env.get('PATH', '')}"
     installed = subprocess.run(
-        [*pip, "--quiet", "--no-compile", f"{wheel}[gemini]"],
+        ["bash", "-c", readme_venv_line()],
         cwd=work,
         env=env,
         capture_output=True,
@@ -98,7 +110,7 @@ def oldest_install(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[P
         timeout=900,
     )
     assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
-    yield venv / "bin", work, env
+    yield home / ".opstate-cli" / "bin", work, env
 
 
 def opstate_cli(
