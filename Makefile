@@ -41,7 +41,8 @@ CFN_LINT := $(TOOLS_VENV)/bin/cfn-lint
 help:
 	@echo "make run    - set up .venv if needed (the runtime only), then serve the app on http://127.0.0.1:3000"
 	@echo "make test   - set up .venv (and .tools-venv, .rie-venv) if needed, then ruff, mypy,"
-	@echo "              the template checks, sam build and the whole pytest suite (incl. e2e)"
+	@echo "              the template checks and sam build side by side, then the whole pytest"
+	@echo "              suite (incl. e2e) on every core (PYTEST_WORKERS=0: in one process)"
 	@echo "make unit   - the inner loop: the domain and unit tests only (tests/unit)"
 	@echo "make bench  - benchmarks (not part of make test; cold start also in a Lambda-like container"
 	@echo "              when Docker answers); make bench-quick for a short run"
@@ -191,8 +192,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# The package is checked as the oldest Python the CLI supports (pyproject: 3.12) and as the
+# newest (3.14); the Lambda handlers, tests and scripts as pyproject says.
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy --python-version 3.14
 	@for f in functions/*/app.py; do $(VENV)/bin/mypy --strict --follow-imports=silent "$$f" || exit 1; done
 	$(VENV)/bin/mypy --strict tests/support tests/e2e tests/samlocal benchmarks scripts
 
