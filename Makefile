@@ -200,12 +200,12 @@ typecheck: $(STAMP)
 	@for f in functions/*/app.py; do $(VENV)/bin/mypy --strict --follow-imports=silent "$$f" || exit 1; done
 	$(VENV)/bin/mypy --strict tests/support tests/e2e tests/samlocal benchmarks scripts
 
-# pytest on every core (pytest-xdist; tests/conftest.py keeps the tests that share a server, a
-# built wheel or a browser on one worker and starts the slowest first). PYTEST_WORKERS=0: one
-# process, as before; PYTEST_WORKERS=4: four workers.
+# pytest on every core (pytest-xdist; a module's tests on one worker, so that what they share -
+# a server, a built wheel, a browser - is made once; the slowest modules first: tests/conftest.py).
+# PYTEST_WORKERS=0: one process, as before; PYTEST_WORKERS=4: four workers.
 PYTEST_WORKERS ?= auto
 pytest: $(STAMP)
-	$(PY) -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup) \
+	$(PY) -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile) \
 		$(PYTEST_ARGS)
 
 # The inner loop: tests/unit (the domain and the modules around it; no servers, no AWS, no

@@ -51,17 +51,17 @@ def aws_secrets() -> Iterator[Any]:
     parameters.clear_caches()
 
 
-# --- pytest-xdist (`make test` runs pytest -n auto --dist loadgroup) ------------------------------
-# Tests that share something costly or single stay on one worker: a module's tests that share a
-# module-scoped fixture (a built wheel, a served page), the sam local tests (one moto server on
-# the Docker bridge, the names events/env.json gives, Docker's cores) and the browser tests (one
-# chromium). Modules known to be slow are scheduled first, so that no worker starts a long one
-# last while the others are idle. Without xdist the marks do nothing and the order is the same.
-_WHOLE_DIRECTORY_GROUPS = ("samlocal", "browser")
+# --- pytest-xdist (`make test` runs pytest -n auto --dist loadfile) ------------------------------
+# loadfile: a module's tests run on one worker, so a module-scoped fixture (a built wheel, a served
+# page, a browser) is made once, not once per worker that gets one of its tests. (xdist_group
+# with --dist loadgroup would be finer, but pytest 9.2's structured node ids make xdist 3.8 drop
+# the groups silently: pytest-dev/pytest-xdist#1386.) Session fixtures (the moto server) start
+# once per worker. The slowest modules are sent first, so that no worker starts a long one while
+# the others are done; without xdist the order changes nothing but when they run.
 # Slowest first: a module's first matching prefix gives its rank (lower runs earlier); every
-# other module keeps its place after them. Measured with --durations (README, "Timings").
+# other module keeps its place after them. From `pytest --durations` (README, "Timings").
 _SLOW_FIRST = (
-    "tests/samlocal/",
+    "tests/samlocal/test_sam_local.py",
     "tests/integration/test_wheel_install.py",
     "tests/integration/test_cli_oldest_python.py",
     "tests/browser/",
@@ -70,40 +70,12 @@ _SLOW_FIRST = (
 )
 
 
-def _module_path(item: pytest.Item) -> str:
-    return item.nodeid.split("::", 1)[0]
-
-
-def _shares_a_costly_fixture(item: pytest.Item) -> bool:
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return False
-    return any(
-        defs[-1].scope in ("module", "class", "package")
-        for defs in info.name2fixturedefs.values()
-        if defs
-    )
-
-
-def _group_of(item: pytest.Item) -> str | None:
-    path = _module_path(item)
-    for directory in _WHOLE_DIRECTORY_GROUPS:
-        if path.startswith(f"tests/{directory}/"):
-            return directory
-    return path if _shares_a_costly_fixture(item) else None
-
-
 def _rank(item: pytest.Item) -> int:
-    path = _module_path(item)
+    path = item.nodeid.split("::", 1)[0]
     return next(
         (i for i, prefix in enumerate(_SLOW_FIRST) if path.startswith(prefix)), len(_SLOW_FIRST)
     )
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        group = _group_of(item)
-        if group is not None and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=_rank)  # stable: a module's tests keep their order

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import opstate
 from tests.support.fake_gemini import FakeGemini
 from tests.support.prerequisites import require
 from tests.support.retry_rows import answered, failed, input_keys, write_input
+from tests.support.source_build import build_from_source
 
 ROOT = Path(__file__).resolve().parents[2]
 OLDEST = "3.12"
@@ -90,12 +90,7 @@ def oldest_install(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[P
     work, shims = home / "work", home / "shims"
     shims.mkdir()
     (shims / "python3").symlink_to(python)
-    built = subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--outdir", str(work / "dist"), str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    built = build_from_source(work / "dist", "--wheel")
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     env = clean_env(home)
     # pip reads these as its --no-compile / --disable-pip-version-check (the line stays as is).
