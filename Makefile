@@ -34,7 +34,7 @@ CHECKOV := $(CHECKOV_VENV)/bin/checkov
 SAM := SAM_CLI_TELEMETRY=0 $(TOOLS_VENV)/bin/sam
 CFN_LINT := $(TOOLS_VENV)/bin/cfn-lint
 
-.PHONY: help run test test-setup unit lint typecheck pytest venv bench bench-quick clean \
+.PHONY: help run test test-setup builds unit lint typecheck pytest venv bench bench-quick clean \
 	tools rie-venv checkov-venv template-check build build-arm64 e2e dashboard mutate lambda-base-image \
 	lambda-base-image-if-docker samlocal package
 
@@ -216,8 +216,13 @@ unit: $(STAMP)
 # The checks and the builds come first, side by side (make -j: the environments install, the
 # linters and the two builds run while the others wait on pip or Docker), then pytest: its e2e
 # and sam local tests run the build. TEST_JOBS=1 runs them one after another.
+# The two sam builds run one after the other (they share .aws-sam/build.toml).
 TEST_JOBS ?= 4
-test-setup: lint typecheck template-check build build-arm64 rie-venv lambda-base-image-if-docker
+test-setup: lint typecheck template-check builds rie-venv lambda-base-image-if-docker
+
+builds: $(TOOLS_STAMP)
+	$(MAKE) --no-print-directory build
+	$(MAKE) --no-print-directory build-arm64
 
 test:
 	$(MAKE) --no-print-directory -j$(TEST_JOBS) test-setup
