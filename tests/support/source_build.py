@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import os
 import subprocess
 import sys
 import tempfile
@@ -26,12 +27,13 @@ def lock_path() -> Path:
 @contextmanager
 def source_tree_lock() -> Iterator[None]:
     """Hold this checkout's build lock (blocks while another process holds it)."""
-    with lock_path().open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    # O_NOFOLLOW: a link planted at that name in the shared temporary directory is refused.
+    fd = os.open(lock_path(), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def build_from_source(
