@@ -202,11 +202,12 @@ typecheck: $(STAMP)
 
 # pytest on every core (pytest-xdist; a module's tests on one worker, so that what they share -
 # a server, a built wheel, a browser - is made once; the slowest modules first: tests/conftest.py).
-# PYTEST_WORKERS=0: one process, as before; PYTEST_WORKERS=4: four workers.
+# --no-loadscope-reorder: xdist would otherwise send the modules with the most tests first, not
+# the slowest. PYTEST_WORKERS=0: one process, as before; PYTEST_WORKERS=4: four workers.
 PYTEST_WORKERS ?= auto
+PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 pytest: $(STAMP)
-	$(PY) -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile) \
-		$(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,$(PYTEST_XDIST)) $(PYTEST_ARGS)
 
 # The inner loop: tests/unit (the domain and the modules around it; no servers, no AWS, no
 # build). A unit test marked `slow` leaves this loop; `make test` still runs it.
