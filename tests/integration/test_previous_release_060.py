@@ -25,6 +25,7 @@ import shutil
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -372,3 +373,37 @@ def test_the_running_060_item_advances_by_an_event_in_one_write(old: Old) -> Non
     finally:
         store.close()
     assert old.json("get", running)["state"] == "SUCCEEDED"
+
+
+@pytest.mark.parametrize("bound", [2, 3])
+def test_the_batches_0_6_0_created_this_hour_still_count_for_the_hourly_bound(
+    old: Old, monkeypatch: pytest.MonkeyPatch, bound: int
+) -> None:
+    """0.6.0 kept no hourly counter: it counted the children its retry states say were
+    created or claimed in the last hour. Upgraded within that hour, those still count: the
+    hour's bound is not reset by the upgrade."""
+    now = time.time_ns()
+    store = old.open_store()
+    try:
+        for root in (old.names["midretry"], old.names["creating"]):
+            state = store.get_retry(root)
+            assert state is not None
+            doc = lineage.mutable(state.doc)
+            for entry in lineage.children(doc):
+                for at in ("claimedNs", "createdNs"):
+                    if at in entry:  # as if 0.6.0 had just made them
+                        entry[at] = now - 60 * 1_000_000_000
+            assert store.set_retry(root, state.rev, replace(state, doc=doc))
+    finally:
+        store.close()
+    creating = old.names["creating"]
+    # 0.6.0 created the midretry child and claimed the creating one this hour: 2 of a bound
+    # of 2 leave no room (as 0.6.0 itself would have counted); a bound of 3 leaves one.
+    monkeypatch.setenv("OPSTATE_RETRY_MAX_BATCHES_PER_HOUR", str(bound))
+    old.retry()
+    (entry,) = old.doc(creating)["children"]
+    created = [n for n in old.fake.batches_created() if n.startswith("batches/created-1")]
+    if bound == 2:
+        assert (entry["phase"], created) == (lineage.CREATING, [])
+    else:
+        assert (entry["phase"], created) == (lineage.CREATED, [entry["name"]])
