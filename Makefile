@@ -34,14 +34,15 @@ CHECKOV := $(CHECKOV_VENV)/bin/checkov
 SAM := SAM_CLI_TELEMETRY=0 $(TOOLS_VENV)/bin/sam
 CFN_LINT := $(TOOLS_VENV)/bin/cfn-lint
 
-.PHONY: help run test unit lint typecheck pytest venv bench bench-quick clean \
+.PHONY: help run test test-setup builds unit lint typecheck pytest venv bench bench-quick clean \
 	tools rie-venv checkov-venv template-check build build-arm64 e2e dashboard mutate lambda-base-image \
 	lambda-base-image-if-docker samlocal package fake-gemini
 
 help:
 	@echo "make run    - set up .venv if needed (the runtime only), then serve the app on http://127.0.0.1:3000"
 	@echo "make test   - set up .venv (and .tools-venv, .rie-venv) if needed, then ruff, mypy,"
-	@echo "              the template checks, sam build and the whole pytest suite (incl. e2e)"
+	@echo "              the template checks and sam build side by side, then the whole pytest"
+	@echo "              suite (incl. e2e) on every core (PYTEST_WORKERS=0: in one process)"
 	@echo "make unit   - the inner loop: the domain and unit tests only (tests/unit)"
 	@echo "make fake-gemini - try opstate without a Gemini key: the tests' fake Gemini on"
 	@echo "              127.0.0.1:8790 (prints the line to paste; README, Try it offline)"
@@ -198,22 +199,42 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# The package is checked as the oldest Python the CLI supports (pyproject: 3.12) and as the
+# newest (3.14); the Lambda handlers, tests and scripts as pyproject says.
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy --python-version 3.14
 	@for f in functions/*/app.py; do $(VENV)/bin/mypy --strict --follow-imports=silent "$$f" || exit 1; done
 	$(VENV)/bin/mypy --strict tests/support tests/e2e tests/samlocal benchmarks scripts
 
+# pytest on every core (pytest-xdist; a module's tests on one worker, so that what they share -
+# a server, a built wheel, a browser - is made once; the slowest modules first: tests/conftest.py).
+# --no-loadscope-reorder: xdist would otherwise send the modules with the most tests first, not
+# the slowest. PYTEST_WORKERS=0: one process, as before; PYTEST_WORKERS=4: four workers.
+PYTEST_WORKERS ?= auto
+PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 pytest: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,$(PYTEST_XDIST)) $(PYTEST_ARGS)
 
 # The inner loop: tests/unit (the domain and the modules around it; no servers, no AWS, no
 # build). A unit test marked `slow` leaves this loop; `make test` still runs it.
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q -m "not slow" $(PYTEST_ARGS)
 
-# The template checks and the build come first: the e2e and sam local tests (part of pytest)
-# run the build.
-test: lint typecheck template-check build build-arm64 rie-venv lambda-base-image-if-docker pytest
+# The checks and the builds come first, side by side (make -j: the environments install, the
+# linters and the two builds run while the others wait on pip or Docker), then pytest: its e2e
+# and sam local tests run the build. TEST_JOBS=1 runs them one after another.
+# The two sam builds run one after the other (they share .aws-sam/build.toml).
+TEST_JOBS ?= 4
+test-setup: lint typecheck template-check builds rie-venv lambda-base-image-if-docker
+
+builds: $(TOOLS_STAMP)
+	$(MAKE) --no-print-directory build
+	$(MAKE) --no-print-directory build-arm64
+
+test:
+	$(MAKE) --no-print-directory -j$(TEST_JOBS) test-setup
+	$(MAKE) --no-print-directory pytest
 
 bench: $(STAMP) build lambda-base-image-if-docker
 	$(PY) benchmarks/run.py

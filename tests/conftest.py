@@ -49,3 +49,33 @@ def aws_secrets() -> Iterator[Any]:
     with mock_aws():
         yield boto3.client("secretsmanager", region_name="us-east-1")
     parameters.clear_caches()
+
+
+# --- pytest-xdist (`make test` runs pytest -n auto --dist loadfile) ------------------------------
+# loadfile: a module's tests run on one worker, so a module-scoped fixture (a built wheel, a served
+# page, a browser) is made once, not once per worker that gets one of its tests. (xdist_group
+# with --dist loadgroup would be finer, but pytest 9.2's structured node ids make xdist 3.8 drop
+# the groups silently: pytest-dev/pytest-xdist#1386.) Session fixtures (the moto server) start
+# once per worker. The slowest modules are sent first, so that no worker starts a long one while
+# the others are done; without xdist the order changes nothing but when they run.
+# Slowest first: a module's first matching prefix gives its rank (lower runs earlier); every
+# other module keeps its place after them. From `pytest --durations` (README, "Timings").
+_SLOW_FIRST = (
+    "tests/samlocal/test_sam_local.py",
+    "tests/integration/test_wheel_install.py",
+    "tests/integration/test_cli_oldest_python.py",
+    "tests/browser/",
+    "tests/e2e/",
+    "tests/reliability/",
+)
+
+
+def _rank(item: pytest.Item) -> int:
+    path = item.nodeid.split("::", 1)[0]
+    return next(
+        (i for i, prefix in enumerate(_SLOW_FIRST) if path.startswith(prefix)), len(_SLOW_FIRST)
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=_rank)  # stable: a module's tests keep their order

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 import opstate
+from tests.support.source_build import build_from_source
 
 ROOT = Path(__file__).resolve().parents[2]
 STATIC = ROOT / "layers" / "opstate" / "opstate" / "local" / "static"
@@ -44,12 +45,7 @@ def readme_section() -> str:
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(wheel, sdist) as ``make package`` builds them."""
     out = tmp_path_factory.mktemp("dist")
-    result = subprocess.run(
-        [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = build_from_source(out)  # one build of the tree at a time (pytest-xdist's workers)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (wheel,) = out.glob("*.whl")
     (sdist,) = out.glob("*.tar.gz")

@@ -145,3 +145,25 @@ def test_a_child_without_an_attempt_counts_as_attempt_0_in_the_lineage() -> None
         "batches/first",
         "batches/second",
     ]
+
+
+def test_max_cost_takes_any_amount_above_0_up_to_its_cap() -> None:
+    from opstate.domain.retry import MAX_COST_USD, InvalidRetryError, max_cost
+
+    assert max_cost(0.5) == 0.5  # above 0, below a dollar
+    assert max_cost(MAX_COST_USD) == MAX_COST_USD  # the cap itself
+    with pytest.raises(InvalidRetryError) as bad:
+        max_cost(True)
+    assert str(bad.value) == ("'retry.maxCostUSD' must be a number of US dollars or null, not True")
+    with pytest.raises(InvalidRetryError) as bad:
+        max_cost(0)
+    assert str(bad.value) == (
+        "'retry.maxCostUSD' must be more than 0 and at most 1000000000, got 0"
+    )
+
+
+def test_a_kept_cap_is_read_back_only_above_0() -> None:
+    from opstate.domain.retry import policy_of
+
+    assert policy_of({"policy": {"maxCostUSD": 0.5}}).max_cost_usd == 0.5
+    assert policy_of({"policy": {"maxCostUSD": 0}}).max_cost_usd is None

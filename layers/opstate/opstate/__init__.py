@@ -25,4 +25,4 @@ nothing of opstate: importing the package loads none of its modules.
 
 # The one place the release is named: pyproject.toml reads it (dynamic version), `opstate
 # --version` prints it, template.yaml's SemanticVersion equals it; CHANGELOG.md says what it holds.
-__version__ = "0.6.0"
+__version__ = "0.7.0"

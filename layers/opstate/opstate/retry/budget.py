@@ -17,7 +17,10 @@ its lineage since (0.6.0 counted the active lineages' children only: a lineage t
 dropped out). The hour is the clock hour: at most the bound per UTC hour, so at most twice
 the bound in a 60-minute span that straddles two. A slot taken for a create that then fails
 stays taken (over-counted, never under). A store without counters counts from the stored
-states as 0.6.0 did.
+states as 0.6.0 did. The children 0.6.0 created or claimed in the last hour (a claim that
+recorded no ``upload``: 0.6.0 recorded none) are in no counter: they count against the
+bound too, so an upgrade within the hour does not start it afresh (a claim of this release
+whose upload failed counts twice for that hour: over, never under).
 
 A root that is over the budget creates nothing: its children stay planned and it is due again
 later; counted in ``RetryBudgetReached`` (alarm ``RetryBudgetAlarm``) and logged once a pass.
@@ -48,6 +51,7 @@ class Budget:
     loaded: bool = False
     retrying: set[str] = field(default_factory=set)
     recent: int = 0
+    legacy: int = 0  # 0.6.0's children of the last hour, in no counter
     refused: set[str] = field(default_factory=set)
 
     def _load(self) -> None:
@@ -65,6 +69,7 @@ class Budget:
                 when = entry.get(at)
                 if isinstance(when, int) and not isinstance(when, bool) and when >= since:
                     self.recent += 1
+                    self.legacy += "upload" not in entry
             if started and not state.doc.get("stopped"):
                 self.retrying.add(record.name)
         self.loaded = True
@@ -104,9 +109,9 @@ class Budget:
         if not isinstance(store, CountingStore):
             return self.recent < most
         counter = HOUR_COUNTER.format(hour=format_time(self.runner.clock_ns())[:13])
-        if store.add_counter(counter, 1, most):
+        if most > self.legacy and store.add_counter(counter, 1, most - self.legacy):
             return True
-        self.recent = store.get_counter(counter)
+        self.recent = store.get_counter(counter) + self.legacy
         return False
 
     def spent(self, root: OpRecord) -> None:

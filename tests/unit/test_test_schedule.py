@@ -1,0 +1,115 @@
+"""How `make test` runs (issue 49): the checks and builds side by side, then pytest on every
+core with pytest-xdist, a module's tests on one worker and the slowest modules first
+(tests/conftest.py); builds of the source tree one at a time. Read from ``make -n`` and from
+the hook itself, on stand-in items."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests import conftest
+from tests.support.source_build import lock_path, source_tree_lock
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def dry_run(*args: str) -> str:
+    result = subprocess.run(
+        ["make", "-n", "-C", str(ROOT), "--no-print-directory", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.replace("\\\n", " ")
+
+
+needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+
+
+@needs_make
+def test_pytest_runs_on_every_core_unless_told_one_process() -> None:
+    line = next(x for x in dry_run("-B", "pytest").splitlines() if " -m pytest" in x)
+    # --no-loadscope-reorder: the order tests/conftest.py gives (slowest first), not xdist's
+    # (the modules with the most tests first).
+    assert "-n auto --dist loadfile --no-loadscope-reorder" in " ".join(line.split())
+    line = next(
+        x for x in dry_run("-B", "pytest", "PYTEST_WORKERS=0").splitlines() if " -m pytest" in x
+    )
+    assert " -n " not in line and "--dist" not in line and "reorder" not in line
+
+
+@needs_make
+def test_make_test_runs_the_checks_side_by_side_before_pytest() -> None:
+    lines = dry_run("test").splitlines()
+    setup = next(i for i, x in enumerate(lines) if "test-setup" in x)
+    assert " -j4 " in f" {lines[setup]} "
+    tests = next(i for i, x in enumerate(lines) if " -m pytest" in x)
+    assert setup < tests
+    prerequisites = (ROOT / "Makefile").read_text(encoding="utf-8").split("\ntest-setup:", 1)[1]
+    needed = prerequisites.split("\n", 1)[0].split()
+    assert set(needed) == {
+        *("lint", "typecheck", "template-check", "builds", "rie-venv"),
+        "lambda-base-image-if-docker",
+    }
+    # The two sam builds share .aws-sam/build.toml: one after the other, never side by side.
+    builds = prerequisites.split("\nbuilds:", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    assert [line.split()[-1] for line in builds] == ["build", "build-arm64"]
+
+
+@dataclass
+class StandIn:
+    """What the hook reads of a collected test: its node id."""
+
+    nodeid: str
+
+
+def test_the_slowest_modules_come_first_and_each_module_keeps_its_order() -> None:
+    names = [
+        "tests/browser/test_p.py::test_1",
+        "tests/e2e/test_e.py::test_1",
+        "tests/integration/test_i.py::test_1",
+        "tests/integration/test_wheel_install.py::test_1",
+        "tests/integration/test_i.py::test_2",
+        "tests/reliability/test_r.py::test_1",
+        "tests/samlocal/test_local_config.py::test_1",
+        "tests/samlocal/test_sam_local.py::test_2",
+        "tests/samlocal/test_sam_local.py::test_1",
+        "tests/unit/test_u.py::test_1",
+    ]
+    items = [StandIn(n) for n in names]
+    conftest.pytest_collection_modifyitems(None, items)  # type: ignore[arg-type]
+    assert [item.nodeid for item in items] == [
+        "tests/samlocal/test_sam_local.py::test_2",
+        "tests/samlocal/test_sam_local.py::test_1",
+        "tests/integration/test_wheel_install.py::test_1",
+        "tests/browser/test_p.py::test_1",
+        "tests/e2e/test_e.py::test_1",
+        "tests/reliability/test_r.py::test_1",
+        "tests/integration/test_i.py::test_1",
+        "tests/integration/test_i.py::test_2",
+        "tests/samlocal/test_local_config.py::test_1",
+        "tests/unit/test_u.py::test_1",
+    ]
+
+
+def test_a_build_of_the_source_tree_waits_for_the_one_running() -> None:
+    """Two builds of the tree at once break each other (setuptools writes into it): the lock
+    tests/support/source_build.py takes is held across processes."""
+    probe = (
+        "import fcntl, sys\n"
+        "with open(sys.argv[1], 'a') as h:\n"
+        "    try:\n"
+        "        fcntl.flock(h, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+        "    except BlockingIOError:\n"
+        "        sys.exit(3)\n"
+    )
+    with source_tree_lock():
+        tried = subprocess.run([sys.executable, "-c", probe, str(lock_path())], timeout=60)
+    assert tried.returncode == 3
