@@ -7,6 +7,7 @@ import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from opstate.outcomes.file_sink import FileSink
 from opstate.outcomes.s3_sink import MIN_PART_SIZE, S3Sink
 from opstate.outcomes.sink import SinkError, download
+from opstate.private_files import open_private_dir
 
 BUCKET = "results"
 
@@ -30,6 +32,16 @@ def s3() -> Iterator[object]:
         client = boto3.client("s3", region_name="us-east-1")
         client.create_bucket(Bucket=BUCKET)
         yield client
+
+
+def download_to(sink: Any, location: str, path: Path) -> int:
+    """``download`` into ``path``'s folder as the CLI does (issue 47: a private folder opened
+    once, the file written relative to its descriptor)."""
+    folder = open_private_dir(path.parent, "the download folder")
+    try:
+        return download(sink, location, folder, path.name)
+    finally:
+        os.close(folder)
 
 
 def sha(data: bytes) -> str:
@@ -52,7 +64,7 @@ def test_folder_sink_writes_whole_objects_or_nothing(tmp_path: Path) -> None:
     assert sink.head("batches/b/1/output.jsonl") is None
     assert list((tmp_path / "results/batches/b/1").iterdir()) == []  # no temporary file left
     copy = tmp_path / "copy.jsonl"
-    assert download(sink, stored.location, copy) == len(data) and copy.read_bytes() == data
+    assert download_to(sink, stored.location, copy) == len(data) and copy.read_bytes() == data
     with pytest.raises(SinkError):
         sink.path("../escape")
 
@@ -92,7 +104,7 @@ def test_s3_sink_aborts_a_cut_upload(s3, tmp_path: Path) -> None:  # type: ignor
         out.write(b"{}")
         stored = out.commit(sha(b"{}"))
     assert sink.read("x/summary.json", 100) == b"{}"
-    assert download(sink, stored.location, tmp_path / "s.json") == 2
+    assert download_to(sink, stored.location, tmp_path / "s.json") == 2
 
 
 def test_s3_sink_names_a_missing_bucket() -> None:
@@ -129,7 +141,7 @@ def test_folder_sink_reads_and_writes_only_under_its_root(tmp_path: Path) -> Non
             list(sink.chunks(location))
         assert not caught.value.transient, location
         with pytest.raises(SinkError):
-            download(sink, location, tmp_path / "copy" / "x")
+            download_to(sink, location, tmp_path / "copy" / "x")
     assert not (tmp_path / "copy" / "x").exists()
     # By key: a link out is no object (read, head), and a folder leading out is never written.
     (root / "batches/a/1/summary.json").symlink_to(secret)

@@ -168,7 +168,9 @@ def _start(
     """The record to reduce against first (and the event, renamed to a legacy key), or the
     decision when the one-call write already took the event (``ingest_counted``)."""
     if legacy_names(event.name, event.details):
-        known = UNKNOWN
+        # A key an earlier release may have used: look both up, never write blind under the
+        # canonical key (the one-call write would create a second record beside the old one).
+        return find_current(store, event)
     # An attribute test, not ``isinstance(store, ApplyingStore)``: a runtime Protocol check
     # costs about 0.1 ms, a tenth of a webhook delivery's hot path.
     if isinstance(known, Unknown) and callable(getattr(store, "apply_if_newer", None)):
