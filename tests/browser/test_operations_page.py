@@ -72,6 +72,9 @@ def server(home: Path, chromium: Any, fake_gemini: FakeGemini) -> Iterator[Serve
         },
     )
     try:
+        # That first pass done before any test reports a record: a pass that a loaded machine
+        # delays would otherwise poll (and discover) what a test expects its click to poll.
+        proc.wait_for_line(r"reconcile: \w+=", timeout=120)
         yield proc
     finally:
         proc.terminate()

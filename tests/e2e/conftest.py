@@ -87,6 +87,9 @@ class Stack:
             # Deployed with every metric: the tests check each one the dashboard draws (at the
             # defaults only the core set is sent: tests/integration/test_bench_aws_cost_quick.py).
             "DetailedMetrics": "true",
+            # Discovery of every listed batch (the default is `tracked`, issue 48): the
+            # scheduled-reconcile test holds what a run discovers.
+            "Discover": "all",
             "AWS::StackName": STACK_NAME,
             "AWS::Region": REGION,
             "AWS::AccountId": ACCOUNT_ID,

@@ -171,7 +171,9 @@ def test_reconcile_schedule_against_the_fake_gemini(local_stack: LocalStack) -> 
         invocation = sam_invoke(
             "ReconcileFunction",
             EVENTS_DIR / SCHEDULE,
-            local_stack.sam_env(GOOGLE_GEMINI_BASE_URL=fake.base_url),
+            # Discovery of every batch the key lists (the stack's default is `tracked`,
+            # issue 48): this test holds what a run discovers.
+            local_stack.sam_env(GOOGLE_GEMINI_BASE_URL=fake.base_url, OPSTATE_DISCOVER="all"),
         )
         record_invocation(invocation)
         assert fake.hits("webhooks") >= 1
