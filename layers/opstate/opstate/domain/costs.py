@@ -98,6 +98,46 @@ def stored_usd(archive: Mapping[str, Any] | None) -> tuple[Decimal | None, str |
     return (usd, None) if usd is not None else (None, str(shown.get("reason")))
 
 
+class _Sum:
+    """Costs added up for a final result (a lineage's batches, a job's parts): the dollars,
+    what retries added, and the models, price tables and batch discounts of what was priced;
+    the first unknown cost's reason makes the whole unknown."""
+
+    def __init__(self) -> None:
+        self.total = self.retries = Decimal(0)
+        self.models: set[str] = set()
+        self.prices: set[str] = set()
+        self.ways: set[str] = set()
+        self.reason: str | None = None
+
+    def unknown(self, reason: str) -> None:
+        self.reason = self.reason or reason
+
+    def add(self, usd: Decimal, retries: Decimal, cost: object) -> None:
+        self.total += usd
+        self.retries += retries
+        if not isinstance(cost, Mapping):
+            return
+        self.models.update(m for m in str(cost.get("model") or "").split(", ") if m)
+        if isinstance(cost.get("prices"), str):
+            self.prices.add(cost["prices"])
+        discount = cost.get("batch_discount")
+        if isinstance(discount, Mapping) and isinstance(discount.get("by"), str):
+            self.ways.add(discount["by"])
+
+    def doc(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "usd": None if self.reason else format(self.total, "f"),
+            "retries_usd": None if self.reason else format(self.retries, "f"),
+            "model": ", ".join(sorted(self.models)) or None,
+            "prices": ", ".join(sorted(self.prices)) or None,
+            "batch_discount": _ways(self.ways),
+        }
+        if self.reason:
+            doc["reason"] = self.reason[:300]
+        return doc
+
+
 def lineage_cost(
     names: list[str], archives: Mapping[str, Mapping[str, Any] | None]
 ) -> dict[str, Any]:
@@ -105,39 +145,17 @@ def lineage_cost(
     ``names[0]`` and its retries), ``retries_usd`` (what the retries added), ``models``,
     ``prices``, ``batch_discount`` (of the batches priced); null with ``reason`` (naming the
     batch) when any batch's cost is unknown."""
-    total = retries = Decimal(0)
-    models: set[str] = set()
-    prices: set[str] = set()
-    ways: set[str] = set()
-    reason: str | None = None
+    added = _Sum()
     for index, name in enumerate(names):
         archive = archives.get(name)
         usd, why = stored_usd(archive)
         if usd is None:
-            reason = reason or f"the cost of {name} is unknown: {why}"
+            added.unknown(f"the cost of {name} is unknown: {why}")
             continue
-        total += usd
-        if index:
-            retries += usd
         summary = archive.get("summary") if archive is not None else None
         cost = summary.get("cost") if isinstance(summary, Mapping) else None
-        if isinstance(cost, Mapping):
-            models.update(m for m in str(cost.get("model") or "").split(", ") if m)
-            if isinstance(cost.get("prices"), str):
-                prices.add(cost["prices"])
-            discount = cost.get("batch_discount")
-            if isinstance(discount, Mapping) and isinstance(discount.get("by"), str):
-                ways.add(discount["by"])
-    doc: dict[str, Any] = {
-        "usd": None if reason else format(total, "f"),
-        "retries_usd": None if reason else format(retries, "f"),
-        "model": ", ".join(sorted(models)) or None,
-        "prices": ", ".join(sorted(prices)) or None,
-        "batch_discount": _ways(ways),
-    }
-    if reason:
-        doc["reason"] = reason[:300]
-    return doc
+        added.add(usd, usd if index else Decimal(0), cost)
+    return added.doc()
 
 
 def job_cost(parts: list[tuple[str, Mapping[str, Any] | None]]) -> dict[str, Any]:
@@ -145,35 +163,16 @@ def job_cost(parts: list[tuple[str, Mapping[str, Any] | None]]) -> dict[str, Any
     (``lineage_cost`` of each part, as its final stored it; a part never created cost
     nothing, so it is not listed); null with ``reason`` (naming the part) when any part's cost
     is unknown - never a lower figure."""
-    total = retries = Decimal(0)
-    models: set[str] = set()
-    prices: set[str] = set()
-    ways: set[str] = set()
-    reason: str | None = None
+    added = _Sum()
     for name, cost in parts:
         usd = decimal_of(cost) if isinstance(cost, Mapping) else None
         if cost is None or usd is None:
             why = cost.get("reason") if isinstance(cost, Mapping) else None
-            reason = reason or f"the cost of part {name} is unknown: {why or 'no final cost'}"
+            added.unknown(f"the cost of part {name} is unknown: {why or 'no final cost'}")
             continue
-        total += usd
-        retries += decimal_of({"usd": cost.get("retries_usd")}) or Decimal(0)
-        models.update(m for m in str(cost.get("model") or "").split(", ") if m)
-        if isinstance(cost.get("prices"), str):
-            prices.add(cost["prices"])
-        discount = cost.get("batch_discount")
-        if isinstance(discount, Mapping) and isinstance(discount.get("by"), str):
-            ways.add(discount["by"])
-    doc: dict[str, Any] = {
-        "usd": None if reason else format(total, "f"),
-        "retries_usd": None if reason else format(retries, "f"),
-        "model": ", ".join(sorted(models)) or None,
-        "prices": ", ".join(sorted(prices)) or None,
-        "batch_discount": _ways(ways),
-    }
-    if reason:
-        doc["reason"] = reason[:300]
-    return doc
+        retries = decimal_of({"usd": cost.get("retries_usd")}) or Decimal(0)
+        added.add(usd, retries, cost)
+    return added.doc()
 
 
 def _ways(ways: Iterable[str]) -> dict[str, Any] | None:
