@@ -4,8 +4,8 @@ properties let through (issue 49): each bound at its edge (a line or a part exac
 fits), the estimate's floor, the learned correction's guards, the room's order when a model
 stops or the open batches run out, and what a job's record shows.
 
-Each test names the mutants of domain/parts.py it kills (``--list`` numbers them; the number
-moves when the module changes, the line and the mutation do not). Mutants no input tells apart
+Each test names the mutants of domain/parts.py it kills, by function and mutation
+(``tools/mutate.py --module domain.parts --list`` shows where each is). Mutants no input tells apart
 are marked beside their line in parts.py (``# mutant: equivalent — why``).
 """
 
@@ -51,7 +51,7 @@ def keys(held: tuple[Held, ...]) -> list[str]:
 
 
 def test_a_line_is_counted_for_at_least_four_tokens() -> None:
-    # parts.py:45 MIN_LINE_TOKENS 4 -> 5. The floor is what a request's role and parts cost
+    # MIN_LINE_TOKENS `4 -> 5`. The floor is what a request's role and parts cost
     # beside its text: a short line of 8 bytes is 4 tokens, not 5 (a part's count, and so what
     # is enqueued against Gemini's cap, would rise for every short line).
     assert line_tokens(1) == 4
@@ -60,9 +60,10 @@ def test_a_line_is_counted_for_at_least_four_tokens() -> None:
 
 
 def test_the_correction_needs_both_bytes_and_a_count() -> None:
-    # parts.py:62 `or -> and`, `<= -> <` (both), `0 -> 1` (both): with no bytes sent or no
-    # tokens counted nothing was learnt (the default; never a division by zero), and a single
-    # counted byte is already something learnt (0.75 bytes a token, raised to the floor of 1).
+    # corrected_bytes_per_token's guard: `or -> and`, `<= -> <` (both), `0 -> 1` (both): with no
+    # bytes sent or no tokens counted nothing was learnt (the default; never a division by zero),
+    # and a single counted byte is already something learnt (0.75 bytes a token, raised to the floor
+    # of 1).
     assert corrected_bytes_per_token(0, 100) == 2.0
     assert corrected_bytes_per_token(100, 0) == 2.0
     assert corrected_bytes_per_token(-1, 100) == 2.0
@@ -75,7 +76,7 @@ def test_the_correction_needs_both_bytes_and_a_count() -> None:
 
 
 def test_bounds_ranges_parts_and_rooms_are_values_never_changed() -> None:
-    # parts.py:76/89/174/183 `frozen=True -> False`: a PartRange is a plan's record of where
+    # The four dataclasses' `frozen=True -> False`: a PartRange is a plan's record of where
     # a part lies and a Held the room's input; changing one in place would move a part under
     # whoever holds it (and a dataclass that is not frozen is not hashable).
     bounds = Bounds(1, 1, 1)
@@ -89,7 +90,7 @@ def test_bounds_ranges_parts_and_rooms_are_values_never_changed() -> None:
 
 
 def test_bounds_of_one_are_allowed_and_of_zero_refused_with_the_reason() -> None:
-    # parts.py:85 `< -> <=`, `1 -> 2`, and its message: a bound of 1 (one row a part) is a
+    # Bounds's check: `< -> <=`, `1 -> 2`, and its message: a bound of 1 (one row a part) is a
     # real setting; 0 in any of the three is refused, saying why.
     assert Bounds(1, 1, 1).rows == 1
     for tokens, file_bytes, rows in ((0, 1, 1), (1, 0, 1), (1, 1, 0)):
@@ -99,7 +100,7 @@ def test_bounds_of_one_are_allowed_and_of_zero_refused_with_the_reason() -> None
 
 
 def test_a_parts_size_is_its_end_less_its_start() -> None:
-    # parts.py:103 `- -> +` (a part after the first: start > 0).
+    # PartRange.size `- -> +` (a part after the first: start > 0).
     assert PartRange(3, 2, 40, 60, 10).size == 20
 
 
@@ -107,8 +108,8 @@ def test_a_parts_size_is_its_end_less_its_start() -> None:
 
 
 def test_a_line_exactly_a_parts_bytes_or_tokens_fits_alone() -> None:
-    # parts.py:123 and :125 `> -> >=`: a line may fill a part's bytes, or its tokens, to the
-    # last one; only a line over a bound is an error.
+    # split_lines's two checks of a line alone, `> -> >=`: a line may fill a part's bytes, or its
+    # tokens, to the last one; only a line over a bound is an error.
     line = b"x" * 99 + b"\n"  # 100 bytes, 50 tokens
     assert list(split_lines([line], Bounds(tokens=1_000, file_bytes=100, rows=5))) == [
         PartRange(0, 1, 0, 100, 50)
@@ -119,7 +120,7 @@ def test_a_line_exactly_a_parts_bytes_or_tokens_fits_alone() -> None:
 
 
 def test_a_split_error_says_the_whole_reason() -> None:
-    # parts.py:124/127 the messages: the operator reads which line, how big, and the bound.
+    # split_lines's messages: the operator reads which line, how big, and the bound.
     with pytest.raises(SplitError) as info:
         list(split_lines([b"d" * 501 + b"\n"], Bounds(tokens=100, file_bytes=10_000, rows=10)))
     assert str(info.value) == "line 1: about 251 tokens, over the 100 a part may hold"
@@ -132,11 +133,11 @@ def test_a_split_error_says_the_whole_reason() -> None:
 @pytest.mark.parametrize(
     ("bounds", "expected"),
     [
-        # rows: exactly 3 rows fill a part (parts.py:130 `> -> >=`, `1 -> 2`).
+        # rows: exactly 3 rows fill a part (split_lines: `rows + 1 > ...`: `> -> >=`, `1 -> 2`).
         (Bounds(tokens=1_000, file_bytes=1_000, rows=3), [(0, 3, 0, 30, 15), (3, 3, 30, 60, 15)]),
-        # bytes: 30 bytes fill a part exactly (parts.py:131 `> -> >=`).
+        # bytes: 30 bytes fill a part exactly (`size + length > ...`: `> -> >=`).
         (Bounds(tokens=1_000, file_bytes=30, rows=100), [(0, 3, 0, 30, 15), (3, 3, 30, 60, 15)]),
-        # tokens: 15 tokens fill a part exactly (parts.py:132 `> -> >=`).
+        # tokens: 15 tokens fill a part exactly (`tokens + cost > ...`: `> -> >=`).
         (Bounds(tokens=15, file_bytes=1_000, rows=100), [(0, 3, 0, 30, 15), (3, 3, 30, 60, 15)]),
     ],
 )
@@ -152,8 +153,8 @@ def test_a_part_filled_to_a_bound_exactly_is_not_cut_short(
 
 
 def test_a_hashed_split_placed_in_a_larger_input_hashes_each_parts_bytes() -> None:
-    # parts.py:146/147 the defaults, :159/:168 the held-back line: each part's digest is of
-    # its own lines, the line that closed it counted in the next part.
+    # split_hashed's defaults `0 -> 1` and its held-back line (`if last`, `==`, `and`): each part's
+    # digest is of its own lines, the line that closed it counted in the next part.
     import hashlib
 
     lines = [b"a" * 9 + b"\n", b"b" * 9 + b"\n", b"c" * 9 + b"\n"]
@@ -173,14 +174,15 @@ def test_a_hashed_split_placed_in_a_larger_input_hashes_each_parts_bytes() -> No
 
 
 def test_a_part_exactly_at_its_models_cap_fits() -> None:
-    # parts.py:211 `> -> >=` (alone, it is not too big), :217 `> -> >=` and `get(m, 0) ->
-    # get(m, 1)` (beside nothing enqueued, it fits): a cap is what may be enqueued, inclusive.
+    # room: `part.tokens > limit` `> -> >=` (alone, it is not too big); `used.get(m, 0) +
+    # part.tokens > limit` `> -> >=` and `0 -> 1` (beside nothing enqueued, it fits): a cap is what
+    # may be enqueued, inclusive.
     got = room([Held("p", "m", 100)], {}, caps(m=100), open_batches=0, max_batches=5)
     assert (keys(got.fit), got.too_big) == (["p"], ())
 
 
 def test_parts_summing_exactly_to_the_cap_both_fit() -> None:
-    # parts.py:220 `used.get(m, 0) -> used.get(m, 1)`: what this pass fed is counted exactly,
+    # room: `used[m] = used.get(m, 0) + ...` `0 -> 1`: what this pass fed is counted exactly,
     # so the part that brings a model to its cap exactly is fed too.
     got = room(
         [Held("p1", "m", 60), Held("p2", "m", 40)], {}, caps(m=100), open_batches=0, max_batches=5
@@ -191,18 +193,18 @@ def test_parts_summing_exactly_to_the_cap_both_fit() -> None:
 
 
 def test_a_part_too_big_for_its_model_does_not_stop_another_model() -> None:
-    # parts.py:214 `continue -> break`: a part to split stops its own model (a later part of
-    # it never overtakes), not the parts of another model behind it.
+    # room: the `continue` after a part too big, `-> break`: a part to split stops its own model (a
+    # later part of it never overtakes), not the parts of another model behind it.
     held = [Held("big", "n", 11), Held("n2", "n", 1), Held("m1", "m", 5)]
     got = room(held, {}, caps(m=100, n=10), open_batches=0, max_batches=5)
     assert (keys(got.fit), keys(got.too_big)) == (["m1"], ["big"])
 
 
 def test_once_the_open_batches_are_all_used_the_pass_looks_no_further() -> None:
-    # parts.py:216 `break -> continue`: with every batch slot taken, the pass stops where it
-    # is: a part behind, even one too big for its model, is left for a pass that can create
-    # (feeding splits a too-big part only when a pass reaches it; with no slot left, splitting
-    # now would write a plan the pass cannot act on).
+    # room: the `break` when the slots are used, `-> continue`: with every batch slot taken, the
+    # pass stops where it is: a part behind, even one too big for its model, is left for a pass that
+    # can create (feeding splits a too-big part only when a pass reaches it; with no slot left,
+    # splitting now would write a plan the pass cannot act on).
     held = [Held("p1", "m", 10), Held("p2", "m", 10), Held("big", "n", 11)]
     got = room(held, {}, caps(m=100, n=10), open_batches=8, max_batches=9)
     assert (keys(got.fit), got.too_big) == (["p1"], ())
@@ -217,7 +219,7 @@ def plan_of(*phases: str, **extra: Any) -> dict[str, Any]:
 
 
 def test_a_stopped_job_with_only_held_and_ended_parts_is_finished() -> None:
-    # parts.py:243 `if stopped -> if not stopped`: after ``retry --stop`` a held part will
+    # job_finished: `if stopped -> if not stopped`: after ``retry --stop`` a held part will
     # never be created, so a job whose created parts have ended has nothing left to wait for.
     assert job_finished(plan_of(HELD, ENDED, stopped=True))
     assert not job_finished(plan_of(HELD, ENDED))
@@ -226,7 +228,7 @@ def test_a_stopped_job_with_only_held_and_ended_parts_is_finished() -> None:
 
 
 def test_the_record_shows_the_cap_the_job_was_submitted_with() -> None:
-    # parts.py:260 `is None -> is not None`: with no cap given, the one kept in the plan's
+    # job_view: `cap is None -> is not None`: with no cap given, the one kept in the plan's
     # limits is shown; a cap given (the configured one) wins over it.
     assert job_view(plan_of(HELD, limits={"cap": 700}))["cap"] == 700
     assert job_view(plan_of(HELD, limits={"cap": 700}), 900)["cap"] == 900
@@ -235,9 +237,10 @@ def test_the_record_shows_the_cap_the_job_was_submitted_with() -> None:
 
 
 def test_the_record_shows_a_taught_cap_below_the_known_one() -> None:
-    # parts.py:263 (its `if`, `and -> or`, `> -> >=`, `0 -> 1`, `is not -> is`) and :274 (its
-    # `if`): a cap Gemini taught lowers the shown cap, however low (1 is a cap); 0 is no cap
-    # taught; with no cap known the taught one is shown beside it, never compared with None.
+    # job_view's learned cap (its `if`, `and -> or`, `> -> >=`, `0 -> 1`, `is not -> is`) and its
+    # `if isinstance(learned, int)`: a cap Gemini taught lowers the shown cap, however low (1 is a
+    # cap); 0 is no cap taught; with no cap known the taught one is shown beside it, never compared
+    # with None.
     view = job_view(plan_of(HELD, learnedCap=50), 100)
     assert (view["cap"], view["learnedCap"]) == (50, 50)
     assert job_view(plan_of(HELD, learnedCap=1), 100)["cap"] == 1
@@ -252,14 +255,14 @@ def test_the_record_shows_a_taught_cap_below_the_known_one() -> None:
 
 
 def test_the_record_says_why_a_job_stopped_only_when_it_did() -> None:
-    # parts.py:276 its `if`.
+    # job_view's `if plan.get("stopped")`.
     assert "stopped" not in job_view(plan_of(HELD))
     assert job_view(plan_of(HELD, stopped=True, stoppedWhy="budget"))["stopped"] == "budget"
     assert job_view(plan_of(HELD, stopped=True))["stopped"] == "stopped"
 
 
 def test_the_record_says_what_a_job_waits_for() -> None:
-    # parts.py:278/280 (their `if`s, `and -> or`, `not x -> x`): held parts of a running job
+    # job_view's waitingFor (its `if`s, `and -> or`, `not x -> x`): held parts of a running job
     # wait for room; a stopped job's held parts never will, so it waits for its created parts;
     # a running job with nothing held waits for its created parts too.
     assert job_view(plan_of(HELD, CREATED))["waitingFor"] == "room in the model's queue"
@@ -269,7 +272,7 @@ def test_the_record_says_what_a_job_waits_for() -> None:
 
 
 def test_the_record_counts_a_part_without_rows_or_tokens_as_none() -> None:
-    # parts.py:266/267/270 the defaults `0 -> 1`: a phase with no part is 0, and a part whose
+    # job_view's defaults `0 -> 1`: a phase with no part is 0, and a part whose
     # entry lacks rows or tokens adds none (the record is read, never trusted to be whole).
     view = job_view({"model": "m", "parts": [{"phase": CREATED}, {"phase": HELD, "rows": 3}]})
     assert view["parts"] == {HELD: 1, CREATING: 0, CREATED: 1, ENDED: 0}
@@ -277,8 +280,8 @@ def test_the_record_counts_a_part_without_rows_or_tokens_as_none() -> None:
 
 
 def test_a_backoff_caps_however_many_refusals() -> None:
-    # parts.py:236 `refusals - 1 -> + 1` and `1 -> 2` (the first refusal waits the base,
-    # the sixth and after the cap), and a refusal count far past any float's power.
+    # held_backoff_s: `refusals - 1 -> + 1` and `1 -> 2` (the first refusal waits the base,
+    # the fourth and after the cap), and a count far past any float's power (its bound of 16).
     assert held_backoff_s(1) == 300.0
     assert held_backoff_s(3) == 1200.0
     assert held_backoff_s(4) == MAX_HELD_BACKOFF_S

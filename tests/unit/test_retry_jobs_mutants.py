@@ -3,8 +3,8 @@ kills what test_job_parts.py's plan walk lets through (issue 49): a new part's c
 held parts a pass may try, a release's backoff, the cap a refusal teaches, a split's bounds,
 a stop, and the words of each refusal.
 
-Each test names the mutants of retry/jobs.py it kills (``--list`` numbers them; the number
-moves when the module changes, the line and the mutation do not).
+Each test names the mutants of retry/jobs.py it kills, by function and mutation
+(``tools/mutate.py --module retry.jobs --list`` shows where each is).
 """
 
 from __future__ import annotations
@@ -33,15 +33,15 @@ def refuses(call: Any, message: str) -> None:
 
 
 def test_a_job_id_is_24_hex_digits() -> None:
-    # jobs.py:54 `token_hex(12) -> token_hex(13)`: the id is in every display name Gemini
+    # new_job_id: `token_hex(12) -> token_hex(13)`: the id is in every display name Gemini
     # shows and in the job's name (``jobs/<id>``), documented as 24 digits.
     job_id = jobs.new_job_id()
     assert len(job_id) == 24 and int(job_id, 16) >= 0
 
 
 def test_a_new_part_is_held_due_at_once_with_no_refusal_counted() -> None:
-    # jobs.py:86/87 `0 -> 1`: a new part has been refused no times (its first refusal waits
-    # the base backoff, not double) and is due at once, even at a clock's 0.
+    # _entry's `refusals: 0` and `dueNs: 0`, `0 -> 1`: a new part has been refused no times (its
+    # first refusal waits the base backoff, not double) and is due at once, even at a clock's 0.
     plan = plan_of()
     assert [(p["refusals"], p["dueNs"]) for p in plan["parts"]] == [(0, 0), (0, 0)]
     assert [h.key for h in jobs.waiting(plan, 0)] == ["0", "1"]
@@ -51,7 +51,7 @@ def test_a_new_part_is_held_due_at_once_with_no_refusal_counted() -> None:
 
 
 def test_a_plan_refuses_more_parts_than_its_bound_and_an_empty_input_in_words() -> None:
-    # jobs.py:66/71 the messages.
+    # new_plan's messages.
     many = [PartRange(i, 1, i, i + 1, 4) for i in range(jobs.MAX_PARTS + 1)]
     refuses(
         lambda: jobs.new_plan("abc", "m", {}, many),
@@ -63,12 +63,12 @@ def test_a_plan_refuses_more_parts_than_its_bound_and_an_empty_input_in_words() 
 
 
 def test_a_part_not_in_the_plan_is_refused_by_number() -> None:
-    # jobs.py:101 its message.
+    # part_of's message.
     refuses(lambda: jobs.part_of(plan_of(), 7), "the plan has no part 7")
 
 
 def test_the_cap_fed_under_is_lowered_by_a_taught_cap_only() -> None:
-    # jobs.py:112 (`and -> or`, `> -> >=`, `0 -> 1`): no cap taught, the configured one; a
+    # cap_of (`and -> or`, `> -> >=`, `0 -> 1`): no cap taught, the configured one; a
     # taught cap lowers it (1 is a cap), never raises it; 0 or a non-number is none taught.
     plan = plan_of()
     assert jobs.cap_of(plan, 100) == 100
@@ -77,9 +77,9 @@ def test_the_cap_fed_under_is_lowered_by_a_taught_cap_only() -> None:
 
 
 def test_a_pass_tries_held_parts_in_order_past_created_ones_up_to_one_backing_off() -> None:
-    # jobs.py:124 `continue -> break`: a part already created is passed over, not a stop.
-    # jobs.py:125 `> -> >=`: a part is due at its due time exactly.
-    # jobs.py:115 `every=False -> True`: a backing-off part holds back those after it unless
+    # waiting: its `continue`, `-> break`: a part already created is passed over, not a stop.
+    # waiting: `dueNs > now_ns`, `> -> >=`: a part is due at its due time exactly.
+    # waiting: `every=False -> True`: a backing-off part holds back those after it unless
     # an operator's pass asks for every part.
     plan = plan_of(3)
     jobs.claim(plan, 0, 5)
@@ -97,7 +97,7 @@ def test_a_pass_tries_held_parts_in_order_past_created_ones_up_to_one_backing_of
 
 
 def test_a_part_with_no_due_time_or_count_is_due_at_once_and_counted_from_nothing() -> None:
-    # jobs.py:125 `get("dueNs", 0) -> 1` and :152 `get("refusals", 0) -> 1`: the plan is
+    # waiting's `get("dueNs", 0)` and released's `get("refusals", 0)`, `0 -> 1`: the plan is
     # read from the store, never trusted to be whole: a part lacking its due time is due at
     # once, one lacking its refusal count has none.
     plan = plan_of(1)
@@ -110,7 +110,8 @@ def test_a_part_with_no_due_time_or_count_is_due_at_once_and_counted_from_nothin
 
 
 def test_a_release_backs_off_only_a_refused_part_counting_each_refusal_once() -> None:
-    # jobs.py:152 (`+ -> -`, `1 -> 2`, `else 0 -> 1`), :153 `else 0 -> 1`, :154 `+ -> -`: a
+    # released: the count (`+ -> -`, `1 -> 2`, `else 0 -> 1`), the wait (`else 0 -> 1`),
+    # the due time (`+ -> -`): a
     # refused create counts one refusal and waits the backoff from now (doubling on the next);
     # a claim that came to nothing counts none and is due now.
     plan = plan_of(1)
@@ -127,7 +128,7 @@ def test_a_release_backs_off_only_a_refused_part_counting_each_refusal_once() ->
 
 
 def test_a_created_part_starts_its_refusal_count_afresh() -> None:
-    # jobs.py:144 `refusals=0 -> 1`: the count is of refusals in a row; a create that went
+    # created: `refusals=0 -> 1`: the count is of refusals in a row; a create that went
     # through ends the row (the record shows a created part refused no more).
     plan = plan_of(1)
     jobs.claim(plan, 0, 5)
@@ -140,7 +141,7 @@ def test_a_created_part_starts_its_refusal_count_afresh() -> None:
 
 
 def test_claiming_or_splitting_a_part_not_held_is_refused_saying_its_phase() -> None:
-    # jobs.py:134 and :174 their messages (the phase is read from the part).
+    # claim's and split's messages (the phase is read from the part).
     plan = plan_of()
     jobs.claim(plan, 0, 5)
     refuses(lambda: jobs.claim(plan, 0, 5), "part 0 is creating, not held")
@@ -151,7 +152,8 @@ def test_claiming_or_splitting_a_part_not_held_is_refused_saying_its_phase() -> 
 
 
 def test_a_split_must_cover_its_part_exactly() -> None:
-    # jobs.py:176-181: no pieces, a wrong start, a wrong end or a wrong row count is refused,
+    # split's cover check (`or -> and`, `not x -> x`, each `!= -> ==`, `[0]`, `[-1]`)
+    # and its message: no pieces, a wrong start, a wrong end or a wrong row count is refused,
     # in words; the exact cover is taken.
     plan = plan_of()
     wrong: tuple[list[PartRange], ...] = (
@@ -169,7 +171,7 @@ def test_a_split_must_cover_its_part_exactly() -> None:
 
 
 def test_a_split_may_bring_a_plan_to_its_parts_bound_but_not_past_it() -> None:
-    # jobs.py:182 (its `if`, `> -> >=`, `- -> +`, `+ -> -`, `1 -> 2`) and :183 its message:
+    # split's bound (its `if`, `> -> >=`, `- -> +`, `+ -> -`, `1 -> 2`) and its message:
     # the part split is replaced, so 399 parts and a part split in 2 is 400, allowed; in 3 is
     # 401, refused.
     two = [PartRange(0, 2, 0, 10, 5), PartRange(2, 2, 10, 20, 5)]
@@ -182,7 +184,7 @@ def test_a_split_may_bring_a_plan_to_its_parts_bound_but_not_past_it() -> None:
 
 
 def test_a_taught_cap_is_kept_lowest() -> None:
-    # jobs.py:166 (`and -> or`, `> -> >=`, `0 -> 1`): the first cap taught is kept, a lower
+    # learn (`and -> or`, `> -> >=`, `0 -> 1`): the first cap taught is kept, a lower
     # one replaces it, a higher one never; 0 kept before is no cap, 1 is a cap.
     plan = plan_of()
     jobs.learn(plan, 500)
@@ -201,7 +203,7 @@ def test_a_taught_cap_is_kept_lowest() -> None:
 
 
 def test_a_stopped_job_tries_nothing_and_is_finished_once_nothing_is_open() -> None:
-    # jobs.py:191 `stopped=True -> False` and :119 its `if`: after a stop no held part is
+    # stop's `True -> False` and waiting's `if plan.get("stopped")`: after a stop no held part is
     # tried, even by an operator's pass, and the job is done when its open parts have ended;
     # the first reason given is kept.
     plan = plan_of(3)
