@@ -48,8 +48,9 @@ help:
 	@echo "              127.0.0.1:8790 (prints the line to paste; README, Try it offline)"
 	@echo "make bench  - benchmarks (not part of make test; cold start also in a Lambda-like container"
 	@echo "              when Docker answers); make bench-quick for a short run"
-	@echo "make mutate - the mutation gate over the retry room's pure modules (not part of"
-	@echo "              make test; slow: fails on a survivor not marked equivalent)"
+	@echo "make mutate - the mutation gate over the retry room's and the job queue's pure"
+	@echo "              modules (not part of make test; slow: fails on a survivor not marked"
+	@echo "              equivalent)"
 	@echo "make template-check - sam validate --lint, cfn-lint (+ serverless rules) and checkov on template.yaml"
 	@echo "make build  - sam build (cached, parallel) into .aws-sam/build"
 	@echo "make package - without AWS credentials: the CLI's wheel and sdist in dist/, the built"
@@ -242,7 +243,8 @@ bench: $(STAMP) build lambda-base-image-if-docker
 bench-quick: $(STAMP) build lambda-base-image-if-docker
 	$(PY) benchmarks/run.py --quick
 
-# Mutation testing (tools/mutate.py): every mutant of the gated modules (its GATED) against their
+# Mutation testing (tools/mutate.py): every mutant of the gated modules (its GATED: domain.retry,
+# domain.refusals, retry.rules, retry.final, domain.parts, retry.jobs) against their
 # tests, those marked '# mutant: equivalent — why' skipped; exits 1 and lists the survivors if
 # any. MUTATE_ARGS e.g. --module names, --all (every module it knows), --marked.
 mutate: $(STAMP)

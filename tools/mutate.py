@@ -1,5 +1,5 @@
-"""Mutation testing of the domain modules, the retry room's pure modules and the signatures
-package (``make mutate``; not part of ``make test``).
+"""Mutation testing of the domain modules, the retry room's and the job queue's pure modules and
+the signatures package (``make mutate``; not part of ``make test``).
 
 An AST driver of our own rather than mutmut: the package lives in a SAM layer directory
 (``layers/opstate``) and is installed in editable mode, which mutmut 3's copy-the-tree runner
@@ -24,9 +24,9 @@ mutants are not equivalent, and check a claim with ``--marked`` (runs only the s
 mutants: each should survive). A marker on a line without a mutant fails the run.
 
 ``make mutate`` runs the gate, ``GATED``: the modules every mutant of which is killed or marked.
-To gate a module (issue 46's pure modules, once merged): give it its tests in ``TARGETS``, run
-``make mutate MUTATE_ARGS="--module NAME"``, kill or mark each survivor, then add it to
-``GATED``. ``--all`` runs every module of ``TARGETS``.
+To gate a module: give it its tests in ``TARGETS``, run ``make mutate MUTATE_ARGS="--module
+NAME"``, kill or mark each survivor, then add it to ``GATED``. ``--all`` runs every module of
+``TARGETS``.
 
 Usage: python tools/mutate.py [--module NAME ... | --all] [--max N] [--jobs N] [--list]
        [--marked]
@@ -116,13 +116,29 @@ TARGETS: dict[str, list[str]] = {
         "tests/unit/test_retry_final_mutants.py",
         "tests/unit/test_waiters_final.py",
     ],
+    # The job queue's pure modules (issue 46): the split, estimate, room, learned cap and
+    # backoff; a job's parts plan (of test_job_parts.py, only its two plan tests). The mutant
+    # tests first: fast and exact, they kill most mutants before the properties run.
+    "domain.parts": ["tests/unit/test_job_parts_mutants.py", "tests/unit/test_job_parts.py"],
+    "retry.jobs": [
+        "tests/unit/test_retry_jobs_mutants.py",
+        "tests/unit/test_job_parts.py::test_a_plan_holds_parts_in_input_order_with_unpublished_nonces",
+        "tests/unit/test_job_parts.py::test_a_plan_over_its_parts_bound_is_refused_before_anything",
+    ],
     "signatures.standard": ["tests/unit/test_signatures.py"],
     "signatures.jwt_tokens": ["tests/unit/test_signatures.py"],
     "signatures.wiring": ["tests/unit/test_signatures.py"],
 }
 
 # What ``make mutate`` runs and must pass: every mutant killed or marked equivalent.
-GATED = ("domain.retry", "domain.refusals", "retry.rules", "retry.final")
+GATED = (
+    "domain.retry",
+    "domain.refusals",
+    "retry.rules",
+    "retry.final",
+    "domain.parts",
+    "retry.jobs",
+)
 
 # ``# mutant: equivalent — why`` (an em dash, an en dash or a hyphen; a reason after it).
 EQUIVALENT = re.compile(r"#\s*mutant: equivalent\s*[\u2014\u2013-]+\s*(\S.*)$")

@@ -103,6 +103,7 @@ def test_the_gate_fails_on_an_unmarked_survivor_only(
     assert "0 mutants run, 0 survived, 2 skipped (marked equivalent)" in capsys.readouterr().out
 
 
-def test_the_gate_is_the_retry_rooms_pure_modules() -> None:
+def test_the_gate_is_the_retry_rooms_and_the_job_queues_pure_modules() -> None:
     assert {"domain.retry", "domain.refusals", "retry.rules", "retry.final"} <= set(mutate.GATED)
+    assert {"domain.parts", "retry.jobs"} <= set(mutate.GATED)
     assert set(mutate.GATED) <= set(mutate.TARGETS)

@@ -73,7 +73,10 @@ class SplitError(ValueError):
         self.line = line
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(
+    frozen=True,
+    slots=True,  # mutant: equivalent — slots=False changes only the memory
+)
 class Bounds:
     """What one part may hold: estimated tokens, bytes and rows (each at least 1)."""
 
@@ -86,7 +89,10 @@ class Bounds:
             raise ValueError(f"bounds must be positive: {self}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(
+    frozen=True,
+    slots=True,  # mutant: equivalent — slots=False changes only the memory
+)
 class PartRange:
     """A part: ``rows`` whole lines from line ``first`` (0-based), the bytes
     ``[start, end)`` of the input, estimated at ``tokens``."""
@@ -171,7 +177,10 @@ def split_hashed(
         digest[0] = hashlib.sha256()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(
+    frozen=True,
+    slots=True,  # mutant: equivalent — slots=False changes only the memory
+)
 class Held:
     """A part waiting for room: its id, model (an id without ``models/``) and tokens."""
 
@@ -180,7 +189,10 @@ class Held:
     tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(
+    frozen=True,
+    slots=True,  # mutant: equivalent — slots=False changes only the memory
+)
 class Room:
     """What a feeding pass may do now: ``fit`` (to create, in order) and ``too_big`` (parts
     over their model's cap on their own: to split first)."""
@@ -233,7 +245,11 @@ def held_backoff_s(refusals: int) -> float:
     """How long a part refused ``refusals`` times in a row for a full queue waits."""
     if refusals < 1:
         return 0.0
-    return min(MAX_HELD_BACKOFF_S, HELD_BACKOFF_S * 2.0 ** min(refusals - 1, 16))
+    doublings = min(
+        refusals - 1,
+        16,  # mutant: equivalent — 16 only keeps the power finite: the cap is reached at 4
+    )
+    return min(MAX_HELD_BACKOFF_S, HELD_BACKOFF_S * 2.0**doublings)
 
 
 def job_finished(plan: Mapping[str, Any]) -> bool:
