@@ -156,6 +156,9 @@ def loop_commands(names: Sequence[str]) -> Iterator[Command]:
         yield "results", ["results", name, "--json"]
 
 
+KINDS = frozenset(kind for kind, _ in itertools.islice(loop_commands(["x"]), 5))
+
+
 def command_loop(
     names: Sequence[str],
     store: str,
@@ -164,9 +167,14 @@ def command_loop(
     seen: Observer,
     stop: threading.Event,
 ) -> None:
+    done: set[str] = set()
     for kind, argv in loop_commands(names):
-        if stop.is_set():
+        # One whole round (every kind at least once) runs even when the Gemini side ends
+        # first: on a loaded CI machine each CLI call can take seconds, and the last
+        # fresh-clone run stopped after reconcile and refresh, so `get` had never been run.
+        if stop.is_set() and done >= KINDS:
             return
+        done.add(kind)
         result = run_cli([*argv, "--store", store], cwd=cwd, env=env, timeout=60)
         if kind == "observe" and result.returncode == 0:
             record = json.loads(result.stdout)
