@@ -312,3 +312,31 @@ def test_a_window_reads_an_output_only_as_far_as_its_last_chosen_line() -> None:
             ("child", len(child[0]) + 1),
         ]
     )
+
+
+def test_an_output_changed_between_its_reads_never_gives_a_key_another_keys_line() -> None:
+    """A bucket writer (THREATS.md, actor c) swaps an archived output between the read that
+    chooses and the read that writes: the line now at the chosen place is kept only when it
+    still names the key it was chosen for; otherwise the key is written missing, in its place,
+    and the swapped-in line never appears under another key."""
+    first = b"".join(x + b"\n" for x in (row("a", "answered", 1), row("b", "answered", 2)))
+    second = b"".join(x + b"\n" for x in (row("b", "answered", 3), row("a", "answered", 4)))
+    given_out = iter([first, second])
+
+    def output() -> Iterable[bytes]:
+        return source(next(given_out, second))()
+
+    out = bytearray()
+    data = b"".join(request(k) + b"\n" for k in "ab")
+    ledger = write_final([Member(0, "root", output)], source(data), out.extend, CAP)
+    written = [json.loads(x) for x in bytes(out).splitlines()]
+    assert written == [
+        {"key": "a", "error": MISSING, "attempt": 0},
+        {"key": "b", "error": MISSING, "attempt": 0},
+    ]
+    assert ledger.failed == {"missing": 2} and ledger.answered == 0
+    # unreadable in its place: the same
+    given_out = iter([first, b"not json\n" + first.split(b"\n", 1)[1]])
+    out.clear()
+    write_final([Member(0, "root", output)], source(data), out.extend, CAP)
+    assert [json.loads(x).get("error") for x in bytes(out).splitlines()] == [MISSING, None]
