@@ -40,13 +40,14 @@ def source(data: bytes, size: int = 7) -> Callable[[], Iterable[bytes]]:
 class Reads:
     """A chunk source that counts how often it is read."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, size: int = 7) -> None:
         self.data = data
+        self.size = size
         self.count = 0
 
     def __call__(self) -> Iterable[bytes]:
         self.count += 1
-        return source(self.data)()
+        return source(self.data, self.size)()
 
 
 def compact(value: dict[str, Any]) -> bytes:
@@ -185,11 +186,13 @@ def lineages(draw: st.DrawFn) -> Lineage:
     return Lineage(input_lines, members)
 
 
-def run(lineage: Lineage, window: int | None) -> tuple[bytes, FinalLedger, list[Reads]]:
+def run(
+    lineage: Lineage, window: int | None, cap: int = CAP, size: int = 7
+) -> tuple[bytes, FinalLedger, list[Reads]]:
     reads = []
     members = []
     for position, (attempt, output, given_lines) in enumerate(lineage.members):
-        reads.append(Reads(b"".join(x + b"\n" for x in output)))
+        reads.append(Reads(b"".join(x + b"\n" for x in output), size))
         held = b"".join(x + b"\n" for x in given_lines) if given_lines is not None else None
         members.append(
             Member(attempt, f"m{position}", reads[-1], source(held) if held is not None else None)
@@ -197,9 +200,9 @@ def run(lineage: Lineage, window: int | None) -> tuple[bytes, FinalLedger, list[
     out = bytearray()
     data = b"".join(x + b"\n" for x in lineage.input_lines)
     if window is None:  # the default budget
-        ledger = write_final(members, source(data), out.extend, CAP)
+        ledger = write_final(members, source(data), out.extend, cap)
     else:
-        ledger = write_final(members, source(data), out.extend, CAP, window_bytes=window)
+        ledger = write_final(members, source(data), out.extend, cap, window_bytes=window)
     return bytes(out), ledger, reads
 
 
@@ -274,7 +277,7 @@ def test_a_window_reads_an_output_only_as_far_as_its_last_chosen_line() -> None:
     the window's last line of it (an output in input order is read a little further each
     window, never past what the window needs)."""
     root = [sized(k, 10) for k in "abcd"]
-    child = [sized("d", 20)]
+    child = [sized("d", 20), sized("stranger", 5)]  # then a key the input lacks
     seen: list[tuple[str, int]] = []
 
     def counted(name: str, data: bytes) -> Callable[[], Iterable[bytes]]:
@@ -291,7 +294,7 @@ def test_a_window_reads_an_output_only_as_far_as_its_last_chosen_line() -> None:
         Member(
             1,
             "child",
-            counted("child", child[0] + b"\n"),
+            counted("child", b"".join(x + b"\n" for x in child)),
             source(request("d") + b"\n"),
         ),
     ]
@@ -305,10 +308,10 @@ def test_a_window_reads_an_output_only_as_far_as_its_last_chosen_line() -> None:
         seen
         == [
             ("root", sum(size)),  # to choose: every line
-            ("child", len(child[0]) + 1),
+            ("child", sum(len(x) + 1 for x in child)),
             ("root", size[0]),  # window a: up to a's line
             ("root", sum(size[:2])),  # window b
-            ("root", sum(size[:3])),  # window c; window d: the child's line only
+            ("root", sum(size[:3])),  # window c; window d: the child, up to d's line
             ("child", len(child[0]) + 1),
         ]
     )
@@ -340,3 +343,33 @@ def test_an_output_changed_between_its_reads_never_gives_a_key_another_keys_line
     out.clear()
     write_final([Member(0, "root", output)], source(data), out.extend, CAP)
     assert [json.loads(x).get("error") for x in bytes(out).splitlines()] == [MISSING, None]
+
+
+def test_the_default_window_is_32_mib_counting_768_bytes_a_key() -> None:
+    """The budget docs/retry.md gives, written out (a test reading the constants would follow
+    them): two keys whose chosen lines, one-character keys and 768 bytes each add up to exactly
+    32 MiB are one window; one byte more, two."""
+    budget = 32 * 1024 * 1024
+    for extra, passes in ((0, 1), (1, 2)):
+        first = sized("a", 1000)
+        pad = budget - (len(first) + 1 + 768) - (len(sized("b", 0)) + 1 + 768) + extra
+        lineage = Lineage([request("a"), request("b")], [(0, [sized("b", pad), first], None)])
+        written, _ledger, reads = run(lineage, None, cap=budget, size=1 << 20)
+        assert len(written) == len(first) + len(sized("b", pad)) + 2 * len(b',"attempt":0}\n') - 2
+        assert reads[0].count == 1 + passes, extra
+
+
+def test_a_window_counts_each_key_its_line_its_key_and_768_bytes() -> None:
+    """The cut, exactly: a key counts its chosen line's bytes (also when that line is the first
+    line of the root and a failure), its key's characters and 768 bytes; a key with no line,
+    its key and 768 bytes. Seen through the input's reads: once for the index, once a window."""
+    failure, answer = row("a", "e503", 1), row("b", "answered", 2)
+    lineage = Lineage([request(k) for k in "abc"], [(0, [failure, answer], None)])
+    costs = [len(failure) + 1 + 768, len(answer) + 1 + 768, 1 + 768]  # c: no line
+    for budget, windows in ((sum(costs), 1), (sum(costs) - 1, 2)):
+        members = [Member(0, "root", source(b"".join(x + b"\n" for x in lineage.members[0][1])))]
+        reads = Reads(b"".join(x + b"\n" for x in lineage.input_lines))
+        out = bytearray()
+        write_final(members, reads, out.extend, CAP, window_bytes=budget)
+        assert bytes(out) == reference(lineage)[0]
+        assert reads.count == 1 + windows, budget

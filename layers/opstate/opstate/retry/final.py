@@ -67,7 +67,6 @@ UNKNOWN_CODE = "unknown"
 # (the objects that hold one key of a window: its slot, its place in the lookup, the line's)
 WINDOW_BYTES = 32 * 1024 * 1024
 ENTRY_BYTES = 768
-_MAX_SIZE = (1 << 32) - 1  # a line's size is kept in 4 bytes (the line cap is far below)
 # line numbers below 2**40; 41 alike: every reader shifts by the same _LINE_BITS and the ranks
 # (a lineage's few members, < 2**20) still end below _RETRIED
 _LINE_BITS = 40  # mutant: equivalent — 41 (above)
@@ -199,7 +198,7 @@ def _choose(
             packed = base | number | (_ANSWERED if found is not None and found.answered else 0)
             chosen = _better(best[slot], packed, retried)
             if chosen & ~_RETRIED == packed:  # this line is the slot's choice now
-                size[slot] = min(len(row.line), _MAX_SIZE)
+                size[slot] = len(row.line)  # 4 bytes: a line is under the cap (<= 256 MiB)
             best[slot] = chosen
     return choice
 
@@ -291,7 +290,10 @@ def _given(
     return given, held
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(
+    frozen=True,  # mutant: equivalent — False: nothing assigns to a gathered line
+    slots=True,  # mutant: equivalent — slots=False changes only the memory
+)
 class _Found:
     """A chosen line gathered for a window: its bytes, whether it has an ``attempt`` of its own,
     its member's attempt, and what the ledger counts of it (the parsed row is let go)."""
