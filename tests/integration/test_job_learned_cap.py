@@ -1,0 +1,91 @@
+"""A cap learned from a refusal is shared per model (issue 46; docs/jobs.md, "A learned cap"):
+kept in the store's counters beside the enqueued count (``opstate.retry.room``), so that the
+next job of the model starts from it (split under it, shown as ``learnedCap``), a running job
+of the model feeds under it from its next step, a configured cap below it wins, and an
+operator's ``opstate retry --forget-cap MODEL`` forgets it. On SQLite and on DynamoDB (moto),
+against the fake Gemini enforcing a cap lower than configured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from opstate.config import Settings, SubmitSettings
+from opstate.domain.retry import RetryPolicy
+from opstate.outcomes.wiring import sink_from_url
+from opstate.retry import jobs, room
+from opstate.retry.job_submit import submit_job
+from tests.integration.test_job_feeding import (
+    CAP,
+    MODEL,
+    MemoryPlan,
+    big_input,
+    client,
+    counters,
+    feeder,
+    plan_for,
+    run_to_end,
+)
+from tests.support.fake_gemini import FakeGemini
+from tests.support.fake_gemini_limits import QueueLimits
+
+__all__ = ["client", "counters"]  # the fixtures
+
+
+def submitted(store: Any, tmp_path: Path, data: bytes, cap: int = CAP, shown: str = "") -> Any:
+    sink = sink_from_url((tmp_path / "results").as_uri(), Settings())
+    job = submit_job(
+        store,
+        sink,
+        lambda: iter([data]),
+        model=MODEL,
+        policy=RetryPolicy(),
+        limits=SubmitSettings(submit_enqueued_tokens=((MODEL, cap),)),
+        display_name=shown,
+    )
+    assert job is not None
+    state = store.get_retry(job.name)
+    return state.doc["job"]
+
+
+def test_a_second_job_of_the_model_starts_from_the_cap_the_first_learned(
+    fake_gemini: FakeGemini, client: Any, counters: Any, tmp_path: Path
+) -> None:
+    data = big_input(300)
+    # Gemini counts a token per 4 bytes and caps at a sixth of the configured cap: the first
+    # job's lone parts are refused twice, the cap halved each time (test_job_feeding's lesson).
+    fake_gemini.limits = QueueLimits(enqueued_tokens={MODEL: CAP // 6})
+    holder = MemoryPlan(plan_for(data))
+    assert room.learned(counters, MODEL) is None
+    run_to_end(fake_gemini, feeder(holder, counters, client, fake_gemini, data), holder)
+    assert len(fake_gemini.limits.refusals) == 2
+    taught = holder.read()[1]["learnedCap"]
+    assert taught < CAP and room.learned(counters, MODEL) == taught
+    assert room.learned(counters, f"models/{MODEL.upper()}") == taught  # one model, any spelling
+    # The next job of the model: split under the learned cap, shown on its record.
+    plan = submitted(counters, tmp_path, data)
+    assert plan["learnedCap"] == taught
+    assert max(p["tokens"] for p in plan["parts"]) <= taught < CAP
+    assert jobs.summary(plan)["learnedCap"] == taught and jobs.summary(plan)["cap"] == taught
+    # It feeds without a refusal of its own: Gemini's lesson was learned once.
+    refused, created = len(fake_gemini.limits.refusals), len(fake_gemini.batches_created())
+    second = MemoryPlan(plan)
+    feeder(second, counters, client, fake_gemini, data).step()
+    assert len(fake_gemini.limits.refusals) == refused
+    assert len(fake_gemini.batches_created()) > created
+    # A lower lesson lowers it; a higher one never raises it.
+    room.learn(counters, MODEL, taught // 2)
+    room.learn(counters, MODEL, taught)
+    assert room.learned(counters, MODEL) == taught // 2
+    # A configured cap below the learned one wins: nothing learned is written in the plan.
+    lower = submitted(counters, tmp_path, data, cap=taught // 4, shown="lower")
+    assert "learnedCap" not in lower
+    assert max(p["tokens"] for p in lower["parts"]) <= taught // 4
+    # The operator forgets it: the next job starts from the setting again.
+    assert room.forget(counters, MODEL) == taught // 2
+    assert room.learned(counters, MODEL) is None
+    fresh = submitted(counters, tmp_path, data, shown="fresh")
+    assert "learnedCap" not in fresh and jobs.summary(fresh)["cap"] == CAP
+    # And learning starts over after a forget.
+    room.learn(counters, MODEL, CAP - 1)
+    assert room.learned(counters, MODEL) == CAP - 1
