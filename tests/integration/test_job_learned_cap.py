@@ -2,19 +2,24 @@
 kept in the store's counters beside the enqueued count (``opstate.retry.room``), so that the
 next job of the model starts from it (split under it, shown as ``learnedCap``), a running job
 of the model feeds under it from its next step, a configured cap below it wins, and an
-operator's ``opstate retry --forget-cap MODEL`` forgets it. On SQLite and on DynamoDB (moto),
-against the fake Gemini enforcing a cap lower than configured."""
+operator's ``opstate retry --forget-cap MODEL`` forgets it; and a retry batch's reservation
+(``opstate.retry.child_room``) shares the count with a job's parts. On SQLite and on DynamoDB
+(moto), against the fake Gemini enforcing a cap lower than configured."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from opstate.config import Settings, SubmitSettings
 from opstate.domain.retry import RetryPolicy
 from opstate.outcomes.wiring import sink_from_url
-from opstate.retry import jobs, room
+from opstate.retry import child_room, jobs, room
 from opstate.retry.job_submit import submit_job
+from opstate.retry.room import enqueued, open_slots
+from opstate.retry.wiring import config_from
 from tests.integration.test_job_feeding import (
     CAP,
     MODEL,
@@ -89,3 +94,37 @@ def test_a_second_job_of_the_model_starts_from_the_cap_the_first_learned(
     # And learning starts over after a forget.
     room.learn(counters, MODEL, CAP - 1)
     assert room.learned(counters, MODEL) == CAP - 1
+
+
+def test_a_retry_childs_reservation_and_a_jobs_parts_share_one_count(
+    fake_gemini: FakeGemini, client: Any, counters: Any
+) -> None:
+    # opstate.retry.child_room on the store's own counters (SQLite, DynamoDB): a child's
+    # reservation is room a part cannot take, and the other way round; the open-batch bound
+    # counts both.
+    config = replace(config_from(Settings()), submit_caps=((MODEL, CAP),), submit_max_batches=2)
+    runner: Any = SimpleNamespace(store=counters, config=config, sink=None)
+    child = {"model": f"models/{MODEL}", "bytes": CAP, "rows": 10, "input": "unused"}
+    held = child_room.hold(runner, child)
+    assert held is not None and held.new
+    assert held.doc == {"model": MODEL, "tokens": CAP // 2 + 40}
+    assert (enqueued(counters, MODEL), open_slots(counters)) == (CAP // 2 + 40, 1)
+    assert child_room.hold(runner, {**child, "reserved": held.doc}) == child_room.Held(
+        held.doc, False
+    )  # recorded by an earlier claim: used again, nothing more taken
+    fake_gemini.limits = QueueLimits(enqueued_tokens={MODEL: CAP})
+    data = big_input(600)
+    holder = MemoryPlan(plan_for(data))
+    feed = feeder(holder, counters, client, fake_gemini, data, max_batches=2)
+    feed.step()
+    assert fake_gemini.batches_created() == [] and fake_gemini.limits.refusals == []
+    assert child_room.hold(runner, child) is None  # a second child: over the cap
+    child_room.give_back(runner, [held.doc])  # the child's batch ended
+    feed.step()
+    assert len(fake_gemini.batches_created()) == 1
+    assert child_room.hold(runner, child) is None  # the part holds the room now
+    small = {**child, "bytes": 100, "rows": 1, "model": "gemini-2.5-pro"}
+    other = child_room.hold(runner, small)  # another model's queue: room, a slot
+    assert other is not None and open_slots(counters) == 2
+    assert child_room.hold(runner, {**small, "model": "gemini-2.0-flash"}) is None  # no slot
+    assert enqueued(counters, "gemini-2.0-flash") == 0  # refused whole: nothing kept

@@ -307,6 +307,7 @@ def test_a_part_recounted_at_a_rate_of_fewer_tokens_a_byte_never_counts_more() -
     assert recounted(100, 300, 10, 2.0, 3.0) == 100  # bound 140
     assert recounted(100, 120, 5, 2.0, 3.0) == 60  # bound 40 + 20
     assert recounted(100, 120, 5, 2.0, 2.0) == 80  # bound 60 + 20, the same rate
+    assert recounted(50, 120, 5, 2.0, 2.0) == 50  # the same rate: never more than it had
     assert recounted(100, 300, 10, 3.0, 2.0) == 190  # bound 150 + 40, more tokens a byte
 
 
