@@ -9,6 +9,7 @@ as opstate estimates them (so that its peak is opstate's own count)."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from opstate.retry.inputs import source_chunks
 from opstate.retry.job_step import JOB
 from opstate.retry.job_submit import submit_job
 from opstate.retry.room import enqueued, open_slots
+from opstate.retry.wiring import config_from
 from tests.integration.test_job_feeding import CAP, big_input
 from tests.integration.test_retry_engine import Rig, make_rig
 from tests.support.fake_gemini import FakeGemini
@@ -263,3 +265,33 @@ def test_a_running_job_takes_a_cap_learned_by_another_and_the_operator_forgets_i
         store.close()
     rig.run()
     assert rig.state(job).doc[JOB]["learnedCap"] == CAP // 3  # the job keeps its own
+
+
+def test_a_create_left_unanswered_keeps_its_reservation_and_the_adoption_takes_no_second(
+    rig: Rig,
+) -> None:
+    # The create reaches Gemini (the batch exists) but its answer is lost: the reservation
+    # written with the claim stays (the batch may exist), the next claim finds the batch by
+    # its upload and adopts it under the same reservation: counted once, freed once.
+    rig.fake.limits = QueueLimits(count_tokens=half_bytes)
+    root = failing_root(rig, 5)
+
+    def lost(_: str) -> None:
+        rig.fake.on_create(None)
+        raise ConnectionError("the answer is lost")
+
+    rig.fake.on_create(lost)
+    now = time.time_ns()
+    rig.run(now)
+    (child,) = children_of(rig, root)
+    assert child["phase"] == lineage.CREATING and child["upload"]
+    taken = child["reserved"]
+    assert counted(rig) == (taken["tokens"], 1)
+    later = now + int(config_from(settings()).check_s * 1e9) + 1
+    rig.run(later)
+    (child,) = children_of(rig, root)
+    assert child["phase"] == lineage.CREATED and child["claims"] == 2
+    assert child["reserved"] == taken and counted(rig) == (taken["tokens"], 1)
+    assert len(rig.fake.batches_created()) == 2  # the root and the one child: adopted
+    finish_all(rig, [root])
+    assert counted(rig) == (0, 0)
