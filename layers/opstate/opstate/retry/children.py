@@ -127,7 +127,7 @@ class Creator:
             event = self._find(root, entry, before) if searched_before else None
             if event is None:
                 if not allowed:
-                    return self._later(root, state, child, "over the retry budget")
+                    return self._later(root, state, child, "over the retry budget", none=True)
                 state, event = self._create(root, state, child)
                 self.budget.spent(root)
         except (_Ambiguous, IntegrityError) as exc:
@@ -363,14 +363,21 @@ class Creator:
         )
         return self._later(root, state, child, text)
 
-    def _later(self, root: OpRecord, state: RetryState, child: str, text: str) -> RetryState:
-        """The claimed entry ``child`` stays ``creating``, tried again after ``check_s``."""
+    def _later(
+        self, root: OpRecord, state: RetryState, child: str, text: str, none: bool = False
+    ) -> RetryState:
+        """The claimed entry ``child`` stays ``creating``, tried again after ``check_s``
+        (``none``: no batch was made, its room is given back)."""
         retry_at = self.runner.clock_ns() + int(self.runner.config.check_s * NS_PER_SECOND)
+        freed: list[Mapping[str, Any]] = []
 
         def later(doc: dict[str, Any], entry: dict[str, Any]) -> None:
             entry.update(error=text, claimUntilNs=retry_at, refusals=0)
+            freed[:] = child_room.drop(entry) if none else []
 
-        return self._settle(root, state, child, later)
+        state = self._settle(root, state, child, later)
+        child_room.give_back(self.runner, freed)
+        return state
 
     def _stop(self, root: OpRecord, state: RetryState, child: str, why: str) -> RetryState:
         """The lineage stops at the claimed entry ``child``: it and every unfinished entry are
