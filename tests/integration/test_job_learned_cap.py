@@ -128,3 +128,41 @@ def test_a_retry_childs_reservation_and_a_jobs_parts_share_one_count(
     assert other is not None and open_slots(counters) == 2
     assert child_room.hold(runner, {**small, "model": "gemini-2.0-flash"}) is None  # no slot
     assert enqueued(counters, "gemini-2.0-flash") == 0  # refused whole: nothing kept
+
+
+class RecountedOnReserve:
+    """Counters that let another runner recount the first held part (a corrected rate)
+    right after this runner reserved its tokens, before its claim is written."""
+
+    def __init__(self, inner: Any, holder: MemoryPlan) -> None:
+        self.inner, self.holder, self.done = inner, holder, False
+
+    def get_counter(self, counter: str) -> int:
+        return int(self.inner.get_counter(counter))
+
+    def add_counter(self, counter: str, amount: int, cap: int) -> bool:
+        added = bool(self.inner.add_counter(counter, amount, cap))
+        if added and counter.endswith(":reserved") and "enqueued" in counter and not self.done:
+            self.done = True
+            with self.holder.lock:
+                self.holder.plan["parts"][0]["tokens"] -= 10
+                self.holder.rev += 1
+        return added
+
+
+def test_a_part_recounted_between_its_reservation_and_its_claim_is_not_claimed(
+    fake_gemini: FakeGemini, client: Any, counters: Any
+) -> None:
+    # The claim checks the part still has the tokens reserved for it: otherwise it would be
+    # freed at its end for another count than it took.
+    data = big_input(300)
+    holder = MemoryPlan(plan_for(data))
+    first = holder.plan["parts"][0]["tokens"]
+    racing = RecountedOnReserve(counters, holder)
+    feeder(holder, racing, client, fake_gemini, data).step()
+    assert fake_gemini.batches_created() == []
+    assert holder.read()[1]["parts"][0]["phase"] == "held"
+    assert (enqueued(counters, MODEL), open_slots(counters)) == (0, 0)  # given back
+    feeder(holder, racing, client, fake_gemini, data).step()
+    assert len(fake_gemini.batches_created()) == 1
+    assert enqueued(counters, MODEL) == first - 10 == holder.read()[1]["parts"][0]["tokens"]
