@@ -51,7 +51,7 @@ def big_input(lines: int) -> bytes:
 @pytest.fixture(scope="module")
 def jobs(
     tmp_path_factory: pytest.TempPathFactory, chromium: Any
-) -> Iterator[tuple[ServeProcess, str, str, list[str]]]:
+) -> Iterator[tuple[ServeProcess, str, str, str, list[str]]]:
     home = tmp_path_factory.mktemp("serve-job")
     db = home / "ops.db"
     with FakeGemini() as fake, pytest.MonkeyPatch.context() as mp:
@@ -71,8 +71,11 @@ def jobs(
         source.write_bytes(big_input(600))
         policy = RetryPolicy(max_attempts=1)
         job = submit_from_settings(config, source=source.as_uri(), model=MODEL, policy=policy)
-        hostile = submit_from_settings(
-            config, source=source.as_uri(), model=MODEL, policy=policy, display_name="other"
+        hostile, done = (
+            submit_from_settings(
+                config, source=source.as_uri(), model=MODEL, policy=policy, display_name=shown
+            )
+            for shown in ("other", "done")
         )
         store = SQLiteStore(db)
         try:
@@ -100,12 +103,29 @@ def jobs(
                 doc=dict(state.doc) | {JOB: plan},
             )
             assert store.set_retry(hostile.name, state.rev, changed)
+            # A third job's final result, as its pass writes it (the engine's tests run one).
+            state = store.get_retry(done.name)
+            assert state is not None
+            final = {
+                "status": "final",
+                "location": f"file:///r/{done.name}/final.jsonl",
+                "rows": {"total": 600, "answered": 590, "blocked": 0, "failed": 10},
+                "errors": {"NOT_SUBMITTED": 10},
+                "attempts": 5,
+            }
+            changed = RetryState(
+                state.status,
+                created_ns=state.created_ns,
+                due_ns=state.due_ns,
+                doc=dict(state.doc) | {"final": final},
+            )
+            assert store.set_retry(done.name, state.rev, changed)
         finally:
             store.close()
         created = fake.batches_created()
     server = start_serve(["--store", f"sqlite:///{db}"], cwd=home, env={})
     try:
-        yield server, job.name, hostile.name, created
+        yield server, job.name, hostile.name, done.name, created
     finally:
         server.terminate()
 
@@ -121,9 +141,9 @@ def open_detail(page: Any, server: ServeProcess, name: str) -> Any:
 
 
 def test_a_job_shows_its_parts_tokens_and_what_it_waits_for(
-    page: Any, jobs: tuple[ServeProcess, str, str, list[str]]
+    page: Any, jobs: tuple[ServeProcess, str, str, str, list[str]]
 ) -> None:
-    server, name, _, created = jobs
+    server, name, _, _, created = jobs
     fields = open_detail(page, server, name)
     text = fields.inner_text()
     parts = page.locator("#job-parts li")
@@ -153,9 +173,9 @@ def test_a_job_shows_its_parts_tokens_and_what_it_waits_for(
 
 
 def test_a_job_whose_plan_holds_markup_shows_it_as_text(
-    page: Any, jobs: tuple[ServeProcess, str, str, list[str]]
+    page: Any, jobs: tuple[ServeProcess, str, str, str, list[str]]
 ) -> None:
-    server, _, hostile, _ = jobs
+    server, _, hostile, _, _ = jobs
     fields = open_detail(page, server, hostile)
     text = fields.inner_text()
     assert page.locator("#job-status .badge").inner_text() == "stopped"
@@ -164,3 +184,16 @@ def test_a_job_whose_plan_holds_markup_shows_it_as_text(
     assert f"part 0 · batches/{MARKUP} · " in text
     assert page.locator("#detail img, #detail b").count() == 0
     assert page.evaluate("window.pwned") is None
+
+
+def test_a_final_job_shows_its_counts_and_where_final_jsonl_is(
+    page: Any, jobs: tuple[ServeProcess, str, str, str, list[str]]
+) -> None:
+    server, _, _, done, _ = jobs
+    fields = open_detail(page, server, done)
+    text = fields.inner_text()
+    assert page.locator("#job-status .badge").inner_text() == "final"
+    assert "600 total: 590 answered (0 blocked), 10 failed" in text
+    assert "NOT_SUBMITTED: 10" in text and "Attempts\n5" in text
+    assert "Job cost\nunknown: written by an earlier release" in text
+    assert f"Final result\nfile:///r/{done}/final.jsonl" in text

@@ -21,10 +21,12 @@ from opstate.api_token import bearer_token_ok
 from opstate.config import Settings
 from opstate.domain.retry import RetryPolicy
 from opstate.local.console import Console, DecisionLog
+from opstate.outcomes.wiring import archive_from_settings
 from opstate.retry.job_step import JOB
-from opstate.retry.wiring import submit_from_settings
+from opstate.retry.wiring import retry_from_settings, roots_of, submit_from_settings
 from opstate.signatures import StaticSecretsVerifier
 from opstate.store.retry_state import RetryState
+from opstate.wiring.reconcile import refresh_with
 from tests.integration.test_job_feeding import CAP, big_input
 from tests.support.fake_gemini import FakeGemini
 from tests.support.fake_gemini_limits import QueueLimits
@@ -181,3 +183,40 @@ def test_a_plan_with_markup_and_wrong_types_is_answered_as_data(
         "state": None,
         "dueAt": None,  # past int64: not a time
     }
+
+
+def test_a_finished_job_shows_its_final_result_on_both_stores(
+    harness: Harness, fake_gemini: FakeGemini, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = submitted(harness, fake_gemini, tmp_path, monkeypatch)
+    config = Settings.from_env(
+        {
+            "GEMINI_API_KEY": "test-key",
+            "OPSTATE_RESULTS_URL": (tmp_path / "results").as_uri(),
+            "OPSTATE_SUBMIT_ENQUEUED_TOKENS": f"{MODEL}={CAP}",
+            "OPSTATE_RECONCILE_MAX_PAGES": "0",
+        }
+    )
+    store: Any = harness.store
+    for _ in range(20):  # Gemini answers each part; the archiver's trigger path moves the job
+        for batch in fake_gemini.batches_created():
+            if (fake_gemini.resource(batch) or {}).get("done"):
+                continue
+            keys = [json.loads(x)["key"] for x in fake_gemini.batch_input(batch).splitlines()]
+            fake_gemini.run_batch(batch, [{"key": k, "response": {"candidates": []}} for k in keys])
+            record = store.get(batch)
+            assert refresh_with(store, config, record).error is None
+            archive_from_settings(config, store=store, names=[batch])
+            retry_from_settings(config, store=store, names=roots_of(store, [batch]))
+        if store.get_retry(name).doc.get("final"):
+            break
+    status, body = page_get(store, name)
+    assert status == 200, body
+    job = body["record"]["retry"]["job"]
+    assert job["waitingFor"] == "nothing" and job["enqueuedTokens"] == 0
+    assert job["parts"]["ended"] == len(body["parts"]) >= 4
+    assert all(p["phase"] == "ended" and p["batch"] for p in body["parts"])
+    final = body["final"]
+    assert final["status"] == "final" and final["location"].endswith("/final.jsonl")
+    assert final["rows"]["total"] == 600 and final["rows"]["answered"] == 600
+    assert final["cost"]["usd"] is None and "unknown" in final["cost"]["reason"]
