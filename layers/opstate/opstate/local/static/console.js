@@ -362,12 +362,10 @@
   // result over the whole input.
   function jobFields(retry, parts, final, add) {
     const job = retry.job;
-    // The job's own status: its plan says whether it stopped (retry.status reads a lineage's
-    // policy, which a job's record does not hold at its top).
-    const shown = final && final.status === "final" ? "final" : job.stopped ? "stopped" : "active";
+    // active, stopped (with why), unavailable or final: never off (domain.retry.retry_view).
     const status = document.createElement("span");
     status.id = "job-status";
-    status.append(badge(shown, "retry-" + shown));
+    status.append(badge(retry.status, "retry-" + retry.status));
     if (retry.reason) status.append(" " + retry.reason);
     add("Job", status);
     add("Model", job.model);
