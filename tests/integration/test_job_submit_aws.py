@@ -144,3 +144,34 @@ def test_a_submit_killed_part_way_and_invoked_again_makes_one_job(
     assert len(created) == 1
     assert fake_gemini.batch_input(created[0]) == data[: len(fake_gemini.batch_input(created[0]))]
     assert json.loads(data.splitlines()[0])["key"] == "k0"
+
+
+def test_an_input_changed_before_its_split_is_refused_and_makes_no_job(tmp_path: Any) -> None:
+    """The split reads the input a third time (never the kept copy): through the sha256 its
+    check found, so bytes changed since (a writer of incoming/) make no job."""
+    from opstate.config import SubmitSettings
+    from opstate.domain.retry import RetryPolicy
+    from opstate.outcomes.file_sink import FileSink
+    from opstate.retry.inputs import IntegrityError
+    from opstate.store import MemoryStore
+
+    data = big_input(600)
+    swapped = data.replace(b"question 599", b"question 5!9")
+    reads: list[bytes] = []
+
+    def source() -> Iterator[bytes]:
+        reads.append(b"")
+        yield data if len(reads) <= 2 else swapped  # the check, the copy, then the split
+
+    store = MemoryStore()
+    with pytest.raises(IntegrityError, match="no longer has its recorded sha256"):
+        job_submit.submit_job(
+            store,
+            FileSink(tmp_path / "results"),
+            source,
+            model=MODEL,
+            policy=RetryPolicy(),
+            limits=SubmitSettings(submit_enqueued_tokens=((MODEL, CAP),)),
+        )
+    assert len(reads) == 3
+    assert not [r for r in store.iter_all() if r.name.startswith("jobs/")]
