@@ -25,10 +25,11 @@ from opstate.domain.retry import RetryPolicy
 from opstate.domain.states import State
 from opstate.ingest import ingest
 from opstate.outcomes.sink import Sink
-from opstate.retry import jobs
+from opstate.retry import jobs, room
 from opstate.retry.feeding import lines_of
 from opstate.retry.inputs import KeptInput, keep_input, verified
 from opstate.retry.job_step import JOB, JOB_SOURCE
+from opstate.store.counters import CountingStore
 from opstate.store.port import RetryingStore
 from opstate.store.retry_state import RETRY_ACTIVE, RetryState
 
@@ -89,7 +90,11 @@ def submit_job(
     kept = keep_input(source, sink, max_line_bytes, reuse=False)
     model = model_id(model)
     cap = limits.enqueued_cap(model)
-    bounds = Bounds(cap, limits.submit_max_file_bytes, limits.submit_max_rows)
+    # A cap a refusal taught an earlier job of the model (``opstate.retry.room``) is where
+    # this one starts; a configured cap below it wins.
+    taught = room.learned(store, model) if isinstance(store, CountingStore) else None
+    split_cap = min(cap, taught) if taught is not None else cap
+    bounds = Bounds(split_cap, limits.submit_max_file_bytes, limits.submit_max_rows)
     read = verified(source(), kept.sha256, "the input")
     parts = list(split_hashed(lines_of(read), bounds))
     if len(parts) <= 1:
@@ -102,6 +107,8 @@ def submit_job(
         return JobSubmitted(name, len(found.doc[JOB]["parts"]), kept, created=False)
     plan = jobs.new_plan(job_id, model, kept.as_dict(), parts)
     plan["policy"] = policy.as_doc()
+    if split_cap < cap:
+        jobs.learn(plan, split_cap)
     plan["limits"] = {
         "cap": cap,
         "maxBatches": limits.submit_max_batches,

@@ -33,6 +33,8 @@ def config_from(settings: Settings) -> RetryConfig:
         max_batches_per_hour=settings.retry_max_batches_per_hour,
         input_prefixes=settings.retry_input_prefixes,
         daily_budget_usd=settings.retry_daily_budget_usd,
+        submit_caps=settings.submit_enqueued_tokens,
+        submit_max_batches=settings.submit_max_batches,
     )
 
 
