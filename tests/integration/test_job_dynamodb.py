@@ -74,10 +74,14 @@ def test_a_job_of_four_times_the_cap_on_dynamodb_and_s3(
     submitted = submit_event(
         config, {"input": f"s3://{BUCKET}/{INPUT_KEY}", "model": MODEL, "retry": {"maxAttempts": 1}}
     )
-    seen = publish(rig)
     name = submitted["name"]
     assert name.startswith("jobs/") and submitted["parts"] >= 4
-    assert len(fake_gemini.batches_created()) == 1  # what fit, created at once
+    # The submit function makes the job (its role reads no kept input); the archiver's pass,
+    # the reconciler's re-drive of a due job, feeds it: what fits, created at once.
+    assert fake_gemini.batches_created() == []
+    retry_from_settings(config, store=rig.store, names=[name])
+    seen = publish(rig)
+    assert len(fake_gemini.batches_created()) == 1
     for _ in range(20):
         for batch in fake_gemini.batches_created():
             if (fake_gemini.resource(batch) or {}).get("done"):
@@ -136,3 +140,77 @@ def test_a_huge_line_is_refused_before_anything_is_created(
         submit_event(config, {"input": f"s3://{BUCKET}/{INPUT_KEY}", "model": MODEL})
     assert fake_gemini.batches_created() == [] and fake_gemini.files_held() == []
     assert not any(r.name.startswith("jobs/") for r in rig.store.iter_all())
+
+
+def test_a_parts_retry_batches_share_the_queue_with_the_parts_on_dynamodb(
+    aws: tuple[Rig, Any], fake_gemini: FakeGemini
+) -> None:
+    # Each part fails three rows for a passing reason: its lineage's retry batch takes its
+    # tokens and a slot from the same DynamoDB counters as the parts (opstate.retry.child_room),
+    # so with two batches open at most and the fake counting tokens as opstate does, nothing
+    # is refused and no limit is passed; every reservation is given back at the end.
+    from tests.integration.test_job_retry_room import half_bytes
+    from tests.support.retry_rows import failed
+
+    rig, s3 = aws
+    config = Settings.from_env(
+        {
+            "OPSTATE_STORE": f"dynamodb://{rig.table}",
+            "OPSTATE_RESULTS_URL": f"s3://{BUCKET}/gemini",
+            "GEMINI_API_KEY": "test-key",
+            "OPSTATE_RECONCILE_MAX_PAGES": "0",
+            "OPSTATE_SUBMIT_ENQUEUED_TOKENS": f"{MODEL}={CAP}",
+            "OPSTATE_SUBMIT_MAX_BATCHES": "2",
+        }
+    )
+    data = big_input(600)
+    s3.put_object(Bucket=BUCKET, Key=INPUT_KEY, Body=data)
+    limits = QueueLimits(enqueued_tokens={MODEL: CAP}, max_open=2, count_tokens=half_bytes)
+    fake_gemini.limits = limits
+    submitted = submit_event(
+        config, {"input": f"s3://{BUCKET}/{INPUT_KEY}", "model": MODEL, "retry": {"maxAttempts": 1}}
+    )
+    name = submitted["name"]
+    parts: set[str] = set()
+    for _ in range(40):
+        state = rig.store.get_retry(name)
+        assert state is not None
+        parts |= {p["batch"] for p in state.doc[JOB]["parts"] if p.get("batch")}
+        for batch in fake_gemini.batches_created():
+            if (fake_gemini.resource(batch) or {}).get("done"):
+                continue
+            keys = [json.loads(line)["key"] for line in fake_gemini.batch_input(batch).splitlines()]
+            rows = [{"key": k, "response": {"candidates": []}} for k in keys]
+            if batch in parts:
+                rows[:3] = [failed(k, 503, "UNAVAILABLE") for k in keys[:3]]
+            fake_gemini.run_batch(batch, rows)
+            record = rig.store.get(batch)
+            assert record is not None
+            assert refresh_with(rig.store, config, record).error is None
+            archive_from_settings(config, store=rig.store, names=[batch])
+            retry_from_settings(config, store=rig.store, names=roots_of(rig.store, [batch]))
+        retry_from_settings(config, store=rig.store, every=True)  # the schedule's pass
+        reserved = rig.store.get_counter(f"job-enqueued:{MODEL}:reserved")
+        assert reserved - rig.store.get_counter(f"job-enqueued:{MODEL}:freed") <= CAP
+        slots = rig.store.get_counter("job-batches:reserved")
+        assert slots - rig.store.get_counter("job-batches:freed") <= 2
+        state = rig.store.get_retry(name)
+        assert state is not None
+        if (state.doc.get("final") or {}).get("status") == "final":
+            break
+    else:
+        raise AssertionError(rig.store.get_retry(name))
+    final = state.doc["final"]
+    assert final["rows"]["total"] == 600 and final["rows"]["failed"] == 0
+    children = [
+        child
+        for part in parts
+        for child in (rig.store.get_retry(part) or state).doc.get("children", [])
+    ]
+    assert len(children) == len(parts) >= 4
+    assert all(c["reserved"]["freed"] is True for c in children)
+    assert limits.refusals == [] and limits.peak_tokens[MODEL] <= CAP and limits.peak_open <= 2
+    for counter in (f"job-enqueued:{MODEL}", "job-batches"):
+        assert rig.store.get_counter(f"{counter}:reserved") == rig.store.get_counter(
+            f"{counter}:freed"
+        )

@@ -42,7 +42,7 @@ from opstate.domain.model import OpEvent
 from opstate.domain.states import State
 from opstate.domain.times import format_time
 from opstate.ingest import ingest
-from opstate.retry import lineage
+from opstate.retry import lineage, room
 from opstate.retry.budget import HOUR_COUNTER
 from opstate.retry.spend import DAILY_COUNTER
 from opstate.store.dynamodb import DynamoDBStore
@@ -320,6 +320,14 @@ def test_every_060_lineage_reaches_its_final_result(old: Old) -> None:
         assert cost["usd"] == usd and cost["model"] == MODEL, (root, cost)
     # The old child's real cost charged nothing beyond 0.6.0's reservation (no reservedIn).
     assert old.counter(DAILY_COUNTER.format(day=today)) >= spent_before
+    # The project's queue (issue 46): the child 0.6.0 created recorded no room and none is
+    # freed for it; what this release reserved (the child it created) was given back once.
+    (mid,) = old.doc(names["midretry"])["children"]
+    assert mid["phase"] == lineage.CREATED and "reserved" not in mid
+    model = MODEL.removeprefix("models/")
+    taken = old.counter(room.RESERVED.format(model=model)), old.counter(room.SLOTS_RESERVED)
+    given = old.counter(room.FREED.format(model=model)), old.counter(room.SLOTS_FREED)
+    assert taken == given
     assert fake.resource(forged) is not None and not any(
         r.name == forged and r.method == "POST" for r in fake.requests
     )

@@ -25,6 +25,7 @@ from opstate.domain.parts import (
     held_backoff_s,
     learned_cap,
     line_tokens,
+    range_tokens,
     room,
     split_lines,
 )
@@ -137,6 +138,20 @@ def test_the_correction_learns_from_counted_parts_within_bounds() -> None:
     assert corrected_bytes_per_token(4_000, 1_000) == 3.0  # 4 bytes a token, less a quarter
     assert corrected_bytes_per_token(1_000, 5_000) == 1.0  # never below a byte a token
     assert corrected_bytes_per_token(10**9, 1) == 4 * BYTES_PER_TOKEN
+
+
+@given(
+    st.lists(LINE, max_size=40),
+    st.sampled_from([1.0, 1.5, float(BYTES_PER_TOKEN), 3.0, 8.0]),
+)
+def test_a_range_is_counted_at_or_above_its_lines_and_within_four_a_line(
+    lines: list[bytes], rate: float
+) -> None:
+    # A retry batch's input and a held part recounted at a corrected rate are known by their
+    # bytes and rows only: the count must never be below what line_tokens counts line by line.
+    size, rows = sum(map(len, lines)), len(lines)
+    by_line = sum(line_tokens(len(line), rate) for line in lines)
+    assert by_line <= range_tokens(size, rows, rate) <= max(4, by_line + 4 * rows + 1)
 
 
 def cap_of(caps: dict[str, int]) -> Callable[[str], int]:

@@ -33,6 +33,8 @@ from opstate.domain.parts import (
     job_finished,
     job_view,
     line_tokens,
+    range_tokens,
+    recounted,
     room,
     split_hashed,
     split_lines,
@@ -286,3 +288,33 @@ def test_a_backoff_caps_however_many_refusals() -> None:
     assert held_backoff_s(3) == 1200.0
     assert held_backoff_s(4) == MAX_HELD_BACKOFF_S
     assert held_backoff_s(10_000) == MAX_HELD_BACKOFF_S
+
+
+def test_range_tokens_exact_values() -> None:
+    # range_tokens: its floor (max's MIN_LINE_TOKENS), the rounding up, the 4 a row.
+    assert range_tokens(0, 0) == 4
+    assert range_tokens(2, 0) == 4
+    assert range_tokens(10, 0) == 5
+    assert range_tokens(11, 0) == 6
+    assert range_tokens(11, 2) == 14
+    assert range_tokens(12, 3, 4.0) == 15
+
+
+def test_a_part_recounted_at_a_rate_of_fewer_tokens_a_byte_never_counts_more() -> None:
+    # recounted: `>= -> >`/`<`, the `if` negated: at a rate that counts fewer tokens a byte (the
+    # same rate included) a part keeps the lower of what it had and the range bound; at a rate
+    # that counts more it takes the bound.
+    assert recounted(100, 300, 10, 2.0, 3.0) == 100  # bound 140
+    assert recounted(100, 120, 5, 2.0, 3.0) == 60  # bound 40 + 20
+    assert recounted(100, 120, 5, 2.0, 2.0) == 80  # bound 60 + 20, the same rate
+    assert recounted(50, 120, 5, 2.0, 2.0) == 50  # the same rate: never more than it had
+    assert recounted(100, 300, 10, 3.0, 2.0) == 190  # bound 150 + 40, more tokens a byte
+
+
+def test_the_record_shows_the_estimate_corrected_from_usage() -> None:
+    # job_view's `if isinstance(estimate, Mapping)`.
+    estimate = {"bytesPerToken": 3.5, "sentBytes": 700, "promptTokens": 150, "other": 1}
+    view = job_view(plan_of(HELD, estimate=estimate))
+    assert view["estimate"] == {"bytesPerToken": 3.5, "sentBytes": 700, "promptTokens": 150}
+    assert "estimate" not in job_view(plan_of(HELD))
+    assert "estimate" not in job_view(plan_of(HELD, estimate=3.5))

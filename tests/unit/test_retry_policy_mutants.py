@@ -167,3 +167,32 @@ def test_a_kept_cap_is_read_back_only_above_0() -> None:
 
     assert policy_of({"policy": {"maxCostUSD": 0.5}}).max_cost_usd == 0.5
     assert policy_of({"policy": {"maxCostUSD": 0}}).max_cost_usd is None
+
+
+@pytest.mark.parametrize(
+    ("doc", "status", "reason"),
+    [
+        # No policy at the top of a job's record: a lineage's view would say "off".
+        ({}, "active", None),
+        ({"job": {"stopped": True, "stoppedWhy": "money"}}, "stopped", "money"),
+        ({"job": {"stopped": True, "stoppedWhy": 5}}, "stopped", "stopped"),
+        ({"stopped": "by hand"}, "stopped", "by hand"),
+        ({"unavailable": "no input"}, "unavailable", "no input"),
+        ({"job": {"stopped": True}, "final": {"status": "final"}}, "final", None),
+        ({"final": {"status": "final"}}, "final", None),
+    ],
+)
+def test_a_jobs_status_is_its_own_never_off(
+    doc: dict[str, object], status: str, reason: str | None
+) -> None:
+    """Issue 46: a job feeds its parts whatever its retry policy; its status reads its plan."""
+    from opstate.domain.retry import retry_view
+
+    plan = {"model": "m", "parts": [{"phase": "held", "rows": 1, "tokens": 4}]}
+    raw_job = doc.get("job")
+    job = plan | (raw_job if isinstance(raw_job, dict) else {})
+    view = retry_view({k: v for k, v in doc.items() if k != "job"} | {"job": job})
+    assert (view["status"], view["reason"]) == (status, reason)
+    assert view["job"]["rows"] == 1
+    if not doc:  # the same record without a plan: a lineage whose policy asks for nothing
+        assert retry_view({})["status"] == "off"

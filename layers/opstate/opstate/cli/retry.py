@@ -61,6 +61,12 @@ def add_parsers(
         metavar="ROOT",
         help="stop the lineage of ROOT: no more retry batches; the final result follows",
     )
+    mode.add_argument(
+        "--forget-cap",
+        metavar="MODEL",
+        help="forget the enqueued-token cap Gemini's refusals taught for MODEL (docs/jobs.md): "
+        "the next jobs and retry batches of it start from OPSTATE_SUBMIT_ENQUEUED_TOKENS",
+    )
     p.set_defaults(func=cmd_retry)
 
 
@@ -273,6 +279,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_retry(args: argparse.Namespace) -> int:
     if args.stop is not None:
         return cmd_stop(args)
+    if getattr(args, "forget_cap", None) is not None:
+        return cmd_forget_cap(args)
     if not args.once:
         raise UsageError(
             "retry runs one pass and needs --once (serve and the archiver repeat it), "
@@ -321,4 +329,23 @@ def cmd_stop(args: argparse.Namespace) -> int:
         except StopRefusedError as exc:
             raise CliError(str(exc)) from None
     out(f"{name}: retry stopped ({shown}); opstate retry --once (or serve) writes its final result")
+    return EXIT_OK
+
+
+def cmd_forget_cap(args: argparse.Namespace) -> int:
+    """``opstate retry --forget-cap MODEL``: the model's learned cap is forgotten (a job that
+    learned one keeps its own; the next ones start from the setting)."""
+    config = settings_for(args)
+    from opstate.config import model_id
+    from opstate.retry import room
+    from opstate.store.counters import CountingStore
+
+    model = model_id(args.forget_cap)
+    if not model:
+        raise UsageError("--forget-cap needs a model, e.g. gemini-2.5-flash")
+    with open_store(config, must_exist=True) as store:
+        if not isinstance(store, CountingStore):  # pragma: no cover - every store of ours is
+            raise CliError(f"the store {config.store_url} keeps no counters")
+        had = room.forget(store, model)
+    print_json({"model": model, "forgotten": had, "cap": config.enqueued_cap(model)})
     return EXIT_OK

@@ -54,6 +54,21 @@ def line_tokens(size: int, bytes_per_token: float = BYTES_PER_TOKEN) -> int:
     return max(MIN_LINE_TOKENS, math.ceil(size / bytes_per_token))
 
 
+def range_tokens(size: int, rows: int, bytes_per_token: float = BYTES_PER_TOKEN) -> int:
+    """At least the tokens ``line_tokens`` counts for ``rows`` lines of ``size`` bytes in all,
+    their lengths unknown: a line's count is under its bytes over the rate plus
+    ``MIN_LINE_TOKENS``, so the sum is under the bytes over the rate plus that per line."""
+    return max(MIN_LINE_TOKENS, math.ceil(size / bytes_per_token) + MIN_LINE_TOKENS * rows)
+
+
+def recounted(tokens: int, size: int, rows: int, counted_at: float, rate: float) -> int:
+    """A part's ``tokens`` (counted at ``counted_at`` bytes a token, at or above its lines'
+    count at that rate) counted again at ``rate``: ``range_tokens`` of its bytes and rows, and
+    when ``rate`` counts fewer tokens a byte, never more than it had."""
+    bound = range_tokens(size, rows, rate)
+    return min(tokens, bound) if rate >= counted_at else bound
+
+
 def corrected_bytes_per_token(sent_bytes: int, prompt_tokens: int) -> float:
     """The bytes per token to estimate with, learned from parts Gemini counted
     (``usageMetadata.promptTokenCount`` summed over ``sent_bytes`` of lines): the bytes each
@@ -289,6 +304,11 @@ def job_view(plan: Mapping[str, Any], configured_cap: int | None = None) -> dict
     }
     if isinstance(learned, int):
         shown["learnedCap"] = learned
+    estimate = plan.get("estimate")
+    if isinstance(estimate, Mapping):  # corrected from the parts' usageMetadata
+        shown["estimate"] = {
+            key: estimate.get(key) for key in ("bytesPerToken", "sentBytes", "promptTokens")
+        }
     if plan.get("stopped"):
         shown["stopped"] = plan.get("stoppedWhy", "stopped")
     if job_finished(plan):

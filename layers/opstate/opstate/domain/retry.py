@@ -291,10 +291,12 @@ def retry_view(doc: Mapping[str, Any]) -> dict[str, Any]:
 
     ``status``: ``final`` (final.jsonl written), ``stopped`` (the lineage stopped: a money
     refusal, or ``opstate retry --stop``), ``unavailable`` (retry cannot run: ``reason`` says
-    why), ``off`` (the policy asks for nothing) or ``active``. ``children``: ``{"name",
-    "attempt", "rows", "phase"}`` each (``name`` null until Gemini created it; ``phase``
-    ``ended`` and ``state`` how it ended, EXPIRED for an expired batch, once the runner
-    saw it terminal); ``input``: where opstate keeps the input (or null).
+    why), ``off`` (the policy asks for nothing) or ``active``; a job's (``doc["job"]``, its
+    plan) is ``final``, ``stopped`` (its plan's why as ``reason``), ``unavailable`` or
+    ``active``, never ``off``: it feeds its parts whatever its retry policy.
+    ``children``: ``{"name", "attempt", "rows", "phase"}`` each (``name`` null until Gemini
+    created it; ``phase`` ``ended`` and ``state`` how it ended, EXPIRED for an expired batch,
+    once the runner saw it terminal); ``input``: where opstate keeps the input (or null).
     """
     policy = policy_of(doc)
     stopped = _text(doc.get("stopped"))
@@ -326,10 +328,22 @@ def retry_view(doc: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(job, Mapping):  # a job's record (issue 46): its parts, its policy, its input
         from opstate.domain.parts import job_view
 
+        shown = job_view(job)
+        why = (_text(shown["stopped"]) or "stopped") if "stopped" in shown else stopped
+        if status != "final":  # a job feeds its parts whatever its retries: never "off"
+            status = (
+                "stopped"
+                if why is not None
+                else "unavailable"
+                if unavailable is not None
+                else "active"
+            )
         view |= {
             "policy": policy_of(job).as_doc(),
+            "status": status,
+            "reason": why if status == "stopped" else view["reason"],
             "input": _text(_map(job.get("input")).get("location")),
-            "job": job_view(job),
+            "job": shown,
         }
     return view
 

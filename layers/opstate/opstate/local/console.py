@@ -14,7 +14,8 @@ page polls, and hands every other request to the API unchanged.
 - ``GET /ui/api/operation?name=<name>``: one record with its details and the decisions this
   server has taken for it (``DecisionLog``: applied and dropped, with reasons); a record with a
   retry state (docs/retry.md) adds its lineage and its root's retry view to the record (as the
-  API's GET does) and, for a root, ``final`` (``domain.retry.final_view``). Found as the API
+  API's GET does) and, for a root, ``final`` (``domain.retry.final_view``); a job (docs/jobs.md)
+  adds ``parts`` (``_job_parts``: each part's phase, rows, tokens and batch). Found as the API
   finds it (``ingest.find_named``): a record an earlier release keyed otherwise (a video by its
   full name, a Google Cloud job with its location as written) is found too; so is the one
   ``refresh`` polls.
@@ -68,6 +69,8 @@ STATIC_FILES = {
     "favicon.svg": "image/svg+xml",
 }
 DEFAULT_MAX_OPERATIONS = 5000
+# The most parts a job's view lists (a plan holds at most 400: ``opstate.retry.jobs``).
+MAX_JOB_PARTS = 400
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
     "img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
@@ -289,6 +292,7 @@ class Console:
         view = None
         results = None
         final = None
+        parts = None
         if record is not None:
             retry = self._store.get_retry(name) if isinstance(self._store, RetryingStore) else None
             doc = retry.doc if retry is not None else None
@@ -299,6 +303,8 @@ class Console:
                 from opstate.domain.retry import final_view, is_member
 
                 final = None if is_member(doc) else final_view(doc)
+                if isinstance(doc.get("job"), Mapping):
+                    parts = _job_parts(self._store, doc["job"])
         body = {
             "now": format_time(self._clock_ns()),
             "record": view,
@@ -308,6 +314,8 @@ class Console:
             "results": results,
             # A retry root's one result per request key (pending until final.jsonl is written).
             "final": final,
+            # A job's parts (docs/jobs.md), in input order: never a part's nonce or upload.
+            "parts": parts,
         }
         return self._data(200, body)
 
@@ -347,6 +355,45 @@ class Console:
         status_, headers, payload = self._data(status, body)
         start_response(_status(status_), [*headers, ("Content-Length", str(len(payload)))])
         return [payload]
+
+
+def _job_parts(store: Store, plan: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A job's parts as the page lists them, in input order (at most ``MAX_JOB_PARTS``):
+    ``{n, first, rows, tokens, phase, refusals, batch, state, dueAt}``: ``state`` the stored
+    state of a created part's batch (read for created parts only: at most the open batches),
+    ``dueAt`` when a refused held part tries again. Only these fields: a part's nonce and its
+    upload are never shown. A value of the wrong type is null (the plan is read as untrusted)."""
+    raw = plan.get("parts")
+    shown: list[dict[str, Any]] = []
+    for part in raw[:MAX_JOB_PARTS] if isinstance(raw, list) else []:
+        if not isinstance(part, Mapping):
+            continue
+        batch = part.get("batch") if isinstance(part.get("batch"), str) else None
+        phase = part.get("phase") if isinstance(part.get("phase"), str) else None
+        state = None
+        due = _count(part.get("dueNs"))
+        if batch is not None and phase == "created":
+            record = store.get(batch)
+            state = str(record.state) if record is not None else None
+        shown.append(
+            {
+                "n": _count(part.get("n")),
+                "first": _count(part.get("first")),
+                "rows": _count(part.get("rows")),
+                "tokens": _count(part.get("tokens")),
+                "phase": phase,
+                "refusals": _count(part.get("refusals")),
+                "batch": batch,
+                "state": state,
+                # A held part refused before backs off until then (docs/jobs.md, "Feeding").
+                "dueAt": format_time(due) if phase == "held" and due and 0 < due < 2**63 else None,
+            }
+        )
+    return shown
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _error(code: str, message: str) -> dict[str, str]:

@@ -11,16 +11,18 @@ its stage here):
    ``final`` (the final merge), ``authority`` (who attached a policy, which inputs it names);
 2. plans (what a root keeps, the pass's vocabulary): ``lineage`` (a root's plan in its retry
    state), ``policy`` (a policy kept beside a record), ``spend`` and ``budget`` (what retries
-   may spend and create), ``jobs`` (a job's parts plan), ``passes`` (what a pass is given and
-   reports, the runner's port);
+   may spend and create), ``room`` (the project's queue as opstate counts it: tokens enqueued
+   per model, batches open, a learned cap), ``jobs`` (a job's parts plan), ``passes`` (what
+   a pass is given and reports, the runner's port);
 3. acting (one step each): ``acting`` (Gemini's word, read before acting), ``inputs``
    (keeping a batch's input), ``finalize`` (step 6), ``cutting`` (step 5's input files),
    ``evidence`` (step 5's reads), ``timeouts`` (step 3), ``adoption`` (what a batch found
-   after a lost create must show to be adopted), ``children`` (step 2: a planned child
-   created at most once), ``submit`` (submitting through opstate), ``feeding`` (a job's held
-   parts created as room frees), ``job_step`` (a job moved one step: feeding, its parts
-   tracked, its final result), ``job_submit`` (an input larger than one batch kept, split and
-   written as a job);
+   after a lost create must show to be adopted), ``child_room`` (a retry batch's room in the
+   project's queue), ``children`` (step 2: a planned child created at most once), ``submit``
+   (submitting through opstate), ``job_rate`` (a job's estimate corrected from its parts'
+   usage), ``feeding`` (a job's held parts created as room frees), ``job_step`` (a job moved
+   one step: feeding, its parts tracked, its final result), ``job_submit`` (an input larger
+   than one batch kept, split and written as a job);
 4. passes: ``engine`` (one pass, steps 1-6), ``wiring`` (from settings; the store narrowed to
    ``RetryPassStore``, the client a ``GeminiClient``).
 

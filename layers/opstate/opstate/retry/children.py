@@ -70,7 +70,7 @@ from opstate.gemini.submit import (
 )
 from opstate.ingest import ingest
 from opstate.observability import count, log_fields, logger
-from opstate.retry import acting, adoption, lineage
+from opstate.retry import acting, adoption, child_room, lineage
 from opstate.retry.budget import Budget
 from opstate.retry.inputs import IntegrityError, verified
 from opstate.retry.passes import LostRace, Runner, said_stopped
@@ -90,6 +90,7 @@ class Creator:
 
     def create_planned(self, root: OpRecord, state: RetryState) -> RetryState:
         """Create every planned child whose claim is free; the root's state afterwards."""
+        state = child_room.free_ended(self.runner, root, state)  # room its ended ones held
         for entry in lineage.unfinished(state.doc):
             if lineage.mutable(state.doc).get("stopped"):
                 break
@@ -110,8 +111,9 @@ class Creator:
                 return state  # another runner holds it, or Gemini asked to wait
         searched_before = int(entry.get("claims") or 0) > 0
         allowed = self.budget.allows(root)
-        if not searched_before and not allowed:
-            return state  # over the deployment's budget: still planned, the root waits
+        held = child_room.hold(runner, entry) if searched_before or allowed else None
+        if held is None:  # over the deployment's budget (still planned, the root waits), or
+            return state  # the project's queue full by opstate's count: nothing spent
         child = _with_nonce(entry)
         before = entry.get("claimedNs")  # the claim before this one (when it was recorded)
         entry.update(
@@ -120,12 +122,12 @@ class Creator:
             claimUntilNs=now + int(runner.config.lease_s * NS_PER_SECOND),
             claimedNs=now,
         )
-        state = runner.write(root, state, doc)
+        state = child_room.claim(runner, (root, state), doc, entry, held)
         try:
             event = self._find(root, entry, before) if searched_before else None
             if event is None:
                 if not allowed:
-                    return self._later(root, state, child, "over the retry budget")
+                    return self._later(root, state, child, "over the retry budget", none=True)
                 state, event = self._create(root, state, child)
                 self.budget.spent(root)
         except (_Ambiguous, IntegrityError) as exc:
@@ -361,14 +363,21 @@ class Creator:
         )
         return self._later(root, state, child, text)
 
-    def _later(self, root: OpRecord, state: RetryState, child: str, text: str) -> RetryState:
-        """The claimed entry ``child`` stays ``creating``, tried again after ``check_s``."""
+    def _later(
+        self, root: OpRecord, state: RetryState, child: str, text: str, none: bool = False
+    ) -> RetryState:
+        """The claimed entry ``child`` stays ``creating``, tried again after ``check_s``
+        (``none``: no batch was made, its room is given back)."""
         retry_at = self.runner.clock_ns() + int(self.runner.config.check_s * NS_PER_SECOND)
+        freed: list[Mapping[str, Any]] = []
 
         def later(doc: dict[str, Any], entry: dict[str, Any]) -> None:
             entry.update(error=text, claimUntilNs=retry_at, refusals=0)
+            freed[:] = child_room.drop(entry) if none else []
 
-        return self._settle(root, state, child, later)
+        state = self._settle(root, state, child, later)
+        child_room.give_back(self.runner, freed)
+        return state
 
     def _stop(self, root: OpRecord, state: RetryState, child: str, why: str) -> RetryState:
         """The lineage stops at the claimed entry ``child``: it and every unfinished entry are
@@ -376,13 +385,18 @@ class Creator:
         runner = self.runner
         text = why[:MAX_ERROR_TEXT]
 
+        freed: list[Mapping[str, Any]] = []
+
         def stopped(doc: dict[str, Any], entry: dict[str, Any]) -> None:
             entry.update(phase=lineage.REFUSED, error=text, claimUntilNs=0)
+            freed[:] = child_room.drop(entry)
             for other in lineage.unfinished(doc):
                 other.update(phase=lineage.REFUSED, error="the lineage stopped", claimUntilNs=0)
+                freed.extend(child_room.drop(other))
             doc["stopped"] = text
 
         state = self._settle(root, state, child, stopped)  # counted once it is recorded
+        child_room.give_back(runner, freed)
         said_stopped(runner, root, text)
         return state
 
@@ -405,12 +419,16 @@ class Creator:
         else:
             retry_at = now + int(backoff_s(refusals, delay_s) * NS_PER_SECOND)
 
+        freed: list[Mapping[str, Any]] = []
+
         def wait(doc: dict[str, Any], entry: dict[str, Any]) -> None:
             entry.update(
                 error=text, claimUntilNs=retry_at, backoffUntilNs=retry_at, refusals=refusals
             )
+            freed[:] = child_room.drop(entry)  # no batch was made: its room is given back
 
         state = self._settle(root, state, child, wait)
+        child_room.give_back(runner, freed)
         runner.result.waiting += 1
         log_fields(
             logger.warning,

@@ -44,7 +44,7 @@ from opstate.gemini.port import GeminiClient
 from opstate.gemini.submit import inlined_requests
 from opstate.observability import count, log_fields, logger
 from opstate.outcomes.sink import Sink, SinkError
-from opstate.retry import evidence, job_step, lineage, spend
+from opstate.retry import child_room, evidence, job_step, lineage, spend
 from opstate.retry.authority import INPUT_UNUSABLE, NOT_UNDER, acting_policy, reads_input
 from opstate.retry.children import Creator
 from opstate.retry.cutting import retry_keys, write_inputs
@@ -203,19 +203,8 @@ class RetryRunner:
     def _note_ended(
         self, root: OpRecord, state: RetryState, records: Mapping[str, OpRecord | None]
     ) -> RetryState:
-        """A created child that ended gets its state in the plan (``state``: the record's,
-        EXPIRED for an expired one), so the root's view shows it finished; written once."""
-        doc = lineage.mutable(state.doc)
-        changed = False
-        for entry in lineage.children(doc):
-            record = records.get(str(entry.get("name")))
-            if entry.get("phase") != lineage.CREATED or record is None or not record.terminal:
-                continue
-            shown = "EXPIRED" if _expired(record) else str(record.state)
-            if entry.get("state") != shown:
-                entry["state"] = shown
-                changed = True
-        return self.write(root, state, doc) if changed else state
+        """Ended children noted, their room in the queue freed (``child_room.ended``)."""
+        return child_room.ended(self, root, state, records)
 
     # -- writes ------------------------------------------------------------------------------
 

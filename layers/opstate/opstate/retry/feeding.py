@@ -49,17 +49,16 @@ from opstate.gemini.submit import (
     upload_jsonl,
 )
 from opstate.observability import count, log_fields, logger
-from opstate.retry import jobs
+from opstate.retry import job_rate, jobs
+from opstate.retry import room as room_count
+from opstate.retry.room import (
+    enqueued,
+    open_slots,
+)
 from opstate.store.counters import CountingStore
 
 # Writes of one change tried against other runners' writes before the step gives up.
 MAX_WRITES = 8
-RESERVED = "job-enqueued:{model}:reserved"
-FREED = "job-enqueued:{model}:freed"
-SLOTS_RESERVED = "job-batches:reserved"
-SLOTS_FREED = "job-batches:freed"
-# A counter's cap when nothing else bounds it (an int64).
-NO_CAP = 2**62
 
 
 class PlanHolder(Protocol):
@@ -98,30 +97,11 @@ class Fed:
     stopped: str | None = None
 
 
-def enqueued(store: CountingStore, model: str) -> int:
-    """The tokens of ``model`` opstate's parts hold in Gemini's queue now."""
-    return store.get_counter(RESERVED.format(model=model)) - store.get_counter(
-        FREED.format(model=model)
-    )
-
-
-def open_slots(store: CountingStore) -> int:
-    return store.get_counter(SLOTS_RESERVED) - store.get_counter(SLOTS_FREED)
-
-
 def _reserve(store: CountingStore, model: str, tokens: int, limits: FeedLimits, cap: int) -> bool:
-    freed = store.get_counter(FREED.format(model=model))
-    if not store.add_counter(RESERVED.format(model=model), tokens, cap + freed):
-        return False
-    if store.add_counter(SLOTS_RESERVED, 1, limits.max_batches + store.get_counter(SLOTS_FREED)):
-        return True
-    store.add_counter(FREED.format(model=model), tokens, NO_CAP)
-    return False
+    return room_count.reserve(store, model, tokens, cap, limits.max_batches)
 
 
-def _free(store: CountingStore, model: str, tokens: int) -> None:
-    store.add_counter(FREED.format(model=model), tokens, NO_CAP)
-    store.add_counter(SLOTS_FREED, 1, NO_CAP)
+_free = room_count.free
 
 
 def _hashing(chunks: Iterable[bytes], digest: Any) -> Iterator[bytes]:
@@ -287,17 +267,22 @@ class Feeder:
 
     def _split(self, plan: Mapping[str, Any], number: int, cap: int) -> None:
         part = jobs.part_of(plan, number)
+        rate = job_rate.rate_of(plan)  # the estimate corrected from the parts' usage
         bounds = Bounds(cap, self.limits.max_file_bytes, self.limits.max_rows)
         # Streams the part's bytes again: memory holds one line at a time.
         lines = lines_of(byte_range(self.source(), part["start"], part["end"]))
         try:
-            pieces = list(split_hashed(lines, bounds, first=part["first"], start=part["start"]))
+            pieces = list(
+                split_hashed(
+                    lines, bounds, first=part["first"], start=part["start"], bytes_per_token=rate
+                )
+            )
         except SplitError as exc:
             why = f"a line is over the cap Gemini taught: {exc}"
             self.change(partial(jobs.stop, why=why))
             self.fed.stopped = why
             raise LostPlan(why) from None
-        self.change(partial(jobs.split, number=number, pieces=pieces))
+        self.change(partial(_split_at, number=number, pieces=pieces, rate=rate))
         self.fed.split += 1
 
     def _create_one(self, plan: Mapping[str, Any], number: int, cap: int) -> bool:
@@ -308,7 +293,7 @@ class Feeder:
         if not _reserve(self.counters, model, tokens, self.limits, cap):
             return False  # another runner took the room: nothing refused, nothing spent
         lease = self.clock_ns() + int(self.limits.lease_s * 1e9)
-        claim = partial(_claim, lease_until_ns=lease)
+        claim = partial(_claim, lease_until_ns=lease, tokens=tokens)
         try:
             self.change(partial(_require, number=number, phase=jobs.HELD, then=claim))
         except LostPlan:
@@ -383,6 +368,7 @@ class Feeder:
             taught = learned_cap(cap, mine.tokens)
             self._release(mine, refused=False)
             self.change(partial(jobs.learn, cap=taught))
+            room_count.learn(self.counters, mine.model, taught)  # the model's next jobs too
             log_fields(
                 logger.warning, "job learned a lower cap", {"model": mine.model, "cap": taught}
             )
@@ -421,8 +407,18 @@ def _uploaded(plan: dict[str, Any], number: int, *, file_name: str) -> None:
     jobs.uploaded(plan, number, file_name)
 
 
-def _claim(plan: dict[str, Any], number: int, *, lease_until_ns: int) -> None:
+def _claim(plan: dict[str, Any], number: int, *, lease_until_ns: int, tokens: int) -> None:
+    if int(jobs.part_of(plan, number)["tokens"]) != tokens:  # recounted since it was reserved
+        raise jobs.PlanError(f"part {number} was counted again")
     jobs.claim(plan, number, lease_until_ns)
+
+
+def _split_at(plan: dict[str, Any], *, number: int, pieces: list[Any], rate: float) -> None:
+    jobs.split(plan, number, pieces)
+    starts = {piece.start for piece in pieces}
+    for part in plan["parts"]:
+        if part["phase"] == jobs.HELD and part["start"] in starts:
+            part[job_rate.RATE] = rate
 
 
 def _adopt(plan: dict[str, Any], number: int, *, batch: str) -> None:

@@ -28,7 +28,7 @@ from opstate.domain.states import State
 from opstate.ingest import ingest
 from opstate.observability import count, log_fields, logger
 from opstate.outcomes.plan import prefix_of
-from opstate.retry import jobs
+from opstate.retry import job_rate, jobs, room
 from opstate.retry.authority import VIA_SUBMIT
 from opstate.retry.feeding import Feeder, FeedLimits, LostPlan, byte_range
 from opstate.retry.finalize import FINAL_KEY, FINAL_LEDGER_KEY, lines_of
@@ -106,6 +106,12 @@ def job_step(runner: Runner, root: OpRecord, state: RetryState) -> bool:
         limits_of(plan),
         clock_ns=runner.clock_ns,
     )
+    taught = job_rate.lesson(plan, store.get_archive)  # the parts' usageMetadata
+    if taught is not None:
+        feeder.change(taught)
+    shared = room.learned(store, plan["model"])  # a cap another job of the model learned
+    if shared is not None and shared < jobs.cap_of(plan, feeder.limits.cap):
+        feeder.change(partial(jobs.learn, cap=shared))
     said = state.doc.get("stopped")
     if said and not plan.get("stopped"):  # ``opstate retry --stop JOB`` (``stop_lineage``)
         feeder.change(partial(jobs.stop, why=str(said)))

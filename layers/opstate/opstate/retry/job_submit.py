@@ -1,11 +1,13 @@
 """Submitting an input larger than one batch as a job (issue 46; docs/jobs.md).
 
-The input is kept first (checked line by line, copied into the sink: ``retry.inputs``), then
-cut into parts under the model's cap, the file bytes and the rows (``domain.parts``; a line
-over a bound is an error naming it, nothing created). An input of one part is no job: the
-caller submits it as a batch, as before. Otherwise the job's record ``jobs/<id>`` is written
-(PENDING) with its plan in its retry state, active and due now, and the first feeding step runs
-at once: what fits is created before the command returns, the rest is held for the retry pass.
+The input is kept first (checked line by line, copied into the sink: ``retry.inputs``; never
+read back), then read again through the sha256 the check found and cut into parts under the
+model's cap, the file bytes and the rows (``domain.parts``; a line over a bound is an error
+naming it, nothing created). An input of one part is no job: the caller submits it as a batch,
+as before. Otherwise the job's record ``jobs/<id>`` is written (PENDING) with its plan in its
+retry state, active and due now, and (``opstate submit``) the first feeding step runs at once:
+what fits is created before the command returns, the rest is held for the retry pass. The
+submit function leaves the feeding to the archiver's pass (its role reads no kept input).
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from opstate.domain.retry import RetryPolicy
 from opstate.domain.states import State
 from opstate.ingest import ingest
 from opstate.outcomes.sink import Sink
-from opstate.retry import jobs
+from opstate.retry import jobs, room
 from opstate.retry.feeding import lines_of
-from opstate.retry.inputs import KeptInput, keep_input
+from opstate.retry.inputs import KeptInput, keep_input, verified
 from opstate.retry.job_step import JOB, JOB_SOURCE
+from opstate.store.counters import CountingStore
 from opstate.store.port import RetryingStore
 from opstate.store.retry_state import RETRY_ACTIVE, RetryState
 
@@ -81,11 +84,19 @@ def submit_job(
     ``jobs.PlanError`` for an input that cannot be a job (nothing created)."""
     if not model.strip():
         raise ValueError("a model is required (--model)")
-    kept = keep_input(source, sink, max_line_bytes)
+    # Nothing kept is read back (as ``retry.submit``): the submit function's role reads its
+    # input under incoming/, never a kept input. The split reads the input a third time,
+    # through the sha256 the check found (a source changed since is refused: nothing made).
+    kept = keep_input(source, sink, max_line_bytes, reuse=False)
     model = model_id(model)
     cap = limits.enqueued_cap(model)
-    bounds = Bounds(cap, limits.submit_max_file_bytes, limits.submit_max_rows)
-    parts = list(split_hashed(lines_of(sink.chunks(kept.location)), bounds))
+    # A cap a refusal taught an earlier job of the model (``opstate.retry.room``) is where
+    # this one starts; a configured cap below it wins.
+    taught = room.learned(store, model) if isinstance(store, CountingStore) else None
+    split_cap = min(cap, taught) if taught is not None else cap
+    bounds = Bounds(split_cap, limits.submit_max_file_bytes, limits.submit_max_rows)
+    read = verified(source(), kept.sha256, "the input")
+    parts = list(split_hashed(lines_of(read), bounds))
     if len(parts) <= 1:
         return None
     job_id = job_id_of(kept.sha256, model, display_name)
@@ -96,6 +107,8 @@ def submit_job(
         return JobSubmitted(name, len(found.doc[JOB]["parts"]), kept, created=False)
     plan = jobs.new_plan(job_id, model, kept.as_dict(), parts)
     plan["policy"] = policy.as_doc()
+    if split_cap < cap:
+        jobs.learn(plan, split_cap)
     plan["limits"] = {
         "cap": cap,
         "maxBatches": limits.submit_max_batches,

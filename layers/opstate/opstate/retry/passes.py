@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from opstate.config import DEFAULT_SUBMIT_MAX_BATCHES, TIER1_ENQUEUED_TOKENS
 from opstate.domain.model import OpRecord
 from opstate.gemini.port import GeminiClient
 from opstate.observability import count, log_fields, logger
@@ -34,6 +35,10 @@ class RetryConfig:
     input_prefixes: tuple[str, ...] = ()
     # What retries may spend over every lineage in a UTC day (US dollars; None: no cap).
     daily_budget_usd: float | None = None
+    # The project's queue (``OPSTATE_SUBMIT_*``; ``opstate.retry.room``): a retry batch takes
+    # its tokens of its model's cap and a batch slot, as a job's part does.
+    submit_caps: tuple[tuple[str, int], ...] = TIER1_ENQUEUED_TOKENS
+    submit_max_batches: int = DEFAULT_SUBMIT_MAX_BATCHES
 
 
 @dataclass

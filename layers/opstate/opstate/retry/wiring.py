@@ -33,6 +33,8 @@ def config_from(settings: Settings) -> RetryConfig:
         max_batches_per_hour=settings.retry_max_batches_per_hour,
         input_prefixes=settings.retry_input_prefixes,
         daily_budget_usd=settings.retry_daily_budget_usd,
+        submit_caps=settings.submit_enqueued_tokens,
+        submit_max_batches=settings.submit_max_batches,
     )
 
 
@@ -102,11 +104,13 @@ def submit_from_settings(
     display_name: str = "",
     store: Store | None = None,
     progress: ProgressHook | None = None,
+    feed: bool = True,
 ) -> Submitted | JobSubmitted:
     """``opstate submit`` and the submit function: keep, upload, create, track
     (``progress``: told each stage's bytes, ``retry.submit.ProgressHook``); an input
     larger than one batch allows is a job (``retry.job_submit``, docs/jobs.md), whose first
-    feeding step runs at once."""
+    feeding step runs at once unless ``feed`` is False (the submit function: feeding reads
+    the kept input, which its role may not; the archiver's pass feeds the job, due now)."""
     from opstate.retry.inputs import source_chunks
 
     with _opened(settings, store) as (used, sink, client):
@@ -121,7 +125,8 @@ def submit_from_settings(
             max_line_bytes=settings.results_max_line_mib * MiB,
         )
         if job is not None:
-            retry_once(used, sink, client, config_from(settings), names=[job.name], every=True)
+            if feed:
+                retry_once(used, sink, client, config_from(settings), names=[job.name], every=True)
             return job
         return submit(
             used,
@@ -198,7 +203,7 @@ def submit_event(settings: Settings, request: Any) -> dict[str, Any]:
         raise SubmitRefusedError(str(exc)) from None
     try:
         done = submit_from_settings(
-            settings, source=source, model=model, policy=policy, display_name=display
+            settings, source=source, model=model, policy=policy, display_name=display, feed=False
         )
     except (InputError, SplitError, PlanError) as exc:
         raise SubmitRefusedError(f"nothing submitted: {exc}") from None

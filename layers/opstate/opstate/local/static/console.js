@@ -282,7 +282,8 @@
         add("Archived", formatTime(results.archivedAt));
         for (const o of results.objects) add("Object", o.location + " (" + o.bytes + " bytes)");
       }
-      retryFields(record, data.final, add);
+      if (record.retry && record.retry.job) jobFields(record.retry, data.parts || [], data.final, add);
+      else retryFields(record, data.final, add);
     } else {
       add("Record", "not stored (every event was dropped)");
     }
@@ -336,10 +337,7 @@
     status.append(badge(retry.status, "retry-" + retry.status));
     if (retry.reason) status.append(" " + retry.reason);
     add("Retry", status);
-    const p = retry.policy;
-    add("Retry policy", p.maxAttempts + " retries per key, resubmit expired: " + (p.resubmitExpired ? "yes" : "no") +
-      ", pending timeout: " + (p.pendingTimeoutHours != null ? p.pendingTimeoutHours + " h" : "off") +
-      (p.maxCostUSD != null ? ", max cost: $" + p.maxCostUSD : ""));
+    add("Retry policy", policyText(retry.policy));
     const list = document.createElement("ul");
     list.className = "lineage";
     for (const child of retry.children) {
@@ -350,6 +348,65 @@
     }
     add("Retry batches", retry.children.length ? list : "none yet");
     if (retry.input) add("Kept input", retry.input);
+    finalFields(final, add, "Lineage cost");
+  }
+
+  function policyText(p) {
+    return p.maxAttempts + " retries per key, resubmit expired: " + (p.resubmitExpired ? "yes" : "no") +
+      ", pending timeout: " + (p.pendingTimeoutHours != null ? p.pendingTimeoutHours + " h" : "off") +
+      (p.maxCostUSD != null ? ", max cost: $" + p.maxCostUSD : "");
+  }
+
+  // A job (docs/jobs.md): its parts per phase, the tokens it holds enqueued against the
+  // model's cap, what it waits for, each part (its batch opens its own view) and its final
+  // result over the whole input.
+  function jobFields(retry, parts, final, add) {
+    const job = retry.job;
+    // active, stopped (with why), unavailable or final: never off (domain.retry.retry_view).
+    const status = document.createElement("span");
+    status.id = "job-status";
+    status.append(badge(retry.status, "retry-" + retry.status));
+    if (retry.reason) status.append(" " + retry.reason);
+    add("Job", status);
+    add("Model", job.model);
+    add("Rows", job.rows);
+    const phases = job.parts || {};
+    const open = {};
+    for (const part of parts) if (part.phase === "created" && part.state) open[part.state] = (open[part.state] || 0) + 1;
+    const states = Object.entries(open).map(([s, n]) => n + " " + s.toLowerCase()).join(", ");
+    const phaseText = document.createElement("span");
+    phaseText.id = "job-phases";
+    phaseText.textContent = ["held", "creating", "created", "ended"]
+      .map((phase) => phase + " " + (phases[phase] || 0) + (phase === "created" && states ? " (" + states + ")" : ""))
+      .join(" · ");
+    add("Parts", phaseText);
+    let tokens = job.enqueuedTokens + " of " + (job.cap != null ? job.cap : "unknown") + " (the model's cap)";
+    if (job.learnedCap != null) tokens += "; cap learned from Gemini's refusal: " + job.learnedCap;
+    add("Enqueued tokens", tokens);
+    add("Waiting for", job.waitingFor);
+    if (job.stopped) add("Stopped", job.stopped);
+    add("Policy", policyText(retry.policy));
+    if (retry.input) add("Kept input", retry.input);
+    const list = document.createElement("ul");
+    list.className = "lineage";
+    list.id = "job-parts";
+    for (const part of parts) {
+      const li = document.createElement("li");
+      li.append("part " + part.n + " · ");
+      li.append(part.batch ? nameLink(part.batch) : "(no batch yet)");
+      const lines = part.first != null && part.rows != null ? "lines " + (part.first + 1) + "-" + (part.first + part.rows) : "";
+      li.append(" · " + part.phase + (part.state ? " " + part.state : "") + (lines ? " · " + lines : "") +
+        (part.tokens != null ? " · " + part.tokens + " tokens" : "") +
+        (part.refusals ? " · refused " + part.refusals + "×" : "") +
+        (part.dueAt ? " · tries again at " + formatTime(part.dueAt) : ""));
+      list.append(li);
+    }
+    add("Job parts", parts.length ? list : "none");
+    finalFields(final, add, "Job cost");
+  }
+
+  // A lineage's or a job's final result: pending, unavailable, or its counts and location.
+  function finalFields(final, add, costLabel) {
     if (!final) return;
     if (final.status === "unavailable") { add("Final result", "unavailable: " + (final.reason || "")); return; }
     if (final.status !== "final") { add("Final result", "pending"); return; }
@@ -360,7 +417,7 @@
     add("Attempts", final.attempts);
     if (final.cost) {
       const c = final.cost;
-      add("Lineage cost", costText(c) + (c.retries_usd != null ? "; retries added $" + c.retries_usd : ""));
+      add(costLabel, costText(c) + (c.retries_usd != null ? "; retries added $" + c.retries_usd : ""));
     }
     if (final.stopped) add("Stopped", final.stopped);
     add("Final result", final.location);
