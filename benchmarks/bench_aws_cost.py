@@ -632,13 +632,39 @@ class Day:
             "reconcile": self.reconcile,
         }
         end = DAY_START_S + self.sizes.hours * 3600
+        hour, started = 0, time.perf_counter()
         while self.queue:
             t, _, kind, payload = heapq.heappop(self.queue)
             if t >= end and kind != "webhook":
                 continue
+            if int((t - DAY_START_S) // 3600) > hour:
+                hour = int((t - DAY_START_S) // 3600)
+                self.progress(hour, time.perf_counter() - started)
             self.travel(t)
             handlers[kind](payload)
             self.settle()
+
+    def progress(self, hour: int, wall_s: float) -> None:
+        """One line on stderr per simulated hour: the counts so far (a day cut short by a
+        deadline still says how far it got and what it had counted)."""
+        mine = [i for i in self.functions.invocations if i.function == "reconcile"]
+        with METER.lock:
+            rru = sum(v for k, v in METER.rru.items() if k != "harness" and "@" not in k)
+            wru = sum(v for k, v in METER.wru.items() if k != "harness" and "@" not in k)
+            gsi = sum(v for k, v in METER.gsi_wru.items() if k != "harness" and "@" not in k)
+        so_far = {
+            "hour": hour,
+            "wall_s": round(wall_s),
+            "jobs": self.counts["submitted_batch"] + self.counts["submitted_video"],
+            "counts": dict(self.counts),
+            "reconcile_runs": len(mine),
+            "reconcile_cpu_ms": round(sum(i.cpu_ms for i in mine)),
+            "rru": round(rru, 1),
+            "wru_table": round(wru, 1),
+            "wru_indexes": round(gsi, 1),
+            "events": sum(self.event_entries),
+        }
+        print(json.dumps(so_far), file=sys.stderr, flush=True)
 
     def submit(self, job: Job) -> None:
         now = time.time()
