@@ -211,7 +211,12 @@ def test_the_submit_function_has_its_own_role_concurrency_and_memory(
         "SubmitMarkers",
         "KeptInputsListing",
         "GeminiApiKeySecret",
+        "NudgeArchiver",
     }
+    # A new job is handed to the archiver at once: it may invoke the archiver, nothing else.
+    assert actions(by_sid["NudgeArchiver"]) == {"lambda:InvokeFunction"}
+    assert by_sid["NudgeArchiver"]["Resource"] == {"Fn::GetAtt": ["ArchiverFunction", "Arn"]}
+    assert env["OPSTATE_ARCHIVER_FUNCTION"] == {"Ref": "ArchiverFunction"}
     reads = [
         s for s in by_sid.values() if actions(s) & {"s3:GetObject", "s3:GetObjectVersion", "s3:*"}
     ]

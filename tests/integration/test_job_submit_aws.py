@@ -11,6 +11,7 @@ end of the process) raised after the copy or after the job's record."""
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ import pytest
 from opstate.config import Settings
 from opstate.retry import job_submit
 from opstate.retry.job_step import JOB
-from opstate.retry.wiring import retry_from_settings, submit_event
+from opstate.retry.wiring import retry_from_settings, submit_event, submit_request
 from tests.integration.test_job_dynamodb import MODEL
 from tests.integration.test_job_feeding import CAP, big_input
 from tests.integration.test_notify import Rig, rig
@@ -101,6 +102,30 @@ def test_the_submit_function_reads_only_what_its_role_allows(
     assert state is not None and state.active
     retry_from_settings(deployed(rig), store=rig.store, names=[submitted["name"]])
     assert len(fake_gemini.batches_created()) == 1
+
+
+def test_the_submit_function_hands_a_new_job_to_the_archiver_at_once(
+    aws: tuple[Rig, Any], fake_gemini: FakeGemini
+) -> None:
+    """The archiver's pass creates a job's parts; the re-drive looks every 15 minutes when
+    nothing was due (issue 48), so the submit function invokes the archiver itself, naming the
+    job. A batch that fits one part needs no nudge (created by the submit itself)."""
+    rig, s3 = aws
+    s3.put_object(Bucket=BUCKET, Key=INPUT_KEY, Body=big_input(600))
+    fake_gemini.limits = QueueLimits(enqueued_tokens={MODEL: CAP})
+    archiver = "arn:aws:lambda:us-east-1:123456789012:function:archiver"
+    config = dataclasses.replace(deployed(rig), archiver_function=archiver)
+    calls: list[tuple[str, bytes]] = []
+    request = {"input": f"s3://{BUCKET}/{INPUT_KEY}", "model": MODEL, "retry": {"maxAttempts": 1}}
+    submitted = submit_request(
+        config, {"submit": request}, invoke=lambda f, p: calls.append((f, p))
+    )
+    assert submitted["name"].startswith("jobs/")
+    assert [(f, json.loads(p)["first"]) for f, p in calls] == [(archiver, submitted["name"])]
+    s3.put_object(Bucket=BUCKET, Key="incoming/small.jsonl", Body=big_input(2))
+    small = {"input": f"s3://{BUCKET}/incoming/small.jsonl", "model": MODEL}
+    one = submit_request(config, {"submit": small}, invoke=lambda f, p: calls.append((f, p)))
+    assert one["name"].startswith("batches/") and len(calls) == 1
 
 
 @pytest.mark.parametrize("where", ["after-copy", "after-record"])

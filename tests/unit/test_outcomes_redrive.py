@@ -193,3 +193,23 @@ def test_the_cadence_looks_again_at_the_next_run_after_a_failed_invocation() -> 
         cadence=cadence,
     )
     assert store.looks == 2 and len(calls) == 1
+
+
+def test_a_nudge_hands_the_archiver_its_first_name_and_never_raises() -> None:
+    """The submit function's new job: the archiver is invoked at once (asynchronously), naming
+    the job; no archiver configured, no call; a failed invoke is logged, not raised (the job
+    stays due and the re-drive finds it)."""
+    from opstate.outcomes.redrive import nudge
+
+    calls: list[tuple[str, bytes]] = []
+    assert not nudge(Settings(), "jobs/j1", invoke=lambda f, p: calls.append((f, p)))
+    assert calls == []
+    assert nudge(CONFIGURED, "jobs/j1", invoke=lambda f, p: calls.append((f, p)))
+    ((function, payload),) = calls
+    assert function == CONFIGURED.archiver_function
+    assert json.loads(payload) == {"source": "gemini-opstate.submit", "first": "jobs/j1"}
+
+    def broken(function: str, payload: bytes) -> None:
+        raise RuntimeError("throttled")
+
+    assert not nudge(CONFIGURED, "jobs/j1", invoke=broken)

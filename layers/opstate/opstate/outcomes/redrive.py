@@ -115,6 +115,24 @@ def redrive(
     return True
 
 
+def nudge(settings: Settings, first: str, *, invoke: Invoke | None = None) -> bool:
+    """Hand the archiver work that is due now, without waiting for the re-drive's cadence:
+    the submit function's new job (its parts are created by the archiver's pass; at the
+    cadence the first would wait up to ``REDRIVE_EVERY_S`` plus a run). True when invoked.
+    Never raises: a missed nudge leaves the job due, and the re-drive still finds it."""
+    function = settings.archiver_function
+    if not function:
+        return False
+    payload = json.dumps({"source": "gemini-opstate.submit", "first": first})
+    try:
+        (invoke or _lambda_invoke)(function, payload.encode())
+    except Exception as exc:  # the re-drive finds the due job later
+        log_fields(logger.warning, "archiver nudge failed", {"error": str(exc)[:200]})
+        return False
+    log_fields(logger.info, "archiver nudged", {"first": first})
+    return True
+
+
 def _retry_due(store: Store, now_ns: int) -> str | None:
     """The first root whose retry step is due (``opstate.retry``: a child to create again, a
     pending timeout, a lineage to finish), or None: the archiver's pass runs the retry pass

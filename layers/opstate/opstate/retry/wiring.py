@@ -165,14 +165,24 @@ def roots_of(store: Store, names: list[str]) -> list[str]:
     return list(dict.fromkeys(roots))
 
 
-def submit_request(settings: Settings, event: Any) -> dict[str, Any]:
+def submit_request(
+    settings: Settings, event: Any, invoke: Callable[[str, bytes], None] | None = None
+) -> dict[str, Any]:
     """The submit function's event (``{"submit": {...}}``) submitted (``submit_event``);
-    ``SubmitRefusedError`` for any other event (nothing created)."""
+    ``SubmitRefusedError`` for any other event (nothing created). A job is handed to the
+    archiver at once (``outcomes.redrive.nudge``, through ``invoke``: its pass creates the
+    parts), not left for the re-drive's 15-minute cadence."""
     if not isinstance(event, dict) or set(event) != {"submit"}:
         raise SubmitRefusedError(
             'the submit function takes {"submit": {"input": "s3://...", "model": ...}}'
         )
-    return submit_event(settings, event["submit"])
+    submitted = submit_event(settings, event["submit"])
+    name = submitted.get("name")
+    if isinstance(name, str) and name.startswith("jobs/"):
+        from opstate.outcomes.redrive import nudge
+
+        nudge(settings, name, invoke=invoke)
+    return submitted
 
 
 def submit_event(settings: Settings, request: Any) -> dict[str, Any]:
