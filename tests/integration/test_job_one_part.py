@@ -1,0 +1,160 @@
+"""A batch submitted alone in the project's queue (issue 46; docs/jobs.md, "A batch submitted
+alone"): ``opstate submit`` of an input that fits one part takes its tokens and a batch slot in
+the counters a job's parts and retry batches take, frees them when its batch ends, and, when
+the queue has no room (by opstate's count, or a full queue's 429 at Gemini), is held as a job
+of one part instead of failing. SQLite store, results folder, the real google-genai client and
+the fake Gemini enforcing the Batch API's limits, counting tokens as opstate estimates them (so
+that its peak is opstate's own count)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opstate.retry.job_step import JOB
+from opstate.retry.solo_room import RESERVED, ROOM_ONLY
+from opstate.store.retry_state import RETRY_DONE
+from tests.integration.test_job_feeding import CAP, big_input
+from tests.integration.test_job_retry_room import (
+    MODEL,
+    OTHER,
+    counted,
+    finish_all,
+    half_bytes,
+    submit_job_of,
+)
+from tests.integration.test_retry_engine import Rig, make_rig
+from tests.support.fake_gemini import FakeGemini
+from tests.support.fake_gemini_limits import QueueLimits, queue_full_body
+from tests.support.retry_rows import answered, request_bytes, write_input
+
+
+@pytest.fixture
+def rig(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: Any, fake_gemini: FakeGemini
+) -> Iterator[Rig]:
+    monkeypatch.setenv("OPSTATE_SUBMIT_ENQUEUED_TOKENS", f"{MODEL}={CAP},{OTHER}={CAP}")
+    yield from make_rig(monkeypatch, tmp_path, capsys, fake_gemini)
+
+
+KEYS = [f"small-{i}-" + "y" * 100 for i in range(5)]
+
+
+def submitted(rig: Rig, keys: list[str], *flags: str) -> dict[str, Any]:
+    """``opstate submit FILE --model MODEL --json`` of ``keys``: exit 0, its JSON."""
+    rig.inputs += 1
+    source = write_input(rig.tmp_path / f"small-{rig.inputs}.jsonl", keys)
+    answer = rig.cli("submit", str(source), "--model", MODEL, *flags, "--json")
+    assert answer.code == 0, answer.err
+    found: dict[str, Any] = answer.json()
+    return found
+
+
+def test_a_one_part_submit_into_a_full_queue_is_held_then_created_when_room_frees(
+    rig: Rig,
+) -> None:
+    # A job's first part holds nearly the whole cap; the fake enforces it from here on.
+    rig.fake.limits = QueueLimits(count_tokens=half_bytes)
+    job = submit_job_of(rig, big_input(600), MODEL)
+    rig.run()
+    first = list(rig.fake.batches_created())
+    assert len(first) == 1
+    rig.fake.limits.enqueued_tokens[MODEL] = CAP
+    # The old code created a plain batch here: Gemini refused it (exit 1, nothing held).
+    answer = submitted(rig, KEYS)
+    name = answer["name"]
+    assert name.startswith("jobs/") and answer["parts"] == 1
+    assert rig.fake.limits.refusals == []  # nothing sent over the cap
+    assert rig.fake.batches_created() == first
+    (part,) = rig.state(name).doc[JOB]["parts"]
+    assert part["phase"] == "held"
+    finish_all(rig, [job, name])  # every pass: opstate's count within the cap
+    assert rig.fake.limits.refusals == []
+    assert rig.fake.limits.peak_tokens[MODEL] <= CAP
+    (part,) = rig.state(name).doc[JOB]["parts"]
+    assert rig.fake.batch_input(part["batch"]) == b"".join(request_bytes(k) for k in KEYS)
+    assert counted(rig) == (0, 0)
+
+
+def test_a_one_part_submit_with_room_is_todays_batch_counted_until_it_ends(rig: Rig) -> None:
+    rig.fake.limits = QueueLimits(enqueued_tokens={MODEL: CAP}, count_tokens=half_bytes)
+    answer = submitted(rig, KEYS)
+    # Today's shape: the batch's own name and the same keys.
+    name = answer["name"]
+    assert name.startswith("batches/")
+    assert set(answer) == {
+        "name",
+        "state",
+        "created",
+        "displayName",
+        "input",
+        "retry",
+        "retryBatchesAtMost",
+    }
+    state = rig.state(name)
+    held = state.doc[RESERVED]
+    assert held["model"] == MODEL and 0 < held["tokens"] <= CAP
+    assert counted(rig) == (held["tokens"], 1)
+    # Beside it, a job's parts take only what is left: its first part is held.
+    job = submit_job_of(rig, big_input(600), MODEL)
+    rig.run()
+    assert rig.fake.batches_created() == [name]
+    assert rig.state(job).doc[JOB]["parts"][0]["phase"] == "held"
+    # Not ended: nothing freed, the part still held.
+    rig.run()
+    assert counted(rig) == (held["tokens"], 1)
+    assert rig.fake.batches_created() == [name]
+    rig.finish(name, [answered(k) for k in KEYS])
+    finish_all(rig, [job])
+    assert rig.fake.limits.refusals == []
+    assert rig.fake.limits.peak_tokens[MODEL] <= CAP
+    state = rig.state(name)
+    assert state.doc[RESERVED] == {**held, "freed": True}
+    assert state.status == RETRY_DONE and ROOM_ONLY not in state.doc
+    assert counted(rig) == (0, 0)
+
+
+def test_a_one_part_submit_gemini_refuses_for_a_full_queue_is_held_not_failed(
+    rig: Rig,
+) -> None:
+    # opstate's count has room, Gemini's queue has not (a batch opstate does not count): the
+    # create is answered with a full queue's 429 (queue_full_body: the generic sentence, no
+    # RetryInfo). The old code: "opstate: error: Gemini: RESOURCE_EXHAUSTED ...", exit 1.
+    rig.fake.limits = QueueLimits(count_tokens=half_bytes)
+    rig.fake.fail_create(429, body=queue_full_body(), times=1)
+    answer = submitted(rig, KEYS)
+    name = answer["name"]
+    assert name.startswith("jobs/") and answer["parts"] == 1
+    assert rig.fake.batches_created() == []
+    assert counted(rig) == (0, 0)  # the refused create's room given back
+    marker = next((rig.tmp_path / "results" / "inputs").glob("*/submit-*.json"))
+    assert RESERVED not in json.loads(marker.read_bytes())
+    finish_all(rig, [name])
+    (part,) = rig.state(name).doc[JOB]["parts"]
+    assert part["phase"] == "ended"
+    assert counted(rig) == (0, 0)
+
+
+def test_a_batch_submitted_before_this_release_frees_nothing(rig: Rig) -> None:
+    # A batch kept with no reservation (0.6.0, or the code before): its end frees nothing.
+    rig.fake.limits = QueueLimits(count_tokens=half_bytes)
+    name = submitted(rig, KEYS)["name"]
+    store = rig.store()
+    try:
+        state = store.get_retry(name)
+        assert state is not None
+        held = state.doc[RESERVED]
+        doc = {k: v for k, v in state.doc.items() if k not in (RESERVED, ROOM_ONLY)}
+        assert store.set_retry(name, state.rev, replace(state, doc=doc, status=RETRY_DONE))
+        # What another runner holds stays held: the old batch's end gives none of it back.
+    finally:
+        store.close()
+    rig.finish(name, [answered(k) for k in KEYS])
+    rig.run()
+    assert counted(rig) == (held["tokens"], 1)
+    assert RESERVED not in rig.state(name).doc
