@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from opstate.retry.job_step import JOB
-from opstate.retry.solo_room import RESERVED, ROOM_ONLY
+from opstate.retry.solo_room import RESERVED
 from opstate.store.retry_state import RETRY_DONE
 from tests.integration.test_job_feeding import CAP, big_input
 from tests.integration.test_job_retry_room import (
@@ -115,7 +115,7 @@ def test_a_one_part_submit_with_room_is_todays_batch_counted_until_it_ends(rig: 
     assert rig.fake.limits.peak_tokens[MODEL] <= CAP
     state = rig.state(name)
     assert state.doc[RESERVED] == {**held, "freed": True}
-    assert state.status == RETRY_DONE and ROOM_ONLY not in state.doc
+    assert state.status == RETRY_DONE
     assert counted(rig) == (0, 0)
 
 
@@ -149,7 +149,7 @@ def test_a_batch_submitted_before_this_release_frees_nothing(rig: Rig) -> None:
         state = store.get_retry(name)
         assert state is not None
         held = state.doc[RESERVED]
-        doc = {k: v for k, v in state.doc.items() if k not in (RESERVED, ROOM_ONLY)}
+        doc = {k: v for k, v in state.doc.items() if k != RESERVED}
         assert store.set_retry(name, state.rev, replace(state, doc=doc, status=RETRY_DONE))
         # What another runner holds stays held: the old batch's end gives none of it back.
     finally:
@@ -158,3 +158,22 @@ def test_a_batch_submitted_before_this_release_frees_nothing(rig: Rig) -> None:
     rig.run()
     assert counted(rig) == (held["tokens"], 1)
     assert RESERVED not in rig.state(name).doc
+
+
+def test_a_counted_batch_keeps_its_policy_rules_stop_and_track_as_before(rig: Rig) -> None:
+    # Held active only for its room: no policy to stop (as before), and a policy tracked later
+    # retries its failed rows after the room is freed.
+    from tests.support.retry_rows import failed
+
+    rig.fake.limits = QueueLimits(count_tokens=half_bytes)
+    name = submitted(rig, KEYS)["name"]
+    stop = rig.cli("retry", "--stop", name)
+    assert stop.code != 0 and "off: nothing to stop" in stop.err
+    assert rig.cli("track", name, "--retry-attempts", "1").code == 0
+    rig.finish(name, [failed(k, 503, "UNAVAILABLE") for k in KEYS])
+    rig.run()
+    state = rig.state(name)
+    assert state.doc[RESERVED]["freed"] is True
+    (child,) = state.doc["children"]
+    assert child["phase"] == "created" and child["reserved"]["tokens"] > 0
+    assert counted(rig) == (child["reserved"]["tokens"], 1)

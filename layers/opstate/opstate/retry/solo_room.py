@@ -10,9 +10,10 @@ tokens of its model's cap and a batch slot in the counters a job's parts and ret
 - No room by opstate's count, or a create Gemini refuses for a full queue (429, not money): the
   input becomes a job of one part (``retry.job_submit``), held and fed by the pass as room frees.
 - Created: the reservation is written in the batch's retry state (``reserved``:
-  ``{"model", "tokens"}``), which stays ``active`` (``roomOnly`` when no retry policy asks for
-  anything) until the pass, seeing the batch terminal, writes it ``freed`` and gives it back
-  (``settle``); never on a cancel alone (python-genai #2495).
+  ``{"model", "tokens"}``), which stays ``active`` (even when no retry policy asks for
+  anything: then the pass does nothing else for it) until the pass, seeing the batch
+  terminal, writes it ``freed`` and gives it back (``settle``); never on a cancel alone
+  (python-genai #2495).
 - Batches submitted by 0.6.0 or before this release recorded nothing: they free nothing.
 """
 
@@ -24,6 +25,7 @@ from typing import Any
 from opstate.config import SubmitSettings, model_id
 from opstate.domain.model import OpRecord
 from opstate.domain.refusals import Refusal
+from opstate.domain.retry import enabled, policy_of
 from opstate.gemini.errors import GatewayError
 from opstate.gemini.submit import create_refusal
 from opstate.retry import room
@@ -33,8 +35,6 @@ from opstate.store.port import RetryingStore
 from opstate.store.retry_state import RETRY_ACTIVE, RETRY_DONE, RetryState
 
 RESERVED = "reserved"
-# The state is active only to free the batch's room (no retry policy asks for anything).
-ROOM_ONLY = "roomOnly"
 NS_PER_SECOND = 1_000_000_000
 WRITE_TRIES = 4
 
@@ -98,7 +98,7 @@ def queue_full(exc: BaseException) -> bool:
 
 def record(store: RetryingStore, name: str, created_ns: int, held: Mapping[str, Any]) -> None:
     """Write ``held`` into the retry state of the batch ``name`` (kept just before by
-    ``attach_policy``); a state that is ``done`` (no policy) is made active ``roomOnly``."""
+    ``attach_policy``); a state that is ``done`` (no policy) is made active."""
     found = live(held)
     if found is None:
         return
@@ -109,23 +109,20 @@ def record(store: RetryingStore, name: str, created_ns: int, held: Mapping[str, 
         if live(state.doc.get(RESERVED)) is not None or state.doc.get(RESERVED):
             return  # recorded already (a call found again)
         doc = {**state.doc, RESERVED: dict(found)}
-        status, due = state.status, state.due_ns
-        if status == RETRY_DONE:
-            doc[ROOM_ONLY] = True
-            status = RETRY_ACTIVE
-        written = RetryState(status, created_ns=created_ns, due_ns=due, doc=doc)
+        due = state.due_ns if state.status == RETRY_ACTIVE else 0
+        written = RetryState(RETRY_ACTIVE, created_ns=created_ns, due_ns=due, doc=doc)
         if store.set_retry(name, state.rev, written):
             return
 
 
 def settle(runner: Runner, root: OpRecord, state: RetryState) -> RetryState | None:
     """A root holding a batch's reservation: once the batch is terminal, the reservation is
-    written ``freed`` (and a ``roomOnly`` state ``done``), then given back. None when the pass
-    has nothing more to do for the root (a ``roomOnly`` state)."""
+    written ``freed`` (and the state ``done`` when no policy asks for retries), then given
+    back. None when the pass has nothing more to do for the root (no policy)."""
     held = live(state.doc.get(RESERVED))
-    only = bool(state.doc.get(ROOM_ONLY))
-    if held is None and not only:
+    if held is None:
         return state
+    only = not enabled(policy_of(state.doc))
     if not root.terminal:
         if not only:
             return state
@@ -133,11 +130,8 @@ def settle(runner: Runner, root: OpRecord, state: RetryState) -> RetryState | No
         if state.due_ns <= runner.clock_ns():
             runner.write(root, state, state.doc, due_ns=due)
         return None
-    doc = dict(state.doc)
-    if held is not None:
-        doc[RESERVED] = {**held, "freed": True}
+    doc = {**state.doc, RESERVED: {**held, "freed": True}}
     if only:
-        doc.pop(ROOM_ONLY, None)
         runner.write(root, state, doc, status=RETRY_DONE, due_ns=0)
         give_back(runner.store, held)
         return None
