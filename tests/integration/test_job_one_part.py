@@ -177,3 +177,27 @@ def test_a_counted_batch_keeps_its_policy_rules_stop_and_track_as_before(rig: Ri
     (child,) = state.doc["children"]
     assert child["phase"] == "created" and child["reserved"]["tokens"] > 0
     assert counted(rig) == (child["reserved"]["tokens"], 1)
+
+
+def test_waiting_for_the_final_result_of_a_counted_batch_without_a_policy_is_as_before(
+    rig: Rig,
+) -> None:
+    # Its state is active only to free its room: ``wait --until final`` answers once the batch
+    # is archived, as for any batch without a policy, not once a pass has freed the room.
+    rig.fake.limits = QueueLimits(count_tokens=half_bytes)
+    name = submitted(rig, KEYS)["name"]
+    rig.finish(name, [answered(k) for k in KEYS])
+    waited = rig.cli("wait", name, "--until", "final", "--timeout", "2", "--json")
+    assert waited.code == 0, waited.err
+    assert counted(rig)[1] == 1  # no pass ran: the room is freed by the next one
+    # The same answer as for the batch kept as before this release (no reservation: done).
+    store = rig.store()
+    try:
+        state = store.get_retry(name)
+        assert state is not None
+        doc = {k: v for k, v in state.doc.items() if k != RESERVED}
+        assert store.set_retry(name, state.rev, replace(state, doc=doc, status=RETRY_DONE))
+    finally:
+        store.close()
+    before = rig.cli("wait", name, "--until", "final", "--timeout", "2", "--json")
+    assert before.code == 0 and before.json() == waited.json()
