@@ -201,3 +201,26 @@ def test_waiting_for_the_final_result_of_a_counted_batch_without_a_policy_is_as_
         store.close()
     before = rig.cli("wait", name, "--until", "final", "--timeout", "2", "--json")
     assert before.code == 0 and before.json() == waited.json()
+
+
+def test_a_submit_left_without_its_create_answer_reuses_its_recorded_room_once(rig: Rig) -> None:
+    # A 503 on the create (the batch may exist): the room stays recorded in the marker and
+    # counted; the same submit run again uses it (no second reservation) and the batch's end
+    # gives it back once.
+    rig.fake.limits = QueueLimits(count_tokens=half_bytes)
+    rig.fake.fail_create(503, times=1)
+    source = write_input(rig.tmp_path / "again.jsonl", KEYS)
+    first = rig.cli("submit", str(source), "--model", MODEL, "--json")
+    assert first.code != 0
+    marker = next((rig.tmp_path / "results" / "inputs").glob("*/submit-*.json"))
+    held = json.loads(marker.read_bytes())[RESERVED]
+    assert counted(rig) == (held["tokens"], 1)
+    again = rig.cli("submit", str(source), "--model", MODEL, "--json")
+    assert again.code == 0, again.err
+    name = again.json()["name"]
+    assert name.startswith("batches/") and counted(rig) == (held["tokens"], 1)
+    assert rig.state(name).doc[RESERVED] == held
+    rig.finish(name, [answered(k) for k in KEYS])
+    rig.run()
+    rig.run()
+    assert counted(rig) == (0, 0)
