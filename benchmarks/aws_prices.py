@@ -56,9 +56,12 @@ PRICES: dict[str, Price] = {
     "lambda_gb_s_x86_64": Price(0.0000166667, 1, "Lambda GB-seconds (x86_64)", LAMBDA),
     "lambda_gb_s_arm64": Price(0.0000133334, 1, "Lambda GB-seconds (arm64)", LAMBDA),
     # Durable functions (re:Invent 2025): each step, wait, callback, ... is a durable operation.
+    # Not found on AWS's page in the stored copies; a third-party transcription of it calls
+    # $8.00/M an example rate (docs/bench.md, "The prices, checked against AWS's pages").
     "lambda_durable_operations": Price(
         8.00, 1e6, "Lambda durable functions: durable operations", LAMBDA
     ),
+    # On-demand throughput after the cut of 1 November 2024 (before: $1.25 and $0.25).
     "dynamodb_wru": Price(0.625, 1e6, "DynamoDB on-demand write request units", DYNAMODB),
     "dynamodb_rru": Price(0.125, 1e6, "DynamoDB on-demand read request units", DYNAMODB),
     # GetRecords made by a Lambda event source mapping are not charged (same page: "GetRecords

@@ -112,8 +112,9 @@ TARGETS: dict[str, list[str]] = {
         "tests/unit/test_gemini_errors.py",
     ],
     "retry.final": [
-        "tests/unit/test_retry_final.py",
         "tests/unit/test_retry_final_mutants.py",
+        "tests/unit/test_retry_final_order.py",
+        "tests/unit/test_retry_final.py",
         "tests/unit/test_waiters_final.py",
     ],
     # The job queue's pure modules (issue 46): the split, estimate, room, learned cap and

@@ -135,6 +135,45 @@ def test_run_from_settings_on_sqlite(
     }
 
 
+def test_warm_runs_share_one_google_genai_client(
+    fake_gemini: FakeGemini, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 48: building a google-genai client loads the CA bundle twice (about 50 ms of CPU,
+    half a warm run's on the cost benchmark) and opens new connections; a warm container's
+    runs share one, never closed by a run; a changed key makes a new one and closes the old."""
+    from opstate.gemini import client as client_module
+
+    program(fake_gemini)
+    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", fake_gemini.base_url)
+    monkeypatch.setattr(client_module, "_warm", {})
+    made: list[object] = []
+    closed: list[object] = []
+    real = client_module.make_client
+
+    def counting(settings: Settings, *, timeout_s: float | None = None) -> object:
+        client = real(settings, timeout_s=timeout_s)
+        made.append(client)
+        real_close = client.close
+
+        def close() -> None:
+            closed.append(client)
+            real_close()
+
+        client.close = close  # type: ignore[method-assign]
+        return client
+
+    monkeypatch.setattr(client_module, "make_client", counting)
+    db = tmp_path / "ops.db"
+    seed_sqlite(db)
+    env = {"OPSTATE_STORE": f"sqlite:///{db}", "GEMINI_API_KEY": "k-local"}
+    for _ in range(3):
+        run_from_settings(Settings.from_env(env), remaining_ms=lambda: 60_000)
+    assert len(made) == 1 and closed == []
+    assert states_of(db)["batches/tracked"] is State.SUCCEEDED
+    run_from_settings(Settings.from_env({**env, "GEMINI_API_KEY": "k-rotated"}))
+    assert len(made) == 2 and closed == [made[0]]
+
+
 def load_entry() -> ModuleType:
     path = ROOT / "functions" / "reconcile" / "app.py"
     spec = importlib.util.spec_from_file_location("reconcile_function_app", path)

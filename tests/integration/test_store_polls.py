@@ -309,3 +309,62 @@ def test_a_young_batch_poll_with_the_stored_progress_is_held_a_new_progress_writ
     run()  # moved on: written
     assert held.store.get_progress(name) == gateway.progress[name]  # type: ignore[attr-defined]
     assert gateway.requests[name] == 3
+
+
+def test_a_reschedule_within_the_hour_keeps_the_open_index_key() -> None:
+    """Issue 48: each reschedule moved ``open-index``'s sort key (the due time), a delete and a
+    put on the index (ALL attributes projected) besides the table write. The key is now the
+    due time's hour and ``poll_due_ns`` the due time: within the hour the index entry is
+    updated in place (one write); the key moves when the due time leaves its hour, and the
+    order (oldest due first) and the bound by ``now`` are the due time's, not the hour's."""
+    from moto import mock_aws
+
+    from opstate.store.dynamodb_items import OPEN_BUCKET_NS
+    from tests.support.stores import dynamodb_harness, shared_client
+
+    assert OPEN_BUCKET_NS == 3600 * S
+    with mock_aws():
+        h = dynamodb_harness(shared_client(), kind="dynamodb-mock", shards=1)
+        store = h.store
+        assert isinstance(store, DynamoDBStore)
+        track(h, "batches/a", State.RUNNING, NOW_NS - 60 * S)
+        raw = h.raw("batches/a")
+        assert raw is not None
+        assert raw["open_update_ns"] == T0 and raw["poll_due_ns"] == NOW_NS - 60 * S
+        # Polled at 11:00, due again at 11:10, then at 11:40: the key stays 11:00.
+        hour = NOW_NS  # 11:00, an hour's start
+        assert store.set_poll("batches/a", 1, PollState(due_ns=hour + 600 * S))
+        raw = h.raw("batches/a")
+        assert raw is not None
+        assert (raw["open_update_ns"], raw["poll_due_ns"]) == (hour, hour + 600 * S)
+        assert store.set_poll("batches/a", 1, PollState(due_ns=hour + 2400 * S))
+        raw = h.raw("batches/a")
+        assert raw is not None
+        assert (raw["open_update_ns"], raw["poll_due_ns"]) == (hour, hour + 2400 * S)
+        # An item of the previous release (key: its due time itself, no poll_due_ns) and a
+        # new one, both in the 11:00 hour: read at their due times, in order, bounded by now.
+        old = {**LEGACY_ITEM, "name": {"S": "batches/old"}}
+        old["open_update_ns"] = {"N": str(hour + 1200 * S)}
+        h.client.put_item(TableName=h.table, Item=old)
+        track(h, "batches/b", State.RUNNING, T0)
+        assert store.set_poll("batches/b", 1, PollState(due_ns=hour + 300 * S))
+        assert due_names(h, hour + 299 * S) == []
+        assert due_names(h, hour + 1200 * S) == ["batches/b", "batches/old"]
+        assert due_names(h, hour + 2400 * S) == ["batches/b", "batches/old", "batches/a"]
+        assert [e.poll.due_ns for e in store.iter_due(None)] == [
+            hour + 300 * S,
+            hour + 1200 * S,
+            hour + 2400 * S,
+        ]
+        # Leaving the hour moves the key; lost takes both out.
+        assert store.set_poll("batches/a", 1, PollState(due_ns=hour + 4000 * S))
+        raw = h.raw("batches/a")
+        assert raw is not None and raw["open_update_ns"] == hour + 3600 * S
+        assert store.set_poll("batches/a", 1, PollState(due_ns=hour, lost_ns=hour))
+        raw = h.raw("batches/a")
+        assert raw is not None and "open_update_ns" not in raw and "poll_due_ns" not in raw
+        # The old item's next reschedule writes the new shape.
+        assert store.set_poll("batches/old", 3, PollState(due_ns=hour + 1500 * S))
+        raw = h.raw("batches/old")
+        assert raw is not None
+        assert (raw["open_update_ns"], raw["poll_due_ns"]) == (hour, hour + 1500 * S)

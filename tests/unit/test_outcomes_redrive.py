@@ -4,6 +4,7 @@ invoke and time left; a fault never escapes."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 from opstate.config import Settings
 from opstate.domain.model import OpEvent
@@ -11,7 +12,7 @@ from opstate.domain.states import State
 from opstate.ingest import ingest
 from opstate.outcomes.redrive import redrive
 from opstate.store import MemoryStore
-from opstate.store.port import ArchiveState
+from opstate.store.port import ArchiveEntry, ArchiveState
 from opstate.store.retry_state import RETRY_ACTIVE, RetryState
 
 T = 1_780_000_000 * 10**9
@@ -113,3 +114,82 @@ def test_a_due_archive_near_its_deadline_is_reported_at_risk(monkeypatch) -> Non
         "batches/far",
         "batches/near",
     ]
+
+
+class CountingStore(MemoryStore):
+    """A memory store counting the re-drive's looks (its archive-queue reads)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looks = 0
+
+    def iter_archive_due(self, now_ns: int) -> Iterator[ArchiveEntry]:
+        self.looks += 1
+        return super().iter_archive_due(now_ns)
+
+
+def test_the_cadence_looks_every_15_minutes_while_nothing_is_due() -> None:
+    """Issue 48: the re-drive's 8 Queries ran on every run (288 a day), almost all on empty
+    shards. With a cadence, an empty look is followed by the next one 15 minutes later; a lost
+    trigger in between waits for it (at most 15 minutes plus one run), never for ever."""
+    from opstate.outcomes.redrive import REDRIVE_EVERY_S, Cadence
+
+    minute = 60 * 10**9
+    calls: list[tuple[str, bytes]] = []
+    store = CountingStore()
+    cadence = Cadence()
+    assert REDRIVE_EVERY_S == 900.0
+
+    def run(at: int) -> bool:
+        return redrive(
+            store,
+            CONFIGURED,
+            invoke=lambda f, p: calls.append((f, p)),
+            clock_ns=lambda: at,
+            cadence=cadence,
+        )
+
+    assert not run(T)  # a new container looks at once: nothing due
+    assert store.looks == 1
+    # A job ends and its stream trigger is lost: the runs 5 and 10 minutes later do not look.
+    ingest(store, OpEvent("batches/done", State.SUCCEEDED, T, "poll", {}), clock_ns=lambda: T)
+    assert not run(T + 5 * minute)
+    assert not run(T + 10 * minute)
+    assert store.looks == 1 and calls == []
+    assert run(T + 15 * minute)  # the next look finds it
+    assert store.looks == 2 and len(calls) == 1
+    # A look that found work is followed by one at the next run (the archiver may have left
+    # it pending with a short backoff).
+    assert run(T + 20 * minute)
+    assert store.looks == 3
+    record = store.get("batches/done")
+    assert record is not None
+    assert store.set_archive(
+        "batches/done", 0, ArchiveState("archived", created_ns=record.created_ns)
+    )
+    assert not run(T + 25 * minute)  # empty again: quiet for 15 minutes
+    assert not run(T + 30 * minute)
+    assert store.looks == 4
+
+
+def test_the_cadence_looks_again_at_the_next_run_after_a_failed_invocation() -> None:
+    from opstate.outcomes.redrive import Cadence
+
+    minute = 60 * 10**9
+    store = CountingStore()
+    cadence = Cadence()
+    ingest(store, OpEvent("batches/done", State.SUCCEEDED, T, "poll", {}), clock_ns=lambda: T)
+
+    def broken(function: str, payload: bytes) -> None:
+        raise RuntimeError("throttled")
+
+    assert not redrive(store, CONFIGURED, invoke=broken, clock_ns=lambda: T, cadence=cadence)
+    calls: list[tuple[str, bytes]] = []
+    assert redrive(
+        store,
+        CONFIGURED,
+        invoke=lambda f, p: calls.append((f, p)),
+        clock_ns=lambda: T + 5 * minute,
+        cadence=cadence,
+    )
+    assert store.looks == 2 and len(calls) == 1

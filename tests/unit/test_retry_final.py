@@ -270,11 +270,11 @@ def test_unreadable_rows_are_left_out_and_every_final_line_is_strict_json() -> N
     out = bytearray()
     ledger = write_final([root, child], chunked(inputs(["k1", "k2", "k3", "k4"])), out.extend, CAP)
     written = bytes(out).splitlines()
-    assert [strict(line)["key"] for line in written] == ["k3", "k2", "k1", "k4"]
-    assert written[0] == huge[:-1] + b',"attempt":0}'  # the row's own text, 1e400 kept
-    assert strict(written[1]) == {**answer, "attempt": 1}
+    assert [strict(line)["key"] for line in written] == ["k1", "k2", "k3", "k4"]  # input order
     missing = {"code": "missing", "message": "no attempt returned this key"}
-    assert strict(written[2]) == {"key": "k1", "error": missing, "attempt": 0}
+    assert strict(written[0]) == {"key": "k1", "error": missing, "attempt": 0}
+    assert strict(written[1]) == {**answer, "attempt": 1}
+    assert written[2] == huge[:-1] + b',"attempt":0}'  # the row's own text, 1e400 kept
     assert strict(written[3]) == {"key": "k4", "error": missing, "attempt": 0}
     assert ledger.unreadable == 3
     assert ledger.as_dict()["rows"] == {"total": 4, "answered": 2, "blocked": 0, "failed": 2}
@@ -291,8 +291,8 @@ def test_a_member_row_counts_only_for_keys_that_member_was_given() -> None:
     )
     final, ledger = run_final([root, child], inputs(["k1", "k2"]))
     assert final == [
-        {**(OUTCOMES["invalid"]("k2") or {}), "attempt": 0},
         {**(ok("k1") or {}), "attempt": 1},
+        {**(OUTCOMES["invalid"]("k2") or {}), "attempt": 0},
     ]
     assert (ledger.foreign, ledger.extra, ledger.retried) == (1, 1, 1)
     # a member whose input is not known is taken as given every key (as before)

@@ -8,6 +8,14 @@ of ``OPSTATE_ARCHIVER_FUNCTION`` (the archiver takes every due archive, soonest 
 own role and budget); elsewhere nothing (``opstate serve`` and ``opstate archive --once`` run
 the pass themselves).
 
+The reconciler's Lambda entry looks through a ``Cadence`` (issue 48: 8 Queries a run, almost
+always on empty shards, were two thirds of a warm run's DynamoDB calls): after a look that found
+nothing due, the next look is ``REDRIVE_EVERY_S`` later (the first run of a new container looks
+at once); after a look that found work (or failed), the next run looks again. So a due archive
+or retry step waits at most ``REDRIVE_EVERY_S`` plus one run interval for the re-drive (20
+minutes at the defaults), before only one run interval: a finished job still reaches the
+archiver at once through the table's stream, the primary path.
+
 It also says when a due archive is at risk: not archived yet, its deadline less than the warning
 margin (``results_warn_s``) away (``ResultsAtRisk``, the metric the archiver counts for a copy
 failing that late, and one error line). The archiver counts only what it attempted; a result no
@@ -38,6 +46,26 @@ if TYPE_CHECKING:
 
 Invoke = Callable[[str, bytes], None]
 
+# After an empty look, the re-drive looks again this long after (``Cadence``).
+REDRIVE_EVERY_S = 900.0
+
+
+class Cadence:
+    """When the re-drive looks: at once, then ``every_s`` after a look that found nothing due;
+    a look that found work or failed is followed by one at the next run. Kept in process
+    memory (a Lambda container's): a new container looks at once."""
+
+    def __init__(self, every_s: float = REDRIVE_EVERY_S) -> None:
+        self.every_ns = int(every_s * NS_PER_SECOND)
+        self._next_ns: int | None = None
+
+    def due(self, now_ns: int) -> bool:
+        return self._next_ns is None or now_ns >= self._next_ns
+
+    def looked(self, now_ns: int, *, quiet: bool) -> None:
+        """``quiet``: the look found nothing due (else the next run looks again)."""
+        self._next_ns = now_ns + self.every_ns if quiet else None
+
 
 def _lambda_invoke(function: str, payload: bytes) -> None:
     import boto3
@@ -53,21 +81,27 @@ def redrive(
     remaining_s: Callable[[], float] | None = None,
     invoke: Invoke | None = None,
     clock_ns: Callable[[], int] = time.time_ns,
+    cadence: Cadence | None = None,
 ) -> bool:
     """Invoke the archiver when an archive is due; True when it was invoked. Never raises for
-    a store or invocation fault (the next run tries again)."""
+    a store or invocation fault (the next run tries again). ``cadence``: look only when it
+    says so (None: every call looks)."""
     function = settings.archiver_function
     if not function or not isinstance(store, ArchivingStore):
         return False
     if remaining_s is not None and remaining_s() < settings.reconcile_safety_margin_s:
         return False
     now = clock_ns()
+    if cadence is not None and not cadence.due(now):
+        return False
     try:
         entries = list(store.iter_archive_due(now))
         first = entries[0].record.name if entries else _retry_due(store, now)
     except RetryableError as exc:
         log_fields(logger.warning, "archive re-drive skipped", {"error": str(exc)[:200]})
         return False
+    if cadence is not None:
+        cadence.looked(now, quiet=first is None)
     if first is None:
         return False
     report_at_risk(entries, settings, now)

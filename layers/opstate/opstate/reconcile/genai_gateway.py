@@ -44,8 +44,11 @@ MAX_WEBHOOK_PAGES = 5
 class GenaiGateway:
     """``Gateway`` over a ``google.genai.Client`` (see the module docstring)."""
 
-    def __init__(self, client: genai.Client) -> None:
+    def __init__(self, client: genai.Client, *, owned: bool = True) -> None:
+        """``owned``: ``close`` closes ``client`` (False: a client kept warm for later runs,
+        ``opstate.gemini.client.warm_client``)."""
         self.client = client
+        self.owned = owned
         self._lock = threading.Lock()
         self._interactions: Any = None
 
@@ -106,7 +109,8 @@ class GenaiGateway:
         return from_operation(self.client.operations.get(operation))
 
     def close(self) -> None:
-        self.client.close()
+        if self.owned:
+            self.client.close()
 
 
 __all__ = ["MAX_WEBHOOK_PAGES", "GenaiGateway", "make_client"]

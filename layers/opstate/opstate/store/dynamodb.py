@@ -76,7 +76,7 @@ if TYPE_CHECKING:
 
 _NAMES = {"#name": "name"}
 # What a replace never sets: the key, and the index keys it keeps (``replace_if_version``).
-_KEPT_ON_REPLACE = ("name", "open_update_ns", "archive_queue", "archive_due_ns")
+_KEPT_ON_REPLACE = ("name", "open_update_ns", "poll_due_ns", "archive_queue", "archive_due_ns")
 
 __all__ = [
     "ARCHIVE_INDEX",
@@ -172,6 +172,9 @@ class DynamoDBStore:
             names["#due"] = "open_update_ns"
             values[":due"] = to_attr(item["open_update_ns"])
             sets.append("#due = if_not_exists(#due, :due)")
+            names["#pdue"] = "poll_due_ns"
+            values[":pdue"] = to_attr(item["poll_due_ns"])
+            sets.append("#pdue = if_not_exists(#pdue, :pdue)")
         if "archive_queue" in item:
             # Becoming terminal queues the archive; a refresh never re-queues a settled one.
             names["#aq"], names["#aqdue"] = "archive_queue", "archive_due_ns"

@@ -27,8 +27,8 @@ The expression sets what the reducer's next record holds: the event's state, ran
 (``update_time``, removed when 0) and source; ``version + 1``; the event's details key by key
 (``details.#k``), less the observation- and state-scoped keys it does not carry; the applied
 time; ``created_ns`` / ``created_at`` untouched; the index keys as ``replace_if_version`` writes
-them (``open_shard`` and, only where absent, ``open_update_ns``; terminal: ``expires_at`` and,
-only where absent, the archive queue); the poll streak and lost mark cleared; in
+them (``open_shard`` and, only where absent, ``open_update_ns`` and ``poll_due_ns``; terminal:
+``expires_at`` and, only where absent, the archive queue); the poll streak and lost mark cleared; in
 ``details_bytes`` an upper bound of the new details' size (the merge is at most
 ``details_bytes + size(incoming) - 1``), and ``details_v`` the new version.
 
@@ -59,13 +59,21 @@ _NOT_SET = frozenset(
         "details_bytes",
         "details_v",
         "open_update_ns",
+        "poll_due_ns",
         "archive_queue",
         "archive_due_ns",
     }
 )
-_IF_ABSENT = ("open_update_ns", "archive_queue", "archive_due_ns")
+_IF_ABSENT = ("open_update_ns", "poll_due_ns", "archive_queue", "archive_due_ns")
 # What an applied write removes when the record it writes does not hold it.
-_REMOVABLE = ("update_time", "applied_at", "expires_at", "open_shard", "open_update_ns")
+_REMOVABLE = (
+    "update_time",
+    "applied_at",
+    "expires_at",
+    "open_shard",
+    "open_update_ns",
+    "poll_due_ns",
+)
 _CLEARED = ("poll_misses", "poll_missing_since_ns", "lost_ns")
 
 

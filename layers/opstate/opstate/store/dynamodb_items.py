@@ -15,6 +15,13 @@ Item shape (``name`` is the partition key):
   attribute keeps its first name because it is the index's key schema, which CloudFormation
   cannot change in place). The previous release wrote the update time there, which simply reads
   as "due since then": its items are polled like any other.
+  Since issue 48 the key holds the due time rounded down to the hour (``open_key``:
+  ``OPEN_BUCKET_NS``) and ``poll_due_ns`` N the due time itself (written with the key by
+  ``set_poll``, removed with it; a new record's is its first due time, a replace keeps it or
+  sets it only where absent): a reschedule within the hour updates the index entry in place
+  (one index write) instead of moving its key (a delete and a put). An item whose
+  ``poll_due_ns`` is absent or not in its key's hour (items of earlier releases, whose key is
+  the due time itself) is due at its key.
 - Poll state, written by the reconciler (``set_poll``), absent means 0: ``poll_misses`` N,
   ``poll_missing_since_ns`` N, ``lost_ns`` N, ``overdue_ns`` N. A replace keeps ``open_update_ns``
   and ``overdue_ns`` (it is an ``UpdateItem``), and clears the not-found streak and the lost
@@ -78,6 +85,9 @@ ARCHIVE_DONE = "done"
 RETRY_INDEX = "retry-index"
 RETRY_QUEUE_SHARDS = 4
 
+# The open-index key rounds the due time down to this (``open_key``).
+OPEN_BUCKET_NS = 3600 * 1_000_000_000
+
 # Attributes a record may lack (written only when non-zero / in some states).
 OPTIONAL_RECORD_ATTRS = (
     "update_time",
@@ -86,6 +96,7 @@ OPTIONAL_RECORD_ATTRS = (
     "expires_at",
     "open_shard",
     "open_update_ns",
+    "poll_due_ns",
 )
 # The poll state beside the record (absent means 0).
 POLL_ATTRS = ("poll_misses", "poll_missing_since_ns", "lost_ns", "overdue_ns")
@@ -94,6 +105,23 @@ POLL_ATTRS = ("poll_misses", "poll_missing_since_ns", "lost_ns", "overdue_ns")
 def shard_of(name: str, shards: int) -> int:
     """The open-index shard of ``name``: CRC-32 of its UTF-8 bytes mod ``shards`` (stable)."""
     return zlib.crc32(name.encode("utf-8")) % shards
+
+
+def open_key(due_ns: int) -> int:
+    """The ``open_update_ns`` of a due time: rounded down to ``OPEN_BUCKET_NS`` (0 and before
+    the epoch: 0)."""
+    due = max(0, due_ns)
+    return due - due % OPEN_BUCKET_NS
+
+
+def due_of(item: Mapping[str, Any]) -> int:
+    """When an open item is due: ``poll_due_ns`` where it is in its key's hour (``set_poll``
+    writes both), else the key itself (a new record, items of earlier releases)."""
+    key = int(item.get("open_update_ns", 0))
+    due = item.get("poll_due_ns")
+    if due is not None and open_key(int(due)) == key:
+        return int(due)
+    return key
 
 
 def archive_queue_of(name: str) -> str:
@@ -246,7 +274,8 @@ def item_from_record(
         item["archive_due_ns"] = 0
     else:
         item["open_shard"] = shard_of(record.name, shards)
-        item["open_update_ns"] = max(0, initial_due(record))
+        item["open_update_ns"] = open_key(initial_due(record))
+        item["poll_due_ns"] = max(0, initial_due(record))
     return item
 
 
@@ -277,7 +306,7 @@ def poll_from_item(item: Mapping[str, Any]) -> PollState:
         return int(value) if value is not None else 0
 
     return PollState(
-        due_ns=number("open_update_ns"),
+        due_ns=due_of(item),
         misses=number("poll_misses"),
         missing_since_ns=number("poll_missing_since_ns"),
         lost_ns=number("lost_ns"),

@@ -1,6 +1,7 @@
 """The reconciler's side of ``DynamoDBStore``: the open operations on the sparse GSI
-``open-index`` (keyed by ``open_shard`` and the due time ``open_update_ns``) and the poll state
-stored beside each record (``dynamodb_items`` describes the attributes).
+``open-index`` (keyed by ``open_shard`` and ``open_update_ns``, the due time rounded down to
+the hour; ``poll_due_ns`` holds the due time) and the poll state stored beside each record
+(``dynamodb_items`` describes the attributes).
 
 Due operations are found by one ascending ``Query`` per shard, merged lazily; never a Scan,
 except for the operator's listing of lost or overdue operations (``iter_marked``).
@@ -14,6 +15,7 @@ from typing import Any
 
 from opstate.store.dynamodb_items import (
     OPEN_INDEX,
+    open_key,
     poll_from_item,
     record_from_item,
     shard_of,
@@ -28,7 +30,9 @@ def iter_due(table: Table, shards: int, now_ns: int | None, page_size: int) -> I
 
     One ascending ``Query`` per shard on ``open-index`` (``open_update_ns <= now``), merged
     lazily: a further page of a shard is read only when the caller gets that far. Never a
-    Scan. GSI reads are eventually consistent: an entry may lag a write by a moment.
+    Scan. GSI reads are eventually consistent: an entry may lag a write by a moment. The
+    key is the hour of the due time: the current hour's entries not due yet are read and
+    skipped (read units for keeping a reschedule within the hour one index write).
     """
     streams = [_due_pages(table, shard, now_ns, page_size) for shard in range(shards)]
     yield from heapq.merge(*streams, key=lambda e: (e.poll.due_ns, e.record.name))
@@ -40,6 +44,8 @@ def _due_pages(table: Table, shard: int, now_ns: int | None, page_size: int) -> 
     if now_ns is not None:
         condition += " AND open_update_ns <= :now"
         values[":now"] = {"N": str(now_ns)}
+    held: list[Due] = []
+    hour = -1
     for item in table.pages(
         "Query",
         IndexName=OPEN_INDEX,
@@ -48,7 +54,16 @@ def _due_pages(table: Table, shard: int, now_ns: int | None, page_size: int) -> 
         ScanIndexForward=True,
         Limit=max(1, page_size),
     ):
-        yield Due(record_from_item(item), poll_from_item(item))
+        # Items come in key order; within an hour (an earlier release's key is any time in
+        # it), by due time here.
+        key = open_key(int(item["open_update_ns"]))
+        if key != hour:
+            yield from sorted(held, key=lambda e: (e.poll.due_ns, e.record.name))
+            held, hour = [], key
+        due = Due(record_from_item(item), poll_from_item(item))
+        if now_ns is None or due.poll.due_ns <= now_ns:
+            held.append(due)
+    yield from sorted(held, key=lambda e: (e.poll.due_ns, e.record.name))
 
 
 def set_poll(table: Table, shards: int, name: str, version: int, poll: PollState) -> bool:
@@ -62,12 +77,15 @@ def set_poll(table: Table, shards: int, name: str, version: int, poll: PollState
     }
     keep = set()
     if not poll.lost:
+        # The key moves only when the due time leaves its hour (``open_key``).
         fields["open_shard"] = shard_of(name, shards)
-        fields["open_update_ns"] = max(0, poll.due_ns)
-        keep = {"open_shard", "open_update_ns"}
+        fields["open_update_ns"] = open_key(poll.due_ns)
+        fields["poll_due_ns"] = max(0, poll.due_ns)
+        keep = {"open_shard", "open_update_ns", "poll_due_ns"}
     else:
         fields["open_shard"] = 0
         fields["open_update_ns"] = 0  # lost: out of the index
+        fields["poll_due_ns"] = 0
     names = {"#version": "version", "#expires": "expires_at"}
     values: dict[str, Any] = {":version": {"N": str(version)}}
     sets: list[str] = []

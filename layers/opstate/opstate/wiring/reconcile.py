@@ -14,14 +14,17 @@ from collections.abc import Callable, Iterator, Sequence
 
 from opstate.config import ConfigError, Settings
 from opstate.domain.model import OpEvent, OpRecord
-from opstate.gemini.client import make_client
+from opstate.gemini.client import make_client, warm_client
 from opstate.observability import logger
-from opstate.outcomes.redrive import redrive
+from opstate.outcomes.redrive import Cadence, redrive
 from opstate.reconcile.cloud_gateway import GoogleCloudGateway
 from opstate.reconcile.gateway import AuthError, Listed, WebhookInfo
 from opstate.reconcile.genai_gateway import GenaiGateway
 from opstate.reconcile.run import DecisionHook, Refreshed, RunResult, reconcile_once, refresh_one
 from opstate.store.port import PollingStore
+
+# The re-drive's cadence in this process (a Lambda container, a CLI loop): see ``Cadence``.
+REDRIVE_CADENCE = Cadence()
 
 
 class NoGeminiApi:
@@ -43,9 +46,13 @@ class NoGeminiApi:
         return None
 
 
-def gemini_gateway(settings: Settings) -> GenaiGateway | NoGeminiApi:
-    """The Gemini API gateway; ``NoGeminiApi`` when there is no key but Cloud scopes are set."""
+def gemini_gateway(settings: Settings, *, warm: bool = False) -> GenaiGateway | NoGeminiApi:
+    """The Gemini API gateway; ``NoGeminiApi`` when there is no key but Cloud scopes are set.
+    ``warm``: on the client kept for the next run (``warm_client``; closing the gateway
+    leaves it open)."""
     try:
+        if warm:
+            return GenaiGateway(warm_client(settings), owned=False)
         return GenaiGateway(make_client(settings))
     except ConfigError as exc:
         if not settings.google_cloud_scopes:
@@ -61,14 +68,15 @@ def run_from_settings(
     remaining_ms: Callable[[], int] | None = None,
     on_decision: DecisionHook | None = None,
 ) -> RunResult:
-    """Open the configured store and a google-genai client, run once, close both."""
+    """Open the configured store, run once on the google-genai client kept warm for the next
+    run (``warm_client``), close the store."""
     from opstate.store import store_from_url
 
     store = store_from_url(settings.store_url, settings)
     try:
         if not isinstance(store, PollingStore):  # pragma: no cover - every store of ours is
             raise TypeError(f"{type(store).__name__} cannot schedule polls")
-        gateway = gemini_gateway(settings)
+        gateway = gemini_gateway(settings, warm=True)
         cloud = GoogleCloudGateway(settings) if settings.google_cloud_configured else None
         try:
             result = reconcile_once(
@@ -85,7 +93,7 @@ def run_from_settings(
                 cloud.close()
         # Pending archives whose trigger was lost: handed to the archiver, within the budget.
         left = (lambda: remaining_ms() / 1000.0) if remaining_ms is not None else None
-        redrive(store, settings, remaining_s=left)
+        redrive(store, settings, remaining_s=left, cadence=REDRIVE_CADENCE)
         return result
     finally:
         store.close()
