@@ -113,7 +113,7 @@ def finish_all(rig: Rig, names: list[str], max_open: int | None = None) -> None:
 
 
 def test_a_retry_child_waits_for_the_tokens_a_jobs_part_holds_and_frees_its_own(
-    rig: Rig,
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rig.fake.limits = QueueLimits(count_tokens=half_bytes)
     job = submit_job_of(rig, big_input(600), MODEL)
@@ -122,10 +122,14 @@ def test_a_retry_child_waits_for_the_tokens_a_jobs_part_holds_and_frees_its_own(
     assert len(first) == 1  # the job's first part: near the whole cap
     held_tokens = counted(rig)[0]
     assert CAP - held_tokens < 1000
-    # A plain batch (not counted: neither a part nor a retry batch) fails every row; its
-    # retry child (about 2,800 tokens) does not fit beside the part. The fake enforces the
-    # cap from here on.
+    # A plain batch (submitted while a higher cap was configured: counted, it fits beside the
+    # part; its room is freed when it ends) fails every row; its retry child (about 2,800
+    # tokens) does not fit beside the part. The fake enforces the cap from here on.
+    monkeypatch.setenv("OPSTATE_SUBMIT_ENQUEUED_TOKENS", f"{MODEL}={2 * CAP},{OTHER}={CAP}")
+    settings.cache_clear()
     root = failing_root(rig, 20)
+    monkeypatch.setenv("OPSTATE_SUBMIT_ENQUEUED_TOKENS", f"{MODEL}={CAP},{OTHER}={CAP}")
+    settings.cache_clear()
     rig.fake.limits.enqueued_tokens[MODEL] = CAP
     rig.fake.limits.peak_tokens.clear()
     before = len(rig.fake.requests)

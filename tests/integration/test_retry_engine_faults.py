@@ -214,10 +214,11 @@ def test_a_quota_stop_while_another_runner_wrote_is_recorded_and_counted_once(
 
 # -- 5. store faults ----------------------------------------------------------------------------
 
-# The writes of the pass that plans and creates the child: the root re-dated (before any heavy
-# work), the input covered, the plan, the claim, the upload recorded before the create (issue
-# 47), the child's lineage beside its record, the child named in the plan.
-SET_STEPS = 7
+# The writes of the pass that plans and creates the child: the root's room in the queue freed
+# (issue 46: its batch ended), the root re-dated (before any heavy work), the input covered,
+# the plan, the claim, the upload recorded before the create (issue 47), the child's lineage
+# beside its record, the child named in the plan.
+SET_STEPS = 8
 
 
 @pytest.mark.parametrize("when", ["before", "after"])

@@ -18,7 +18,8 @@ its stage here):
    (keeping a batch's input), ``finalize`` (step 6), ``cutting`` (step 5's input files),
    ``evidence`` (step 5's reads), ``timeouts`` (step 3), ``adoption`` (what a batch found
    after a lost create must show to be adopted), ``child_room`` (a retry batch's room in the
-   project's queue), ``children`` (step 2: a planned child created at most once), ``submit``
+   project's queue), ``solo_room`` (a batch submitted alone in the project's queue),
+   ``children`` (step 2: a planned child created at most once), ``submit``
    (submitting through opstate), ``job_rate`` (a job's estimate corrected from its parts'
    usage), ``feeding`` (a job's held parts created as room frees), ``job_step`` (a job moved
    one step: feeding, its parts tracked, its final result), ``job_submit`` (an input larger

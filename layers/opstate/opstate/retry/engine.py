@@ -44,7 +44,7 @@ from opstate.gemini.port import GeminiClient
 from opstate.gemini.submit import inlined_requests
 from opstate.observability import count, log_fields, logger
 from opstate.outcomes.sink import Sink, SinkError
-from opstate.retry import child_room, evidence, job_step, lineage, spend
+from opstate.retry import child_room, evidence, job_step, lineage, solo_room, spend
 from opstate.retry.authority import INPUT_UNUSABLE, NOT_UNDER, acting_policy, reads_input
 from opstate.retry.children import Creator
 from opstate.retry.cutting import retry_keys, write_inputs
@@ -152,6 +152,11 @@ class RetryRunner:
     def one(self, root: OpRecord, state: RetryState) -> None:
         if state.created_ns != root.created_ns or job_step.job_step(self, root, state):
             return  # an earlier incarnation's state (never acted on), or a job's step
+        settled = solo_room.settle(self, root, state)  # a batch submitted alone: its room
+        if settled is not None:
+            self.lineage_step(root, settled)
+
+    def lineage_step(self, root: OpRecord, state: RetryState) -> None:
         state = self._redate(root, state)
         ready = self._ready(root, state)
         if ready is None:

@@ -4,10 +4,12 @@ The input is kept first (checked line by line, copied into the sink: ``retry.inp
 read back), then read again through the sha256 the check found and cut into parts under the
 model's cap, the file bytes and the rows (``domain.parts``; a line over a bound is an error
 naming it, nothing created). An input of one part is no job: the caller submits it as a batch,
-as before. Otherwise the job's record ``jobs/<id>`` is written (PENDING) with its plan in its
-retry state, active and due now, and (``opstate submit``) the first feeding step runs at once:
-what fits is created before the command returns, the rest is held for the retry pass. The
-submit function leaves the feeding to the archiver's pass (its role reads no kept input).
+as before (``alone``: its room taken in the project's queue, ``solo_room``), unless that
+queue has no room for it: then it is a job of one part, held. Otherwise the job's record
+``jobs/<id>`` is written (PENDING) with its plan in its retry state, active and due now,
+and (``opstate submit``) the first feeding step runs at once: what fits is created before
+the command returns, the rest is held for the retry pass. The submit function leaves the
+feeding to the archiver's pass (its role reads no kept input).
 """
 
 from __future__ import annotations
@@ -77,11 +79,13 @@ def submit_job(
     display_name: str = "",
     max_line_bytes: int = 32 * 1024 * 1024,
     clock_ns: Callable[[], int] = time.time_ns,
+    alone: Callable[[int], bool] | None = None,
 ) -> JobSubmitted | None:
     """Keep ``source`` (a chunk-stream callable), plan its parts and write the job (module
-    docstring); None when it fits one part; the job found (``created`` False) when the same
-    input, model and display name were submitted before. ``InputError`` / ``SplitError`` /
-    ``jobs.PlanError`` for an input that cannot be a job (nothing created)."""
+    docstring); None when it fits one part (and ``alone``, told its tokens, says it may go
+    alone: False makes it a job of one part; None: always alone); the job found (``created``
+    False) when the same input, model and display name were submitted before. ``InputError`` /
+    ``SplitError`` / ``jobs.PlanError`` for an input that cannot be a job (nothing created)."""
     if not model.strip():
         raise ValueError("a model is required (--model)")
     # Nothing kept is read back (as ``retry.submit``): the submit function's role reads its
@@ -97,14 +101,14 @@ def submit_job(
     bounds = Bounds(split_cap, limits.submit_max_file_bytes, limits.submit_max_rows)
     read = verified(source(), kept.sha256, "the input")
     parts = list(split_hashed(lines_of(read), bounds))
-    if len(parts) <= 1:
-        return None
     job_id = job_id_of(kept.sha256, model, display_name)
     name = f"{JOBS}{job_id}"
     found = store.get_retry(name)
     if found is not None and found.doc.get(JOB) is not None:
         # Submitted before (a re-run after a crash, or twice): the same job, never a second.
         return JobSubmitted(name, len(found.doc[JOB]["parts"]), kept, created=False)
+    if len(parts) <= 1 and (alone is None or not parts or alone(parts[0].tokens)):
+        return None
     plan = jobs.new_plan(job_id, model, kept.as_dict(), parts)
     plan["policy"] = policy.as_doc()
     if split_cap < cap:

@@ -164,7 +164,10 @@ def _root_state(
     doc.setdefault("children", [])
     doc.setdefault("cancelled", [])
     doc.setdefault("final", dict(PENDING_FINAL))
-    on = enabled(policy)
+    # A batch submitted alone holding its room in the queue stays active until the pass frees
+    # it (``retry.solo_room``), whatever the policy.
+    reserved = doc.get("reserved")
+    on = enabled(policy) or (isinstance(reserved, Mapping) and not reserved.get("freed"))
     return RetryState(
         status=RETRY_ACTIVE if on else RETRY_DONE,
         created_ns=created_ns,
@@ -196,7 +199,7 @@ def stop_lineage(store: RetryingStore, name: str, now_ns: int) -> str:
             root = state.doc.get("lineage")
             found = root.get("root") if isinstance(root, Mapping) else None
             raise StopRefusedError(f"{name} is a retry child: stop its root ({found})")
-        if state.status != RETRY_ACTIVE:
+        if state.status != RETRY_ACTIVE or retry_view(state.doc)["status"] == "off":
             status = retry_view(state.doc)["status"]
             raise StopRefusedError(f"{name}'s retry is {status}: nothing to stop")
         if state.doc.get("stopped"):

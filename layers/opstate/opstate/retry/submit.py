@@ -52,7 +52,7 @@ from opstate.gemini.submit import (
 from opstate.ingest import ingest
 from opstate.observability import log_fields, logger
 from opstate.outcomes.sink import Sink
-from opstate.retry import adoption
+from opstate.retry import adoption, solo_room
 from opstate.retry.acting import read_job
 from opstate.retry.authority import VIA_SUBMIT
 from opstate.retry.inputs import InputError, KeptInput, keep_input, source_chunks, verified
@@ -117,10 +117,13 @@ def submit(
     max_line_bytes: int = 32 * 1024 * 1024,
     clock_ns: Callable[[], int] = time.time_ns,
     progress: ProgressHook | None = None,
+    reserve: Callable[[], Mapping[str, Any] | None] | None = None,
 ) -> Submitted:
     """Keep, upload, create and track (see the module docstring). ``InputError`` for a bad
     input (nothing created), ``GatewayError`` when Gemini refused or failed. ``progress``:
-    told the bytes each stage has read (``ProgressHook``)."""
+    told the bytes each stage has read (``ProgressHook``). ``reserve``: takes the batch's room
+    in the project's queue before its upload (``solo_room.take``; None: no room, and
+    ``solo_room.NoRoom`` is raised with nothing sent)."""
     if not model.strip():
         raise ValueError("a model is required (--model)")
     read: Callable[[], Iterable[bytes]] = source_chunks(source)
@@ -134,42 +137,79 @@ def submit(
     earlier = _read_marker(sink, marker)
     event = _found(client, marker_id, earlier, model, kept.sha256) if earlier is not None else None
     created = event is None
+    # The batch's room: one an earlier call of this submit recorded (it died before the
+    # create, or without its answer), else taken now.
+    held = solo_room.live((earlier or {}).get(solo_room.RESERVED))
     if event is None:
-        claimed = clock_ns()
-        _write_marker(sink, marker, model, shown, claimed)
-        try:
-            file_name = upload_jsonl(
-                client,
-                chunks=_counted(
-                    verified(read(), kept.sha256, f"the input {source}"),
-                    progress,
-                    "uploading",
-                    kept.bytes,
-                ),
-                size=kept.bytes,
-                display_name=UPLOAD_DISPLAY_NAME,
-            )
-            _write_marker(sink, marker, model, shown, claimed, file_name)
-            old = (earlier or {}).get("file")
-            if isinstance(old, str) and is_file_name(old) and old != file_name:
-                delete_file(client, old)  # nothing was found on it: never adopted now
-            event = create_or_delete(client, model, file_name, shown)
-        except (GatewayError, InputError):
-            raise
-        except Exception as exc:
-            raise classify(exc) from exc
+        if held is None and reserve is not None:
+            held = reserve()
+            if held is None:
+                raise solo_room.NoRoom(f"no room for {model}'s batch by opstate's count")
+        event = _create(
+            (store, sink, client),
+            lambda: _counted(
+                verified(read(), kept.sha256, f"the input {source}"),
+                progress,
+                "uploading",
+                kept.bytes,
+            ),
+            (marker, model, shown),
+            kept.bytes,
+            earlier,
+            held,
+            clock_ns(),
+        )
     decision = ingest(store, event)
     record = decision.record or store.get(event.name)
     assert record is not None
     if not created:
         _same_policy(store, record, policy)
     _keep_state(store, record, policy, model, kept, clock_ns(), marker_id)
+    if held:
+        solo_room.record(store, record.name, record.created_ns, held)
     log_fields(
         logger.info,
         "batch submitted" if created else "submitted batch found again",
         {"name": record.name, "rows": kept.rows, "input": kept.location},
     )
     return Submitted(record.name, str(record.state), created, kept, shown)
+
+
+def _create(
+    at: tuple[RetryingStore, Sink, GeminiClient],
+    chunks: Callable[[], Iterable[bytes]],
+    marked: tuple[str, str, str],
+    size: int,
+    earlier: Mapping[str, Any] | None,
+    held: Mapping[str, Any] | None,
+    claimed: int,
+) -> OpEvent:
+    """Upload ``chunks`` and create the batch, the marker written before each (with the
+    batch's room ``held``, given back when no batch was made)."""
+    store, sink, client = at
+    marker, model, shown = marked
+    _write_marker(sink, marker, model, shown, claimed, held=held)
+    asked, file_name = False, None
+    try:
+        file_name = upload_jsonl(
+            client, chunks=chunks(), size=size, display_name=UPLOAD_DISPLAY_NAME
+        )
+        _write_marker(sink, marker, model, shown, claimed, file_name, held=held)
+        old = (earlier or {}).get("file")
+        if isinstance(old, str) and is_file_name(old) and old != file_name:
+            delete_file(client, old)  # nothing was found on it: never adopted now
+        asked = True
+        return create_or_delete(client, model, file_name, shown)
+    except Exception as exc:
+        error = exc if isinstance(exc, (GatewayError, InputError)) else classify(exc)
+        status = error.status if isinstance(error, GatewayError) else None
+        if live_held(held) and (not asked or (status is not None and 400 <= status < 500)):
+            # No batch was made: the marker forgets the room, then it is given back.
+            _write_marker(sink, marker, model, shown, claimed, file_name)
+            solo_room.give_back(store, held)
+        if error is exc:
+            raise
+        raise error from exc
 
 
 def _counted(
@@ -280,8 +320,19 @@ def _read_marker(sink: Sink, key: str) -> Mapping[str, Any] | None:
     return found if isinstance(found, Mapping) else {}
 
 
+def live_held(held: Mapping[str, Any] | None) -> bool:
+    return solo_room.live(held) is not None
+
+
 def _write_marker(
-    sink: Sink, key: str, model: str, shown: str, now_ns: int, file_name: str | None = None
+    sink: Sink,
+    key: str,
+    model: str,
+    shown: str,
+    now_ns: int,
+    file_name: str | None = None,
+    *,
+    held: Mapping[str, Any] | None = None,
 ) -> None:
     fields: dict[str, Any] = {
         "model": model,
@@ -291,6 +342,8 @@ def _write_marker(
     }
     if file_name is not None:
         fields["file"] = file_name
+    if live_held(held):
+        fields[solo_room.RESERVED] = dict(held or {})
     data = json.dumps(fields, sort_keys=True).encode()
     with sink.open(key, name=shown) as out:
         out.write(data)

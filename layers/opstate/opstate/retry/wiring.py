@@ -111,34 +111,54 @@ def submit_from_settings(
     larger than one batch allows is a job (``retry.job_submit``, docs/jobs.md), whose first
     feeding step runs at once unless ``feed`` is False (the submit function: feeding reads
     the kept input, which its role may not; the archiver's pass feeds the job, due now)."""
+    from opstate.retry import solo_room
     from opstate.retry.inputs import source_chunks
 
     with _opened(settings, store) as (used, sink, client):
-        job = submit_job(
-            used,
-            sink,
-            source_chunks(source),
-            model=model,
-            policy=policy,
-            limits=settings,
-            display_name=display_name,
-            max_line_bytes=settings.results_max_line_mib * MiB,
-        )
+        tokens: list[int] = []
+
+        def alone(estimate: int) -> bool:
+            tokens.append(estimate)
+            return solo_room.fits(used, settings, model, estimate)
+
+        def as_job() -> JobSubmitted | None:
+            return submit_job(
+                used,
+                sink,
+                source_chunks(source),
+                model=model,
+                policy=policy,
+                limits=settings,
+                display_name=display_name,
+                max_line_bytes=settings.results_max_line_mib * MiB,
+                alone=alone if not tokens else lambda _: False,
+            )
+
+        job = as_job()
         if job is not None:
-            if feed:
+            if feed and job.parts > 1:  # a job of one part is held: the pass feeds it
                 retry_once(used, sink, client, config_from(settings), names=[job.name], every=True)
             return job
-        return submit(
-            used,
-            sink,
-            client,
-            source=source,
-            model=model,
-            policy=policy,
-            display_name=display_name,
-            max_line_bytes=settings.results_max_line_mib * MiB,
-            progress=progress,
-        )
+        try:
+            return submit(
+                used,
+                sink,
+                client,
+                source=source,
+                model=model,
+                policy=policy,
+                display_name=display_name,
+                max_line_bytes=settings.results_max_line_mib * MiB,
+                progress=progress,
+                reserve=lambda: solo_room.take(used, settings, model, tokens[-1] if tokens else 1),
+            )
+        except Exception as exc:
+            # No room by opstate's count, or a full queue at Gemini: a job of one part, held.
+            if not isinstance(exc, solo_room.NoRoom) and not solo_room.queue_full(exc):
+                raise
+        held = as_job()
+        assert held is not None
+        return held
 
 
 def roots_of(store: Store, names: list[str]) -> list[str]:

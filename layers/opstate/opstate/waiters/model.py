@@ -233,7 +233,7 @@ def _final(status: Status, record: OpRecord) -> Verdict:
     if final is not None:
         return Success({"record": record_to_json(record), "results": results, "final": final})
     retry_status = status.retry.get("status") if status.retry is not None else None
-    if retry_status == RETRY_ACTIVE:
+    if retry_status == RETRY_ACTIVE and not _room_only(status.retry):
         # Whatever the root's state or its own archive (results lost too: the engine still
         # writes the final result, the lost output's keys as 'missing'): final will come.
         return PENDING
@@ -242,6 +242,15 @@ def _final(status: Status, record: OpRecord) -> Verdict:
     if isinstance(verdict, Success):
         return Success({**verdict.output, "final": None})
     return verdict
+
+
+def _room_only(retry: Mapping[str, Any] | None) -> bool:
+    """An active state that retries nothing: a batch submitted alone kept active only until
+    the pass frees its room in the queue (``opstate.retry.solo_room``; a job is never off)."""
+    from opstate.domain.retry import retry_view
+
+    doc = retry.get("doc") if retry is not None else None
+    return isinstance(doc, Mapping) and retry_view(doc)["status"] == "off"
 
 
 def decide(when: When, status: Status) -> Verdict:
