@@ -35,7 +35,7 @@ SAM := SAM_CLI_TELEMETRY=0 $(TOOLS_VENV)/bin/sam
 CFN_LINT := $(TOOLS_VENV)/bin/cfn-lint
 
 .PHONY: help run test test-setup builds unit lint typecheck pytest venv bench bench-quick clean \
-	tools rie-venv checkov-venv template-check build build-arm64 e2e dashboard mutate lambda-base-image \
+	tools rie-venv checkov-venv template-lint template-check build build-arm64 e2e dashboard mutate lambda-base-image \
 	lambda-base-image-if-docker samlocal package fake-gemini
 
 help:
@@ -52,6 +52,7 @@ help:
 	@echo "              modules (not part of make test; slow: fails on a survivor not marked"
 	@echo "              equivalent)"
 	@echo "make template-check - sam validate --lint, cfn-lint (+ serverless rules) and checkov on template.yaml"
+	@echo "              (make template-lint: the first two, as make test runs them)"
 	@echo "make build  - sam build (cached, parallel) into .aws-sam/build"
 	@echo "make package - without AWS credentials: the CLI's wheel and sdist in dist/, the built"
 	@echo "              template with its code as zips in dist/sam/ (and the SAR variant)"
@@ -100,13 +101,13 @@ $(RUN_STAMP): $(DEPS)
 	@echo "make: $(VENV) is ready to serve"
 
 # A virtualenv (1) is (re)created with interpreter (4) when missing or, given a minor version
-# (5), built by another python; refreshed when its requirements (2) change.
+# (5), built by another python; refreshed when its requirements (2) change; (6): more pip flags.
 define make_venv
 	@if [ ! -x $(1)/bin/python ] || { [ -n "$(5)" ] && ! $(1)/bin/python -c 'import sys; sys.exit(0 if "%d.%d" % sys.version_info[:2] == "$(5)" else 1)'; }; then \
 		test -n "$(4)" || exit 1; \
 		rm -rf $(1) && $(4) -m venv $(1); \
 	fi
-	$(1)/bin/python -m pip install $(PIP_FLAGS) -r $(2)
+	$(1)/bin/python -m pip install $(PIP_FLAGS) $(6) -r $(2)
 	@touch $(3)
 endef
 
@@ -117,9 +118,11 @@ $(TOOLS_STAMP): requirements-tools.txt
 $(RIE_STAMP): requirements-rie.txt
 	$(call make_venv,$(RIE_VENV),requirements-rie.txt,$(RIE_STAMP),$(PYTHON),$(LAMBDA_MINOR))
 
-# Checkov, like the tools, runs on the machine's python3.
+# Checkov, like the tools, runs on the machine's python3. --no-compile: pip's byte-compiling of
+# every module cost 23 CPU s of the install's 52; a checkov run (tests/e2e/test_template_scan.py,
+# make template-check) is 3.6 CPU s slower without the .pyc files (issue 49).
 $(CHECKOV_STAMP): requirements-checkov.txt
-	$(call make_venv,$(CHECKOV_VENV),requirements-checkov.txt,$(CHECKOV_STAMP),$(TOOLS_PYTHON),)
+	$(call make_venv,$(CHECKOV_VENV),requirements-checkov.txt,$(CHECKOV_STAMP),$(TOOLS_PYTHON),,--no-compile)
 
 tools: $(TOOLS_STAMP)
 
@@ -127,11 +130,14 @@ rie-venv: $(RIE_STAMP)
 
 checkov-venv: $(CHECKOV_STAMP)
 
-# Checkov: every finding is fixed or skipped in its resource's Metadata with a one-line reason
-# (docs/deploy.md, "Security scan"); --skip-download: no call to Prisma Cloud's API.
-template-check: $(TOOLS_STAMP) $(CHECKOV_STAMP)
+# The linters of template.yaml; `make test` runs these before pytest.
+template-lint: $(TOOLS_STAMP)
 	$(SAM) validate --lint
 	$(CFN_LINT) --append-rules cfn_lint_serverless.rules -- template.yaml
+
+# Checkov: every finding is fixed or skipped in its resource's Metadata with a one-line reason
+# (docs/deploy.md, "Security scan"); --skip-download: no call to Prisma Cloud's API.
+template-check: template-lint $(CHECKOV_STAMP)
 	$(CHECKOV) -f template.yaml --framework cloudformation --compact --quiet --skip-download
 
 # The dashboard and the saved Logs Insights queries are generated from opstate's metric table.
@@ -202,10 +208,12 @@ lint: $(STAMP)
 
 # The package is checked as the oldest Python the CLI supports (pyproject: 3.12) and as the
 # newest (3.14); the Lambda handlers, tests and scripts as pyproject says.
+# The handlers in one run (--explicit-package-bases names each functions.<name>.app) with the
+# package's options, so that run and the last reuse the first one's cache of opstate.
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy --python-version 3.14
-	@for f in functions/*/app.py; do $(VENV)/bin/mypy --strict --follow-imports=silent "$$f" || exit 1; done
+	$(VENV)/bin/mypy --strict --explicit-package-bases functions/*/app.py
 	$(VENV)/bin/mypy --strict tests/support tests/e2e tests/samlocal benchmarks scripts
 
 # pytest on every core (pytest-xdist; a module's tests on one worker, so that what they share -
@@ -226,8 +234,10 @@ unit: $(STAMP)
 # linters and the two builds run while the others wait on pip or Docker), then pytest: its e2e
 # and sam local tests run the build. TEST_JOBS=1 runs them one after another.
 # The two sam builds run one after the other (they share .aws-sam/build.toml).
+# Checkov is not run here: tests/e2e/test_template_scan.py runs the same scan and holds more
+# (nothing failed, something passed and something skipped), so only its virtualenv is made.
 TEST_JOBS ?= 4
-test-setup: lint typecheck template-check builds rie-venv lambda-base-image-if-docker
+test-setup: lint typecheck template-lint checkov-venv builds rie-venv lambda-base-image-if-docker
 
 builds: $(TOOLS_STAMP)
 	$(MAKE) --no-print-directory build

@@ -55,9 +55,14 @@ def test_make_test_runs_the_checks_side_by_side_before_pytest() -> None:
     prerequisites = (ROOT / "Makefile").read_text(encoding="utf-8").split("\ntest-setup:", 1)[1]
     needed = prerequisites.split("\n", 1)[0].split()
     assert set(needed) == {
-        *("lint", "typecheck", "template-check", "builds", "rie-venv"),
+        *("lint", "typecheck", "template-lint", "checkov-venv", "builds", "rie-venv"),
         "lambda-base-image-if-docker",
     }
+    # Checkov runs once, in pytest (tests/e2e/test_template_scan.py), not also before it.
+    assert not [x for x in lines[:tests] if "checkov -f template.yaml" in x]
+    scan = (ROOT / "tests" / "e2e" / "test_template_scan.py").read_text(encoding="utf-8")
+    assert '"template.yaml"' in scan and '"cloudformation"' in scan
+    assert 'report["summary"]["failed"] == 0' in scan
     # The two sam builds share .aws-sam/build.toml: one after the other, never side by side.
     builds = prerequisites.split("\nbuilds:", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
     assert [line.split()[-1] for line in builds] == ["build", "build-arm64"]
