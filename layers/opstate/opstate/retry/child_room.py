@@ -54,11 +54,7 @@ UNCOUNTED = Held({}, False)
 
 def live(entry: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The reservation ``entry`` holds (recorded and not freed), if any."""
-    found = entry.get(RESERVED)
-    if not isinstance(found, Mapping) or found.get("freed"):
-        return None
-    good = isinstance(found.get("model"), str) and isinstance(found.get("tokens"), int)
-    return found if good else None
+    return room.reservation(entry.get(RESERVED))
 
 
 def hold(runner: Runner, entry: Mapping[str, Any]) -> Held | None:

@@ -16,6 +16,9 @@ SQLite and DynamoDB), which only grow:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from opstate.config import SubmitSettings, model_id
 from opstate.store.counters import CountingStore
 
@@ -101,3 +104,14 @@ def cap_for(store: CountingStore, model: str, configured: int) -> int:
     """The cap ``model`` is fed under: the configured one, or a learned one below it."""
     taught = learned(store, model)
     return min(configured, taught) if taught is not None else configured
+
+
+def reservation(found: object) -> dict[str, Any] | None:
+    """A recorded reservation not yet freed (``{"model", "tokens"}``: a retry child's entry's,
+    a batch submitted alone's), else None."""
+    if not isinstance(found, Mapping) or found.get("freed"):
+        return None
+    model, tokens = found.get("model"), found.get("tokens")
+    if not isinstance(model, str) or not isinstance(tokens, int) or isinstance(tokens, bool):
+        return None
+    return {"model": model, "tokens": tokens}

@@ -43,16 +43,6 @@ class NoRoom(Exception):
     """The model's queue has no room for the batch by opstate's count: nothing was sent."""
 
 
-def live(found: object) -> Mapping[str, Any] | None:
-    """A recorded reservation not yet freed (``{"model", "tokens"}``), else None."""
-    if not isinstance(found, Mapping) or found.get("freed"):
-        return None
-    model, tokens = found.get("model"), found.get("tokens")
-    if not isinstance(model, str) or not isinstance(tokens, int) or isinstance(tokens, bool):
-        return None
-    return {"model": model, "tokens": tokens}
-
-
 def take(
     store: RetryingStore, limits: SubmitSettings, model: str, tokens: int
 ) -> Mapping[str, Any] | None:
@@ -61,9 +51,7 @@ def take(
     when there is no room."""
     if not isinstance(store, CountingStore):
         return {}
-    model = model_id(model)
-    cap = room.cap_for(store, model, limits.enqueued_cap(model))
-    tokens = max(1, min(tokens, cap))
+    model, cap, tokens = _sized(store, limits, model, tokens)
     if not room.reserve(store, model, tokens, cap, limits.submit_max_batches):
         return None
     return {"model": model, "tokens": tokens}
@@ -74,17 +62,24 @@ def fits(store: RetryingStore, limits: SubmitSettings, model: str, tokens: int) 
     reserves, just before the upload)."""
     if not isinstance(store, CountingStore):
         return True
-    model = model_id(model)
-    cap = room.cap_for(store, model, limits.enqueued_cap(model))
-    tokens = max(1, min(tokens, cap))
+    model, cap, tokens = _sized(store, limits, model, tokens)
     if room.open_slots(store) + 1 > limits.submit_max_batches:
         return False
     return room.enqueued(store, model) + tokens <= cap
 
 
+def _sized(
+    store: CountingStore, limits: SubmitSettings, model: str, tokens: int
+) -> tuple[str, int, int]:
+    """The model's id, the cap it is fed under and the batch's tokens, at most that cap."""
+    model = model_id(model)
+    cap = room.cap_for(store, model, limits.enqueued_cap(model))
+    return model, cap, max(1, min(tokens, cap))
+
+
 def give_back(store: RetryingStore, held: Mapping[str, Any] | None) -> None:
     """Free ``held`` (once: its freeing is written first, or it was never written)."""
-    found = live(held)
+    found = room.reservation(held)
     if found is not None and isinstance(store, CountingStore):
         room.free(store, str(found["model"]), int(found["tokens"]))
 
@@ -99,14 +94,14 @@ def queue_full(exc: BaseException) -> bool:
 def record(store: RetryingStore, name: str, created_ns: int, held: Mapping[str, Any]) -> None:
     """Write ``held`` into the retry state of the batch ``name`` (kept just before by
     ``attach_policy``); a state that is ``done`` (no policy) is made active."""
-    found = live(held)
+    found = room.reservation(held)
     if found is None:
         return
     for _ in range(WRITE_TRIES):
         state = store.get_retry(name)
         if state is None or state.created_ns != created_ns:
             return
-        if live(state.doc.get(RESERVED)) is not None or state.doc.get(RESERVED):
+        if room.reservation(state.doc.get(RESERVED)) is not None or state.doc.get(RESERVED):
             return  # recorded already (a call found again)
         doc = {**state.doc, RESERVED: dict(found)}
         due = state.due_ns if state.status == RETRY_ACTIVE else 0
@@ -119,7 +114,7 @@ def settle(runner: Runner, root: OpRecord, state: RetryState) -> RetryState | No
     """A root holding a batch's reservation: once the batch is terminal, the reservation is
     written ``freed`` (and the state ``done`` when no policy asks for retries), then given
     back. None when the pass has nothing more to do for the root (no policy)."""
-    held = live(state.doc.get(RESERVED))
+    held = room.reservation(state.doc.get(RESERVED))
     if held is None:
         return state
     only = not enabled(policy_of(state.doc))

@@ -52,7 +52,7 @@ from opstate.gemini.submit import (
 from opstate.ingest import ingest
 from opstate.observability import log_fields, logger
 from opstate.outcomes.sink import Sink
-from opstate.retry import adoption, solo_room
+from opstate.retry import adoption, room, solo_room
 from opstate.retry.acting import read_job
 from opstate.retry.authority import VIA_SUBMIT
 from opstate.retry.inputs import InputError, KeptInput, keep_input, source_chunks, verified
@@ -139,7 +139,7 @@ def submit(
     created = event is None
     # The batch's room: one an earlier call of this submit recorded (it died before the
     # create, or without its answer), else taken now.
-    held = solo_room.live((earlier or {}).get(solo_room.RESERVED))
+    held: Mapping[str, Any] | None = room.reservation((earlier or {}).get(solo_room.RESERVED))
     if event is None:
         if held is None and reserve is not None:
             held = reserve()
@@ -321,7 +321,7 @@ def _read_marker(sink: Sink, key: str) -> Mapping[str, Any] | None:
 
 
 def live_held(held: Mapping[str, Any] | None) -> bool:
-    return solo_room.live(held) is not None
+    return room.reservation(held) is not None
 
 
 def _write_marker(
