@@ -232,8 +232,18 @@ PYTEST_WORKERS ?= auto
 PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 # The benchmark checks (marker bench: the AWS cost benchmark's quick day) are left to
 # `make bench-check`, which .ci/run runs after make test.
+# The run's temporary files (pytest's tmp_path, and TMPDIR for what the tests start) go to a
+# directory of their own under PYTEST_TMP_ROOT (scripts/test-tmp-root.sh: a RAM disk when there
+# is one with room), removed after a run that passed and kept (its path printed) after one that
+# did not.
+PYTEST_TMP_ROOT ?= $(shell scripts/test-tmp-root.sh)
 pytest: $(STAMP)
-	$(PY) -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,$(PYTEST_XDIST)) -m "not bench" $(PYTEST_ARGS)
+	@run=$$(mktemp -d "$(PYTEST_TMP_ROOT)/opstate-pytest.XXXXXX") || exit 1; status=0; \
+	echo "make: pytest's temporary files in $$run"; \
+	TMPDIR="$$run" $(PY) -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,$(PYTEST_XDIST)) \
+		--basetemp="$$run/basetemp" -m "not bench" $(PYTEST_ARGS) || status=$$?; \
+	if [ $$status = 0 ]; then rm -rf "$$run"; else echo "make: kept $$run (pytest exited $$status)"; fi; \
+	exit $$status
 
 # The inner loop: tests/unit (the domain and the modules around it; no servers, no AWS, no
 # build). A unit test marked `slow` leaves this loop; `make test` still runs it.
