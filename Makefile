@@ -42,7 +42,7 @@ CFN_LINT := $(TOOLS_VENV)/bin/cfn-lint
 
 .PHONY: help run test test-setup builds unit lint typecheck pytest venv bench bench-quick bench-check clean \
 	tools rie-venv checkov-venv template-lint template-check build build-arm64 e2e dashboard mutate lambda-base-image \
-	lambda-base-image-if-docker samlocal package fake-gemini
+	lambda-base-image-if-docker samlocal package fake-gemini collect
 
 help:
 	@echo "make run    - set up .venv if needed (the runtime only), then serve the app on http://127.0.0.1:3000"
@@ -257,7 +257,13 @@ unit: $(STAMP)
 # Checkov is not run here: tests/e2e/test_template_scan.py runs the same scan and holds more
 # (nothing failed, something passed and something skipped), so only its virtualenv is made.
 TEST_JOBS ?= 4
-test-setup: lint typecheck template-lint checkov-venv builds rie-venv lambda-base-image-if-docker
+test-setup: lint typecheck template-lint checkov-venv builds rie-venv lambda-base-image-if-docker \
+	collect
+
+# pytest's collection once, beside the checks: it writes the test modules' rewritten bytecode
+# (and opstate's), which both workers then read: about 5 CPU s each to collect, not 14.
+collect: $(STAMP)
+	$(PY) -m pytest --collect-only -q -p no:cacheprovider > /dev/null
 
 builds: $(TOOLS_STAMP)
 	$(MAKE) --no-print-directory build
