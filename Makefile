@@ -15,6 +15,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEPS := pyproject.toml layers/opstate/requirements.txt functions/reconcile/requirements.txt \
 	functions/archiver/requirements.txt
+# Python writes its bytecode caches (__pycache__, git-ignored) for what these targets run,
+# even where the environment says PYTHONDONTWRITEBYTECODE (this project's machines do): with
+# it, every process compiled opstate from source again, and pytest re-wrote the asserts of
+# every test module in each worker and in each pytest it starts (issue 49: collecting the suite
+# 13.5 CPU s the first time, 5.4 once the caches exist).
+unexport PYTHONDONTWRITEBYTECODE
 PIP_FLAGS := --disable-pip-version-check --no-input --quiet
 # The project's own install shows pip's progress (what it collects, downloads and installs), so
 # that a first `make run` / `make test` never looks hung.
@@ -34,9 +40,9 @@ CHECKOV := $(CHECKOV_VENV)/bin/checkov
 SAM := SAM_CLI_TELEMETRY=0 $(TOOLS_VENV)/bin/sam
 CFN_LINT := $(TOOLS_VENV)/bin/cfn-lint
 
-.PHONY: help run test test-setup builds unit lint typecheck pytest venv bench bench-quick clean \
+.PHONY: help run test test-setup builds unit lint typecheck pytest venv bench bench-quick bench-check clean \
 	tools rie-venv checkov-venv template-lint template-check build build-arm64 e2e dashboard mutate lambda-base-image \
-	lambda-base-image-if-docker samlocal package fake-gemini
+	lambda-base-image-if-docker samlocal package fake-gemini collect
 
 help:
 	@echo "make run    - set up .venv if needed (the runtime only), then serve the app on http://127.0.0.1:3000"
@@ -48,6 +54,8 @@ help:
 	@echo "              127.0.0.1:8790 (prints the line to paste; README, Try it offline)"
 	@echo "make bench  - benchmarks (not part of make test; cold start also in a Lambda-like container"
 	@echo "              when Docker answers); make bench-quick for a short run"
+	@echo "make bench-check - the AWS cost benchmark's quick day as a pytest (.ci/run runs it"
+	@echo "              after make test)"
 	@echo "make mutate - the mutation gate over the retry room's and the job queue's pure"
 	@echo "              modules (not part of make test; slow: fails on a survivor not marked"
 	@echo "              equivalent)"
@@ -222,8 +230,20 @@ typecheck: $(STAMP)
 # the slowest. PYTEST_WORKERS=0: one process, as before; PYTEST_WORKERS=4: four workers.
 PYTEST_WORKERS ?= auto
 PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+# The benchmark checks (marker bench: the AWS cost benchmark's quick day) are left to
+# `make bench-check`, which .ci/run runs after make test.
+# The run's temporary files (pytest's tmp_path, and TMPDIR for what the tests start) go to a
+# directory of their own under PYTEST_TMP_ROOT (scripts/test-tmp-root.sh: a RAM disk when there
+# is one with room), removed after a run that passed and kept (its path printed) after one that
+# did not.
+PYTEST_TMP_ROOT ?= $(shell scripts/test-tmp-root.sh)
 pytest: $(STAMP)
-	$(PY) -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,$(PYTEST_XDIST)) $(PYTEST_ARGS)
+	@run=$$(mktemp -d "$(PYTEST_TMP_ROOT)/opstate-pytest.XXXXXX") || exit 1; status=0; \
+	echo "make: pytest's temporary files in $$run"; \
+	TMPDIR="$$run" $(PY) -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,$(PYTEST_XDIST)) \
+		--basetemp="$$run/basetemp" -m "not bench" $(PYTEST_ARGS) || status=$$?; \
+	if [ $$status = 0 ]; then rm -rf "$$run"; else echo "make: kept $$run (pytest exited $$status)"; fi; \
+	exit $$status
 
 # The inner loop: tests/unit (the domain and the modules around it; no servers, no AWS, no
 # build). A unit test marked `slow` leaves this loop; `make test` still runs it.
@@ -237,7 +257,13 @@ unit: $(STAMP)
 # Checkov is not run here: tests/e2e/test_template_scan.py runs the same scan and holds more
 # (nothing failed, something passed and something skipped), so only its virtualenv is made.
 TEST_JOBS ?= 4
-test-setup: lint typecheck template-lint checkov-venv builds rie-venv lambda-base-image-if-docker
+test-setup: lint typecheck template-lint checkov-venv builds rie-venv lambda-base-image-if-docker \
+	collect
+
+# pytest's collection once, beside the checks: it writes the test modules' rewritten bytecode
+# (and opstate's), which both workers then read: about 5 CPU s each to collect, not 14.
+collect: $(STAMP)
+	$(PY) -m pytest --collect-only -q -p no:cacheprovider > /dev/null
 
 builds: $(TOOLS_STAMP)
 	$(MAKE) --no-print-directory build
@@ -252,6 +278,11 @@ bench: $(STAMP) build lambda-base-image-if-docker
 
 bench-quick: $(STAMP) build lambda-base-image-if-docker
 	$(PY) benchmarks/run.py --quick
+
+# The benchmarks that must keep running (issue 48: a change that breaks the AWS cost
+# benchmark fails the build): the pytest marked bench. .ci/run runs it after make test.
+bench-check: $(STAMP)
+	$(PY) -m pytest -m bench tests/integration/test_bench_aws_cost_quick.py $(PYTEST_ARGS)
 
 # Mutation testing (tools/mutate.py): every mutant of the gated modules (its GATED: domain.retry,
 # domain.refusals, retry.rules, retry.final, domain.parts, retry.jobs) against their

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +23,8 @@ for _key, _value in {
     "POWERTOOLS_DEV": "false",
 }.items():
     os.environ[_key] = _value
+# The disk's temporary directory, read before anything changes TMPDIR (token_tmp_path).
+_DISK_TMP = "/var/tmp" if os.path.isdir("/var/tmp") else None
 os.environ.pop("AWS_PROFILE", None)
 os.environ.pop("GEMINI_API_KEY", None)
 os.environ.pop("GOOGLE_API_KEY", None)
@@ -35,6 +40,22 @@ def moto_server() -> Iterator[MotoServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def token_tmp_path(tmp_path: Path) -> Iterator[Path]:
+    """A temporary folder opstate accepts as a credentials folder: ``tmp_path``, unless that
+    resolves under /proc, /sys or /dev, which opstate refuses on purpose (``make test`` puts
+    tmp_path on /dev/shm when it can: the Makefile's PYTEST_TMP_ROOT); then a folder made on
+    the disk's temporary directory and removed afterwards."""
+    if not str(tmp_path.resolve()).startswith(("/proc/", "/sys/", "/dev/")):
+        yield tmp_path
+        return
+    folder = Path(tempfile.mkdtemp(prefix="opstate-token-", dir=_DISK_TMP))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

@@ -123,8 +123,9 @@ def test_the_secret_never_names_a_local_file(
 
 
 def test_a_local_file_source_reads_only_inside_its_folder(
-    fake_gemini: FakeGemini, cloud: GoogleCloudSide, tmp_path: Path, loopback: None
+    fake_gemini: FakeGemini, cloud: GoogleCloudSide, token_tmp_path: Path, loopback: None
 ) -> None:
+    tmp_path = token_tmp_path
     folder = tmp_path / "tokens"
     folder.mkdir()
     outside = tmp_path / "private.txt"

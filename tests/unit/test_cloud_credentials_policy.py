@@ -210,7 +210,8 @@ def test_no_configured_folder_opens_proc(folder: str) -> None:
         assert refusal(file_config(path), local_token_dir=folder) is not None
 
 
-def test_a_symlink_out_of_the_folder_is_refused_once_resolved(tmp_path: Path) -> None:
+def test_a_symlink_out_of_the_folder_is_refused_once_resolved(token_tmp_path: Path) -> None:
+    tmp_path = token_tmp_path
     folder = tmp_path / "tokens"
     folder.mkdir()
     (folder / "token").write_text("t")
