@@ -108,12 +108,8 @@ def local_lambda(
     local_moto: MotoServer, session_gemini: LocalGemini, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalLambda]:
     """One ``sam local start-lambda --warm-containers LAZY`` for the run: AWS is the moto
-    server, Gemini the fake one; the reconciler discovers every batch the key lists (the
-    stack's default is ``tracked``, issue 48: the reconcile test holds what a run discovers)."""
-    env = sam_environment(
-        local_moto.endpoint,
-        {"GOOGLE_GEMINI_BASE_URL": session_gemini.base_url, "OPSTATE_DISCOVER": "all"},
-    )
+    server, Gemini the fake one."""
+    env = sam_environment(local_moto.endpoint, {"GOOGLE_GEMINI_BASE_URL": session_gemini.base_url})
     log_path = tmp_path_factory.mktemp("start-lambda") / "start-lambda.log"
     local = start_lambda(env, free_port(), log_path)
     record_timing(
