@@ -1,7 +1,8 @@
 """Fixtures of the ``sam local`` tests (marker ``samlocal``): Docker checked once, one moto
-server on the Docker bridge's gateway, the local table / bus / consumer queue / results bucket
-of events/env.json recreated for every test, and the wall-clock timings printed at the end of
-the run."""
+server and one fake Gemini server on the Docker bridge's gateway, one ``sam local
+start-lambda`` pointed at both, the local table / bus / consumer queue / results bucket of
+events/env.json recreated (and the fake Gemini emptied) for every test, and the wall-clock
+timings printed at the end of the run."""
 
 from __future__ import annotations
 
@@ -16,15 +17,23 @@ import pytest
 from tests.samlocal.harness import (
     REGION,
     Invocation,
+    LocalLambda,
     bridge_gateway,
     missing_prerequisite,
     require,
     sam_environment,
+    start_lambda,
 )
-from tests.support.motoserver import MotoServer, start_moto_server
+from tests.support.fake_gemini import FakeGemini, _State
+from tests.support.motoserver import MotoServer, free_port, start_moto_server
 from tests.support.streams import lambda_stream_records
 from tests.support.template import create_table_from_template
-from tests.support.webhooks import LOCAL_EVENT_BUS, LOCAL_RESULTS_BUCKET, LOCAL_TABLE
+from tests.support.webhooks import (
+    LOCAL_EVENT_BUS,
+    LOCAL_GEMINI_API_KEY,
+    LOCAL_RESULTS_BUCKET,
+    LOCAL_TABLE,
+)
 
 TIMINGS: list[tuple[str, float]] = []
 
@@ -40,10 +49,8 @@ def record_timing(label: str, seconds: float) -> None:
     TIMINGS.append((label, seconds))
 
 
-def record_invocation(invocation: Invocation) -> None:
-    record_timing(
-        f"sam local invoke {invocation.function} -e {invocation.event}", invocation.seconds
-    )
+def record_invocation(invocation: Invocation, how: str = "sam local invoke") -> None:
+    record_timing(f"{how} {invocation.function} -e {invocation.event}", invocation.seconds)
 
 
 @pytest.fixture(scope="session")
@@ -62,6 +69,56 @@ def local_moto(docker_gateway: str) -> Iterator[MotoServer]:
         yield server
     finally:
         server.stop()
+
+
+class LocalGemini(FakeGemini):
+    """The fake Gemini server of the whole run, emptied between tests: the functions'
+    containers keep the address they started with."""
+
+    def reset(self) -> None:
+        with self._lock:
+            self._state = _State()
+            self.requests.clear()
+            self._reply_headers.clear()
+        self._close_submits()
+        self._init_submits()
+
+
+@pytest.fixture(scope="session")
+def session_gemini(docker_gateway: str) -> Iterator[LocalGemini]:
+    fake = LocalGemini(host=docker_gateway)
+    # Any other key gets 401: success proves events/env.json's key reached the function.
+    fake.api_key = LOCAL_GEMINI_API_KEY
+    fake.start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+@pytest.fixture
+def local_gemini(session_gemini: LocalGemini) -> LocalGemini:
+    """The run's fake Gemini server, empty."""
+    session_gemini.reset()
+    return session_gemini
+
+
+@pytest.fixture(scope="session")
+def local_lambda(
+    local_moto: MotoServer, session_gemini: LocalGemini, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalLambda]:
+    """One ``sam local start-lambda --warm-containers LAZY`` for the run: AWS is the moto
+    server, Gemini the fake one."""
+    env = sam_environment(local_moto.endpoint, {"GOOGLE_GEMINI_BASE_URL": session_gemini.base_url})
+    log_path = tmp_path_factory.mktemp("start-lambda") / "start-lambda.log"
+    local = start_lambda(env, free_port(), log_path)
+    record_timing(
+        "sam local start-lambda --warm-containers LAZY: until it answers", local.started_s
+    )
+    try:
+        yield local
+    finally:
+        local.stop()
 
 
 @dataclass

@@ -32,6 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import boto3
+from botocore import UNSIGNED
+from botocore.config import Config
+
 from tests.e2e.harness import BUILT_TEMPLATE, stale_build_files
 from tests.support.prerequisites import require as _require
 
@@ -195,7 +199,8 @@ def sam_invoke(
 
 @dataclass
 class LocalApi:
-    """A running ``sam local start-api --warm-containers EAGER``."""
+    """A running ``sam local start-api --warm-containers LAZY`` (a container for a function at
+    its first request: EAGER would start all six, the test calls one)."""
 
     process: subprocess.Popen[bytes]
     base_url: str
@@ -232,30 +237,37 @@ class LocalApi:
             return status, raw.decode(errors="replace")
 
     def container_ids(self) -> list[str]:
-        ids = []
-        for line in self.log_text().splitlines():
-            if "SAM_CONTAINER_ID:" in line:
-                ids.append(line.rsplit(":", 1)[1].strip())
-        return ids
+        return container_ids(self.log_text())
 
     def stop(self) -> None:
-        """Ctrl-C (SAM then removes its warm containers), then the process group; any
-        container SAM reported and left behind is removed."""
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGINT)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        leftovers = self.container_ids()
-        if leftovers:
-            _docker("rm", "-f", *leftovers, timeout_s=60)
+        stop_sam(self.process, self.container_ids())
         self.run_s = time.monotonic() - self.t0
+
+
+def stop_sam(process: subprocess.Popen[bytes], container_ids: list[str]) -> None:
+    """Ctrl-C (SAM then removes its warm containers), then the process group; any container
+    SAM reported and left behind is removed."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    leftovers = [cid for cid in container_ids if cid]
+    if leftovers:
+        _docker("rm", "-f", *leftovers, timeout_s=60)
+
+
+def container_ids(log: str) -> list[str]:
+    """The containers SAM reported starting (``SAM_CONTAINER_ID:`` lines of its log)."""
+    return [
+        line.rsplit(":", 1)[1].strip() for line in log.splitlines() if "SAM_CONTAINER_ID:" in line
+    ]
 
 
 def start_api(
@@ -272,7 +284,7 @@ def start_api(
                 "--port",
                 str(port),
                 "--warm-containers",
-                "EAGER",
+                "LAZY",
             ),
             cwd=ROOT,
             env=dict(env),
@@ -295,3 +307,120 @@ def start_api(
             time.sleep(0.25)
     api.stop()
     raise RuntimeError(f"sam local start-api did not answer in time\n{api.log_text()[-4000:]}")
+
+
+# --- sam local start-lambda ---------------------------------------------------------------------
+
+
+@dataclass
+class LocalLambda:
+    """A running ``sam local start-lambda --warm-containers LAZY``: AWS's Lambda Invoke API on
+    a local port, one container per function made at its first invoke and kept for the next
+    ones. The functions' logs go to SAM's stderr (here ``log_path``); the answer is the
+    Invoke API's payload."""
+
+    process: subprocess.Popen[bytes]
+    endpoint: str
+    log_path: Path
+    client: Any = field(repr=False)
+    started_s: float = 0.0  # from the command to the first answer
+    t0: float = field(default_factory=time.monotonic)
+
+    def log_bytes(self) -> bytes:
+        try:
+            return self.log_path.read_bytes()
+        except FileNotFoundError:
+            return b""
+
+    def log_text(self) -> str:
+        return self.log_bytes().decode(errors="replace")
+
+    def invoke(self, function: str, event_path: Path, log_holds: str = "") -> Invocation:
+        """``Invoke`` (RequestResponse) with the event file's bytes as the payload; the logs
+        are what SAM wrote from the call on, once they hold ``log_holds`` (a container's
+        output may trail its answer by a moment)."""
+        offset = len(self.log_bytes())
+        started = time.monotonic()
+        response = self.client.invoke(FunctionName=function, Payload=event_path.read_bytes())
+        payload = response["Payload"].read()
+        seconds = time.monotonic() - started
+        deadline = time.monotonic() + 30.0
+        while log_holds not in (logs := self.log_bytes()[offset:].decode(errors="replace")):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        try:
+            result = json.loads(payload)
+        except ValueError as exc:
+            raise InvokeError(f"not JSON: {payload[:500]!r}\n{logs[-4000:]}") from exc
+        if response.get("FunctionError") or (
+            isinstance(result, dict) and "errorType" in result and "errorMessage" in result
+        ):
+            raise InvokeError(f"{function} raised: {result}\n{logs[-4000:]}")
+        return Invocation(function, event_path.name, result, logs, seconds)
+
+    def stop(self) -> None:
+        stop_sam(self.process, container_ids(self.log_text()))
+
+
+def lambda_client(endpoint: str) -> Any:
+    """boto3's Lambda client on ``sam local start-lambda``, configured as SAM's help shows:
+    unsigned, no retries; a read timeout longer than any run here (urllib3 refuses 0)."""
+    return boto3.client(
+        "lambda",
+        region_name=REGION,
+        endpoint_url=endpoint,
+        config=Config(signature_version=UNSIGNED, read_timeout=300, retries={"max_attempts": 0}),
+    )
+
+
+def start_lambda(
+    env: Mapping[str, str], port: int, log_path: Path, timeout_s: float = 240.0
+) -> LocalLambda:
+    started = time.monotonic()
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            sam_command(
+                "local",
+                "start-lambda",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--warm-containers",
+                "LAZY",
+            ),
+            cwd=ROOT,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        client = lambda_client(endpoint)
+    except Exception:
+        stop_sam(process, [])
+        raise
+    local = LocalLambda(process, endpoint, log_path, client, t0=started)
+    probe = urllib.request.Request(endpoint + "/2015-03-31/functions/WebhookFunction/invocations")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"sam local start-lambda exited {process.returncode}\n{local.log_text()}"
+            )
+        try:
+            # Any HTTP answer means the server is up (a GET on the invoke path is 405).
+            with urllib.request.urlopen(probe, timeout=2):
+                pass
+        except urllib.error.HTTPError:
+            pass
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            time.sleep(0.25)
+            continue
+        local.started_s = time.monotonic() - started
+        return local
+    local.stop()
+    raise RuntimeError(f"sam local start-lambda did not answer in time\n{local.log_text()[-4000:]}")

@@ -1,13 +1,17 @@
 """``sam local`` itself on the built app, in Docker (marker ``samlocal``, part of ``make test``).
 
-- every file in ``events/`` through ``sam local invoke`` (``--env-vars events/env.json``, the
-  file docs/deploy.md shows), with exactly the answers events/README.md promises, in its order;
-- ``sam local start-api --warm-containers EAGER``: signed webhook, redelivery, forged, oversized,
-  GET; then the table's stream (read from moto) is handed to the built notifier through
-  ``sam local invoke NotifyFunction`` and lands once on the bus -> rule -> SQS;
-- ``sam local invoke ReconcileFunction -e events/schedule.json`` against the fake Gemini server;
-- ``sam local invoke ArchiverFunction`` on a terminal change (issue 21): the fake Gemini serves
-  the batch's output file, the built archiver copies it into moto S3 and summarises it.
+- every API event in ``events/`` (``--env-vars events/env.json``, the file docs/deploy.md
+  shows), with exactly the answers events/README.md promises, in its order, through one ``sam
+  local start-lambda --warm-containers LAZY`` (the conftest's ``local_lambda``: one warm
+  container per function for the whole module, where each ``sam local invoke`` starts a new
+  one and SAM rebuilds its invoke image for it);
+- ``sam local start-api --warm-containers LAZY``: signed webhook, redelivery, forged, oversized,
+  GET; then the table's stream (read from moto) is handed to the built notifier (start-lambda)
+  and lands once on the bus -> rule -> SQS;
+- ``sam local invoke ReconcileFunction -e events/schedule.json`` (the command docs/deploy.md
+  shows a user) against the fake Gemini server;
+- ``ArchiverFunction`` on a terminal change (issue 21): the fake Gemini serves the batch's
+  output file, the built archiver copies it into moto S3 and summarises it.
 
 See harness.py for the network (the Docker bridge's gateway) and the prerequisites.
 """
@@ -28,18 +32,18 @@ from opstate.domain.times import format_time
 from opstate.ingest import ingest
 from opstate.outcomes.results import results_json
 from opstate.store.dynamodb import DynamoDBStore
-from tests.samlocal.conftest import LocalStack, record_invocation, record_timing
+from tests.samlocal.conftest import LocalGemini, LocalStack, record_invocation, record_timing
 from tests.samlocal.harness import (
     EVENTS_DIR,
+    LocalLambda,
     missing_prerequisite,
     sam_invoke,
     start_api,
 )
 from tests.samlocal.test_local_config import PROMISED, SAMPLE_UPDATE_TIME, SCHEDULE, readme_order
-from tests.support.fake_gemini import FakeGemini
 from tests.support.motoserver import free_port
 from tests.support.prerequisites import in_ci
-from tests.support.webhooks import LOCAL_GEMINI_API_KEY, LOCAL_RESULTS_URL, SAMPLE_NAME
+from tests.support.webhooks import LOCAL_RESULTS_URL, SAMPLE_NAME
 
 pytestmark = pytest.mark.samlocal
 
@@ -54,15 +58,15 @@ def body_of(response: dict[str, Any]) -> Any:
     return json.loads(response["body"])
 
 
-def test_every_event_through_sam_local_invoke_in_readme_order(
-    local_stack: LocalStack,
+def test_every_event_through_sam_local_start_lambda_in_readme_order(
+    local_stack: LocalStack, local_lambda: LocalLambda
 ) -> None:
-    env = local_stack.sam_env()
     for name in readme_order():
         if name == SCHEDULE:
             continue  # the reconciler's event: test_reconcile_... below
-        invocation = sam_invoke("WebhookFunction", EVENTS_DIR / name, env)
-        record_invocation(invocation)
+        quarantined = "webhook quarantined" if name == "webhook-malformed-json.json" else ""
+        invocation = local_lambda.invoke("WebhookFunction", EVENTS_DIR / name, quarantined)
+        record_invocation(invocation, "start-lambda Invoke")
         status, fields = PROMISED[name]
         response = invocation.result
         assert response["statusCode"] == status, (name, response, invocation.logs[-3000:])
@@ -79,14 +83,14 @@ def test_every_event_through_sam_local_invoke_in_readme_order(
 
 
 def test_start_api_then_the_stream_drives_the_built_notifier(
-    local_stack: LocalStack, tmp_path: Path
+    local_stack: LocalStack, local_lambda: LocalLambda, tmp_path: Path
 ) -> None:
     signed = json.loads((EVENTS_DIR / "webhook-batch-succeeded.json").read_text())
     forged = json.loads((EVENTS_DIR / "webhook-bad-signature.json").read_text())
     oversized = json.loads((EVENTS_DIR / "webhook-oversized.json").read_text())
     env = local_stack.sam_env()
     api = start_api(env, free_port(), tmp_path / "start-api.log")
-    record_timing("sam local start-api --warm-containers EAGER: until it answers", api.started_s)
+    record_timing("sam local start-api --warm-containers LAZY: until it answers", api.started_s)
     try:
         record_path = f"/operations/{SAMPLE_NAME}"
         status, _ = api.request("GET", record_path)
@@ -128,8 +132,8 @@ def test_start_api_then_the_stream_drives_the_built_notifier(
     ] == [("INSERT", SAMPLE_NAME)]
     event_file = tmp_path / "stream.json"
     event_file.write_text(json.dumps(stream_event))
-    invocation = sam_invoke("NotifyFunction", event_file, env)
-    record_invocation(invocation)
+    invocation = local_lambda.invoke("NotifyFunction", event_file)
+    record_invocation(invocation, "start-lambda Invoke")
     assert invocation.result == {"batchItemFailures": []}
     announced = local_stack.received()
     assert len(announced) == 1, announced
@@ -149,7 +153,9 @@ def test_start_api_then_the_stream_drives_the_built_notifier(
     assert detail["updateTime"] == SAMPLE_UPDATE_TIME
 
 
-def test_reconcile_schedule_against_the_fake_gemini(local_stack: LocalStack) -> None:
+def test_reconcile_schedule_against_the_fake_gemini(
+    local_stack: LocalStack, local_gemini: LocalGemini
+) -> None:
     tracked = "models/veo-3.1-generate-preview/operations/local-video"
     store = DynamoDBStore(local_stack.table, client=local_stack.client("dynamodb"))
     try:
@@ -157,27 +163,26 @@ def test_reconcile_schedule_against_the_fake_gemini(local_stack: LocalStack) -> 
     finally:
         store.close()
 
-    with FakeGemini(host=local_stack.gateway) as fake:
-        # Any other key gets 401: success proves events/env.json's key reached the function.
-        fake.api_key = LOCAL_GEMINI_API_KEY
-        fake.put_batch(
-            "batches/local-running", "BATCH_STATE_RUNNING", update_time="2026-05-10T09:00:00Z"
-        )
-        fake.put_batch(
-            "batches/local-done", "BATCH_STATE_SUCCEEDED", update_time="2026-05-10T09:30:00Z"
-        )
-        fake.put_video(tracked, done=True, video_uri="https://example.invalid/local.mp4")
-        fake.put_webhook("wh-local", name="local", state="disabled_due_to_failed_deliveries")
-        invocation = sam_invoke(
-            "ReconcileFunction",
-            EVENTS_DIR / SCHEDULE,
-            # Discovery of every batch the key lists (the stack's default is `tracked`,
-            # issue 48): this test holds what a run discovers.
-            local_stack.sam_env(GOOGLE_GEMINI_BASE_URL=fake.base_url, OPSTATE_DISCOVER="all"),
-        )
-        record_invocation(invocation)
-        assert fake.hits("webhooks") >= 1
-        assert fake.hits(tracked) >= 1
+    # The fake answers only events/env.json's key: success proves it reached the function.
+    fake = local_gemini
+    fake.put_batch(
+        "batches/local-running", "BATCH_STATE_RUNNING", update_time="2026-05-10T09:00:00Z"
+    )
+    fake.put_batch(
+        "batches/local-done", "BATCH_STATE_SUCCEEDED", update_time="2026-05-10T09:30:00Z"
+    )
+    fake.put_video(tracked, done=True, video_uri="https://example.invalid/local.mp4")
+    fake.put_webhook("wh-local", name="local", state="disabled_due_to_failed_deliveries")
+    invocation = sam_invoke(
+        "ReconcileFunction",
+        EVENTS_DIR / SCHEDULE,
+        # Discovery of every batch the key lists (the stack's default is `tracked`, issue 48):
+        # this test holds what a run discovers.
+        local_stack.sam_env(GOOGLE_GEMINI_BASE_URL=fake.base_url, OPSTATE_DISCOVER="all"),
+    )
+    record_invocation(invocation)
+    assert fake.hits("webhooks") >= 1
+    assert fake.hits(tracked) >= 1
 
     result = invocation.result
     assert result["errors"] == 0, invocation.logs[-3000:]
@@ -210,7 +215,7 @@ def batch_output() -> bytes:
 
 
 def test_the_built_archiver_copies_a_batch_output_to_s3(
-    local_stack: LocalStack, tmp_path: Path
+    local_stack: LocalStack, local_lambda: LocalLambda, local_gemini: LocalGemini, tmp_path: Path
 ) -> None:
     name = "batches/local-archived"
     now_ns = time.time_ns()
@@ -231,20 +236,13 @@ def test_the_built_archiver_copies_a_batch_output_to_s3(
     event_file = tmp_path / "terminal-change.json"
     event_file.write_text(json.dumps(trigger))
 
-    with FakeGemini(host=local_stack.gateway) as fake:
-        # Any other key gets 401: success proves events/env.json's key reached the function.
-        fake.api_key = LOCAL_GEMINI_API_KEY
-        file = fake.put_file(
-            "local-out", body=data, expiration_time=format_time(now_ns + 3600 * 10**9)
-        )
-        fake.put_batch(name, "BATCH_STATE_SUCCEEDED", responses_file=file)
-        invocation = sam_invoke(
-            "ArchiverFunction",
-            event_file,
-            local_stack.sam_env(GOOGLE_GEMINI_BASE_URL=fake.base_url),
-        )
-        record_invocation(invocation)
-        downloads = [r for r in fake.requests if r.name == file and r.verb == "download"]
+    # The fake answers only events/env.json's key: success proves it reached the function.
+    fake = local_gemini
+    file = fake.put_file("local-out", body=data, expiration_time=format_time(now_ns + 3600 * 10**9))
+    fake.put_batch(name, "BATCH_STATE_SUCCEEDED", responses_file=file)
+    invocation = local_lambda.invoke("ArchiverFunction", event_file)
+    record_invocation(invocation, "start-lambda Invoke")
+    downloads = [r for r in fake.requests if r.name == file and r.verb == "download"]
     assert len(downloads) == 1, fake.requests
 
     result = invocation.result
