@@ -17,6 +17,7 @@ import sys
 import tarfile
 import threading
 import time
+import tomllib
 import urllib.error
 import urllib.request
 import zipfile
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 
 import opstate
-from tests.support.source_build import built_once
+from tests.support.source_build import BUILD_FLAGS, built_once
 
 ROOT = Path(__file__).resolve().parents[2]
 STATIC = ROOT / "layers" / "opstate" / "opstate" / "local" / "static"
@@ -46,6 +47,17 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(wheel, sdist) as ``make package`` builds them (one build per test run, shared with
     test_cli_oldest_python.py: tests/support/source_build.py)."""
     return built_once(tmp_path_factory)
+
+
+def test_make_package_builds_with_the_backend_the_dev_extra_installs() -> None:
+    """``make package`` (and the build the tests install) is ``python -m build --no-isolation``
+    (issue 49: no throwaway build environment, with setuptools pip-installed into it, per
+    build): so the dev extra holds each of [build-system]'s requires, word for word."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    dev = project["project"]["optional-dependencies"]["dev"]
+    assert set(project["build-system"]["requires"]) <= set(dev)
+    recipe = (ROOT / "Makefile").read_text(encoding="utf-8").split("\npackage:", 1)[1]
+    assert f"-m build {' '.join(BUILD_FLAGS)} --outdir dist ." in recipe.split("\n\n", 1)[0]
 
 
 def clean_env(home: Path) -> dict[str, str]:

@@ -23,6 +23,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# make package's (the Makefile): the build backend is the dev virtualenv's (pyproject's dev extra
+# holds [build-system]'s requires), not one pip installs into a fresh environment per build.
+BUILD_FLAGS = ("--no-isolation",)
 
 
 def lock_path() -> Path:
@@ -51,18 +54,18 @@ def run_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def built_once(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(wheel, sdist) of this checkout as ``make package`` builds them (``python -m build``: the
-    sdist, then the wheel from the sdist), built once per pytest run: the first test to ask
-    builds under the lock into the run's root, the later ones (on any worker) wait for the lock
-    and take the same two files. Read them, never change them. A failed build is not kept:
-    the next test to ask builds again (and fails with the build's output too)."""
+    """(wheel, sdist) of this checkout as ``make package`` builds them (``python -m build
+    --no-isolation``: the sdist, then the wheel from the sdist), built once per pytest run: the
+    first test to ask builds under the lock into the run's root, the later ones (on any worker)
+    wait for the lock and take the same two files. Read them, never change them. A failed build
+    is not kept: the next test to ask builds again (and fails with the build's output too)."""
     out = run_root(tmp_path_factory) / "opstate-dist"
     with source_tree_lock():
         if not out.is_dir():
             partial = out.with_name("opstate-dist.partial")
             shutil.rmtree(partial, ignore_errors=True)
             result = subprocess.run(
-                [sys.executable, "-m", "build", "--outdir", str(partial), str(ROOT)],
+                [sys.executable, "-m", "build", *BUILD_FLAGS, "--outdir", str(partial), str(ROOT)],
                 capture_output=True,
                 text=True,
                 timeout=600,
