@@ -160,14 +160,15 @@ build: $(TOOLS_STAMP)
 	LAMBDA_PYTHON=$(PYTHON) $(SAM) build --cached --parallel
 
 # What a deploy or a publish needs, made without AWS credentials (README.md, "Use it without a
-# clone"): dist/ gets the CLI's wheel and sdist (python -m build); dist/sam/ the built template
+# clone"): dist/ gets the CLI's wheel and sdist (python -m build, with the build backend the dev
+# extra installs: no throwaway environment per build); dist/sam/ the built template
 # with each function's and the layer's code as a zip (scripts/package.py; `sam deploy` uploads
 # them), template-sar.yaml (the variant the Serverless Application Repository accepts:
 # scripts/sar_template.py; SOURCE_URL=https://... fills its placeholder URLs), LICENSE and
 # README.md. Only `sam package` / `sam publish` / `sam deploy` need AWS.
 package: $(STAMP) build
 	rm -rf dist
-	$(PY) -m build --outdir dist .
+	$(PY) -m build --no-isolation --outdir dist .
 	$(PY) scripts/package.py .aws-sam/build dist/sam
 	$(PY) scripts/sar_template.py $(if $(SOURCE_URL),--source-url $(SOURCE_URL)) \
 		dist/sam/template.yaml dist/sam/template-sar.yaml

@@ -1,11 +1,12 @@
 """The operator CLI on the oldest Python it supports (issue 49): the wheel says
 ``requires-python >=3.12`` (the Lambda functions stay on 3.13, template.yaml's runtime), so the
-wheel is built, installed into a fresh virtualenv of a CPython 3.12 found on this machine
-(scripts/find-python.sh: PATH, pyenv's versions, Debian's package) from a folder outside any
-checkout by README.md's "Use it without a clone" line (its ``python3`` that Python), and the
-operator's commands run there: ``--version``, ``track`` / ``get`` / ``list``
-on an embedded SQLite store, then ``submit`` and ``retry --once`` against the fake Gemini (the
-real google-genai client on 3.12) until the lineage's final result is written.
+wheel ``make package`` builds (built once per test run, shared with test_wheel_install.py) is
+installed into a fresh virtualenv of a CPython 3.12 found on this machine (scripts/find-python.sh:
+PATH, pyenv's versions, Debian's package) from a folder outside any checkout by README.md's "Use
+it without a clone" line (its ``python3`` that Python), and the operator's commands run there:
+``--version``, ``track`` / ``get`` / ``list`` on an embedded SQLite store, then ``submit`` and
+``retry --once`` against the fake Gemini (the real google-genai client on 3.12) until the
+lineage's final result is written.
 
 No 3.12 on the machine: skipped with one line, failed under CI=true (.ci/run's machine has
 pyenv's 3.12)."""
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +26,7 @@ import opstate
 from tests.support.fake_gemini import FakeGemini
 from tests.support.prerequisites import require
 from tests.support.retry_rows import answered, failed, input_keys, write_input
-from tests.support.source_build import build_from_source
+from tests.support.source_build import built_once
 
 ROOT = Path(__file__).resolve().parents[2]
 OLDEST = "3.12"
@@ -90,8 +92,9 @@ def oldest_install(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[P
     work, shims = home / "work", home / "shims"
     shims.mkdir()
     (shims / "python3").symlink_to(python)
-    built = build_from_source(work / "dist", "--wheel")
-    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    wheel, _ = built_once(tmp_path_factory)  # make package's wheel, built once per test run
+    (work / "dist").mkdir(parents=True)
+    shutil.copy2(wheel, work / "dist" / wheel.name)
     env = clean_env(home)
     # pip reads these as its --no-compile / --disable-pip-version-check (the line stays as is).
     env |= {"PIP_NO_COMPILE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}

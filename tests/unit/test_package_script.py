@@ -103,38 +103,6 @@ def test_the_conditions_nothing_uses_any_more_are_dropped(tmp_path: Path) -> Non
     assert package.drop_unused_conditions({"Conditions": {"X": {}}, "Resources": {}}) == ["X"]
 
 
-@pytest.mark.slow
-def test_the_real_template_packaged_lints_clean(tmp_path: Path) -> None:
-    """template.yaml as sam build leaves it (each code directory named, BuildArchitecture
-    set), packaged, passes cfn-lint (the e2e test runs sam validate --lint on the real build)."""
-    import subprocess
-    import sys
-
-    template = load_template()
-    build = tmp_path / "build"
-    for logical_id, resource in template["Resources"].items():
-        prop = package.CODE_PROPERTY.get(resource["Type"])
-        if prop is not None:
-            resource["Properties"][prop] = logical_id
-            resource.setdefault("Metadata", {})["BuildArchitecture"] = "x86_64"
-            (build / logical_id).mkdir(parents=True)
-            (build / logical_id / "app.py").write_text("x = 1\n")
-    meta = template["Metadata"]["AWS::ServerlessRepo::Application"]
-    for field in ("LicenseUrl", "ReadmeUrl"):
-        meta[field] = "../" + Path(meta[field]).name
-        (tmp_path / Path(meta[field]).name).write_text("x\n")
-    (build / "template.yaml").write_text(dump_yaml(template))
-    package.package(build, tmp_path / "out")
-    cfn_lint = Path(sys.executable).with_name("cfn-lint")
-    result = subprocess.run(
-        [str(cfn_lint), "--", str(tmp_path / "out" / "template.yaml")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
 def test_a_location_that_is_no_built_directory_stops_it(tmp_path: Path) -> None:
     template = {**TEMPLATE, "Resources": {**TEMPLATE["Resources"]}}  # type: ignore[dict-item]
     template["Resources"]["Fn"] = {  # type: ignore[index]
