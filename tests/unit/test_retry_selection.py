@@ -22,7 +22,7 @@ from opstate.retry.rules import (
     transient_failures,
 )
 from opstate.retry.selection import select_keys
-from tests.unit.test_retry_memory import MIB, generated, peak_added
+from tests.unit.test_retry_memory import LONG_KEYS, MIB, generated, peak_added
 
 CAP = 1 << 20
 ROWS = {
@@ -82,7 +82,7 @@ def test_the_keys_taken_are_the_rules_own(
 
 
 def test_many_failed_long_keys_are_chosen_without_holding_their_text() -> None:
-    count = 20_000  # 512-character keys, ~10 MiB of key text, every one failed 503
+    count = LONG_KEYS  # 512-character keys, more text than the bound, every one failed 503
     source = generated(count, lambda k: b'{"key":"%s","request":{}}\n' % k.encode())
     output = generated(count, lambda k: b'{"key":"%s","error":{"code":503}}\n' % k.encode())
     picked = [0]
