@@ -48,7 +48,8 @@ help:
 	@echo "make run    - set up .venv if needed (the runtime only), then serve the app on http://127.0.0.1:3000"
 	@echo "make test   - set up .venv (and .tools-venv, .rie-venv) if needed, then ruff, mypy,"
 	@echo "              the template checks and sam build side by side, then the whole pytest"
-	@echo "              suite (incl. e2e) on every core (PYTEST_WORKERS=0: in one process)"
+	@echo "              suite (incl. e2e) on one worker more than the cores (PYTEST_WORKERS=0:"
+	@echo "              in one process)"
 	@echo "make unit   - the inner loop: the domain and unit tests only (tests/unit)"
 	@echo "make fake-gemini - try opstate without a Gemini key: the tests' fake Gemini on"
 	@echo "              127.0.0.1:8790 (prints the line to paste; README, Try it offline)"
@@ -229,7 +230,10 @@ typecheck: $(STAMP)
 # a server, a built wheel, a browser - is made once; the slowest modules first: tests/conftest.py).
 # --no-loadscope-reorder: xdist would otherwise send the modules with the most tests first, not
 # the slowest. PYTEST_WORKERS=0: one process, as before; PYTEST_WORKERS=4: four workers.
-PYTEST_WORKERS ?= auto
+# One worker more than the cores: the tests wait on subprocesses, Docker and servers often
+# enough that a third worker on two cores filled them (a fresh clone's pytest: 523 s on two
+# workers, 467 s on three, one run each, issue 49).
+PYTEST_WORKERS ?= $(shell n=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1); echo $$((n + 1)))
 PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 # The benchmark checks (marker bench: the AWS cost benchmark's quick day) are left to
 # `make bench-check`, which .ci/run runs after make test.
