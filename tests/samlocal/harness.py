@@ -273,15 +273,16 @@ def container_ids(log: str) -> list[str]:
     ]
 
 
-def start_api(
-    env: Mapping[str, str], port: int, log_path: Path, timeout_s: float = 240.0
-) -> LocalApi:
-    started = time.monotonic()
+def launch_local(
+    command: str, env: Mapping[str, str], port: int, log_path: Path
+) -> subprocess.Popen[bytes]:
+    """``sam local COMMAND`` (start-api or start-lambda) on 127.0.0.1:PORT with LAZY warm
+    containers, in its own session (``stop_sam`` stops the group), its output in ``log_path``."""
     with log_path.open("wb") as log:
-        process = subprocess.Popen(
+        return subprocess.Popen(
             sam_command(
                 "local",
-                "start-api",
+                command,
                 "--host",
                 "127.0.0.1",
                 "--port",
@@ -296,6 +297,13 @@ def start_api(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+def start_api(
+    env: Mapping[str, str], port: int, log_path: Path, timeout_s: float = 240.0
+) -> LocalApi:
+    started = time.monotonic()
+    process = launch_local("start-api", env, port, log_path)
     api = LocalApi(process, f"http://127.0.0.1:{port}", log_path, t0=started)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -381,25 +389,7 @@ def start_lambda(
     env: Mapping[str, str], port: int, log_path: Path, timeout_s: float = 240.0
 ) -> LocalLambda:
     started = time.monotonic()
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            sam_command(
-                "local",
-                "start-lambda",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--warm-containers",
-                "LAZY",
-            ),
-            cwd=ROOT,
-            env=dict(env),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process = launch_local("start-lambda", env, port, log_path)
     endpoint = f"http://127.0.0.1:{port}"
     try:
         client = lambda_client(endpoint)
