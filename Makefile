@@ -21,10 +21,13 @@ DEPS := pyproject.toml layers/opstate/requirements.txt functions/reconcile/requi
 # every test module in each worker and in each pytest it starts (issue 49: collecting the suite
 # 13.5 CPU s the first time, 5.4 once the caches exist).
 unexport PYTHONDONTWRITEBYTECODE
-PIP_FLAGS := --disable-pip-version-check --no-input --quiet
+# --no-compile: pip byte-compiles every module it installs (moto's hundreds of services, sympy,
+# ...), most of which nothing here imports; Python compiles what is imported, once, and keeps it
+# (make writes bytecode caches: above). .venv's install: 48 -> 30 CPU s (issue 49).
+PIP_FLAGS := --disable-pip-version-check --no-input --quiet --no-compile
 # The project's own install shows pip's progress (what it collects, downloads and installs), so
 # that a first `make run` / `make test` never looks hung.
-PIP_PROGRESS_FLAGS := --disable-pip-version-check --no-input
+PIP_PROGRESS_FLAGS := --disable-pip-version-check --no-input --no-compile
 # Build/lint tools (aws-sam-cli, cfn-lint) live in their own virtualenv so that their pins never
 # shape the runtime environment; the e2e tests' runtime interface client lives in another one
 # that holds nothing else.
@@ -110,13 +113,13 @@ $(RUN_STAMP): $(DEPS)
 	@echo "make: $(VENV) is ready to serve"
 
 # A virtualenv (1) is (re)created with interpreter (4) when missing or, given a minor version
-# (5), built by another python; refreshed when its requirements (2) change; (6): more pip flags.
+# (5), built by another python; refreshed when its requirements (2) change.
 define make_venv
 	@if [ ! -x $(1)/bin/python ] || { [ -n "$(5)" ] && ! $(1)/bin/python -c 'import sys; sys.exit(0 if "%d.%d" % sys.version_info[:2] == "$(5)" else 1)'; }; then \
 		test -n "$(4)" || exit 1; \
 		rm -rf $(1) && $(4) -m venv $(1); \
 	fi
-	$(1)/bin/python -m pip install $(PIP_FLAGS) $(6) -r $(2)
+	$(1)/bin/python -m pip install $(PIP_FLAGS) -r $(2)
 	@touch $(3)
 endef
 
@@ -127,11 +130,10 @@ $(TOOLS_STAMP): requirements-tools.txt
 $(RIE_STAMP): requirements-rie.txt
 	$(call make_venv,$(RIE_VENV),requirements-rie.txt,$(RIE_STAMP),$(PYTHON),$(LAMBDA_MINOR))
 
-# Checkov, like the tools, runs on the machine's python3. --no-compile: pip's byte-compiling of
-# every module cost 23 CPU s of the install's 52; a checkov run (tests/e2e/test_template_scan.py,
-# make template-check) is 3.6 CPU s slower without the .pyc files (issue 49).
+# Checkov, like the tools, runs on the machine's python3 (pip's byte-compiling cost 23 CPU s of
+# its install's 52).
 $(CHECKOV_STAMP): requirements-checkov.txt
-	$(call make_venv,$(CHECKOV_VENV),requirements-checkov.txt,$(CHECKOV_STAMP),$(TOOLS_PYTHON),,--no-compile)
+	$(call make_venv,$(CHECKOV_VENV),requirements-checkov.txt,$(CHECKOV_STAMP),$(TOOLS_PYTHON),)
 
 tools: $(TOOLS_STAMP)
 
