@@ -1,7 +1,7 @@
 """Each architecture's build holds only its own machine code.
 
 ``make build`` (Architecture=x86_64, the default) and ``make build-arm64``
-(``--parameter-overrides Architecture=arm64`` into ``.aws-sam/build-arm64``): every ELF file of
+(``--parameter-overrides Architecture=arm64`` into ``.aws-sam/arm64/build``): every ELF file of
 the functions and the layer (shared objects, executables) is x86-64 in the first and aarch64
 in the second - pip fetched aarch64 wheels for the arm64 build, never the build host's
 x86-64 ones. Then, where Docker can run arm64 containers (qemu-user-static with binfmt_misc)
@@ -21,7 +21,7 @@ from tests.support.template import load_template
 
 pytestmark = pytest.mark.e2e
 
-ARM64_BUILD = ROOT / ".aws-sam" / "build-arm64"
+ARM64_BUILD = ROOT / ".aws-sam" / "arm64" / "build"
 EM_X86_64 = 62
 EM_AARCH64 = 183
 ARM64_IMAGE = "public.ecr.aws/lambda/python:3.13-arm64"
