@@ -76,10 +76,19 @@ Cli = Callable[[list[str], dict[str, str | None]], Result]
 
 
 @pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Cli:
+def cli(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    plain_http_tls: dict[str, str],
+) -> Cli:
     """``opstate ARGS`` in this process, in tmp_path, with ``env`` set: as ``run_cli`` runs it
-    (none of the run's store, key or secret settings), without a process of its own."""
+    (none of the run's store, key or secret settings), without a process of its own. The fakes
+    speak plain HTTP: google-genai's clients, here and in the rotate processes (which get this
+    environment), load one CA certificate (``tests.support.ca_file``)."""
     monkeypatch.chdir(tmp_path)
+    for key, value in plain_http_tls.items():
+        monkeypatch.setenv(key, value)
     for name in (
         "OPSTATE_STORE",
         "OPSTATE_TABLE_NAME",
