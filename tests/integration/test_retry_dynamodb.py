@@ -21,6 +21,7 @@ import pytest
 from opstate.config import Settings
 from opstate.domain.states import is_terminal
 from opstate.notify import RESULTS_FINAL_DETAIL_TYPE, RETRY_SUBMITTED_DETAIL_TYPE
+from opstate.outcomes import s3_sink
 from opstate.outcomes.wiring import archive_from_settings
 from opstate.retry.passes import RetryResult
 from opstate.retry.wiring import (
@@ -48,6 +49,18 @@ def aws(rig: Rig, fake_gemini: FakeGemini, monkeypatch: pytest.MonkeyPatch) -> t
     """The rig's table and bus, a results bucket in the same moto, and the fake Gemini (the
     SDK reads its base URL from the environment)."""
     monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", fake_gemini.base_url)
+    # One S3 client, made by opstate's own ``_make_client`` when a step first opens a results
+    # sink, for every sink the test's steps open: each deployed step makes its own, a boto3
+    # Session each (~0.2 CPU s under moto, 40-odd times in test_job_dynamodb.py; issue 49).
+    made: list[Any] = []
+    make = s3_sink._make_client
+
+    def shared_client() -> Any:
+        if not made:
+            made.append(make())
+        return made[0]
+
+    monkeypatch.setattr(s3_sink, "_make_client", shared_client)
     s3 = boto3.client("s3", region_name="us-east-1")
     s3.create_bucket(Bucket=BUCKET)
     subscribe_all(rig)

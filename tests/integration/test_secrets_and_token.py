@@ -1,11 +1,16 @@
-"""Operator flows around secrets, as an operator runs them (subprocesses, real google-genai client
-against the fake Gemini webhooks API, Secrets Manager in moto server, ``opstate serve``):
+"""Operator flows around secrets, as an operator runs them (the real google-genai client against
+the fake Gemini webhooks API, Secrets Manager in moto server, ``opstate serve``):
 
 - issue 18: two overlapping ``rotate`` runs lose nothing (local file and Secrets Manager); a
   rotation prunes only what the rotated webhook stopped listing; a failed ``register`` prints
   a recovery command that names the destination it used;
 - issue 12: ``opstate serve`` reads its secret file by the one rule, and its operations routes
   need the API token, which the printed curl example uses.
+
+The overlapping rotations are two ``opstate`` processes, and serve is one; every other command
+runs in the test's own process (``tests.support.cli.in_process``, in the test's folder and with
+none of the run's store, key or secret settings): what they prove is what the command wrote and
+said, and a process each was ~1 CPU s of importing (issue 49).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import stat
 import subprocess
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +32,7 @@ import boto3
 import pytest
 
 from opstate.webhook_secrets import parse_stored
+from tests.support.cli import Result, in_process
 from tests.support.fake_gemini_webhooks import FakeGeminiWebhooks
 from tests.support.serve_process import OPSTATE, TEST_API_TOKEN, cli_env, http, run_cli, start_serve
 from tests.support.webhooks import sign
@@ -65,9 +72,39 @@ def sm_keys(arn: str, env: dict[str, str | None]) -> list[str]:
     return list(parse_stored(value).keys)
 
 
-def cli(args: list[str], cwd: Path, env: dict[str, str | None]) -> subprocess.CompletedProcess[str]:
-    result = run_cli(args, cwd=cwd, env=env, timeout=60)
-    return result
+Cli = Callable[[list[str], dict[str, str | None]], Result]
+
+
+@pytest.fixture
+def cli(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    plain_http_tls: dict[str, str],
+) -> Cli:
+    """``opstate ARGS`` in this process, in tmp_path, with ``env`` set: as ``run_cli`` runs it
+    (none of the run's store, key or secret settings), without a process of its own. The fakes
+    speak plain HTTP: google-genai's clients, here and in the rotate processes (which get this
+    environment), load one CA certificate (``tests.support.ca_file``)."""
+    monkeypatch.chdir(tmp_path)
+    for key, value in plain_http_tls.items():
+        monkeypatch.setenv(key, value)
+    for name in (
+        "OPSTATE_STORE",
+        "OPSTATE_TABLE_NAME",
+        "OPSTATE_WEBHOOK_SECRETS",
+        "OPSTATE_WEBHOOK_SECRET_ARN",
+        "GEMINI_API_KEY",
+        "GOOGLE_GEMINI_BASE_URL",
+        "AWS_ENDPOINT_URL_SECRETS_MANAGER",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    run = in_process(monkeypatch, capsys)
+
+    def one(args: list[str], env: dict[str, str | None]) -> Result:
+        return run(*args, env={k: v for k, v in env.items() if v is not None})
+
+    return one
 
 
 def all_secrets(server: FakeGeminiWebhooks, webhook_id: str) -> set[str]:
@@ -102,11 +139,11 @@ def overlapping_rotations(
 
 
 def test_overlapping_rotations_keep_every_secret_in_the_local_file(
-    fake: FakeGeminiWebhooks, tmp_path: Path
+    cli: Cli, fake: FakeGeminiWebhooks, tmp_path: Path
 ) -> None:
     env = gemini(fake)
     url = "https://tunnel.example.test/gemini/webhook"
-    assert cli(["webhooks", "register", "--url", url], tmp_path, env).returncode == 0
+    assert cli(["webhooks", "register", "--url", url], env).code == 0
     overlapping_rotations(fake, ["--id", "wh1"], tmp_path, env)
     path = tmp_path / ".opstate" / "webhook-secret"
     stored = set(parse_stored(path.read_bytes()).keys)
@@ -117,13 +154,16 @@ def test_overlapping_rotations_keep_every_secret_in_the_local_file(
 
 
 def test_overlapping_rotations_keep_every_secret_in_secrets_manager(
-    fake: FakeGeminiWebhooks, tmp_path: Path, secret_arn: tuple[str, dict[str, str | None]]
+    cli: Cli,
+    fake: FakeGeminiWebhooks,
+    tmp_path: Path,
+    secret_arn: tuple[str, dict[str, str | None]],
 ) -> None:
     arn, aws = secret_arn
     env = {**gemini(fake), **aws}
     url = "https://hooks.example.test/gemini/webhook"
-    result = cli(["webhooks", "register", "--url", url, "--secret-arn", arn], tmp_path, env)
-    assert result.returncode == 0, result.stderr
+    result = cli(["webhooks", "register", "--url", url, "--secret-arn", arn], env)
+    assert result.code == 0, result.err
     overlapping_rotations(fake, ["--id", "wh1", "--secret-arn", arn], tmp_path, env)
     stored = sm_keys(arn, env)
     assert set(stored) == all_secrets(fake, "wh1")
@@ -134,29 +174,29 @@ def test_overlapping_rotations_keep_every_secret_in_secrets_manager(
 # --- issue 18 item 2: prune only what this webhook stopped listing -------------------------------
 
 
-def test_rotate_keeps_another_projects_and_hand_added_secrets(tmp_path: Path) -> None:
+def test_rotate_keeps_another_projects_and_hand_added_secrets(cli: Cli, tmp_path: Path) -> None:
     project_a, project_b = FakeGeminiWebhooks().start(), FakeGeminiWebhooks().start()
     try:
         url = "https://tunnel.example.test/gemini/webhook"
         for project in (project_a, project_b):
-            result = cli(["webhooks", "register", "--url", url], tmp_path, gemini(project))
-            assert result.returncode == 0, result.stderr
+            result = cli(["webhooks", "register", "--url", url], gemini(project))
+            assert result.code == 0, result.err
         path = tmp_path / ".opstate" / "webhook-secret"
         path.write_text(path.read_text() + HAND_KEY + "\n")
         a_old = project_a.current_secret("wh1")
         b_key = project_b.current_secret("wh1")
 
         # Default revocation: the previous key stays valid for 24 h: kept.
-        result = cli(["webhooks", "rotate"], tmp_path, gemini(project_a))
-        assert result.returncode == 0, result.stderr
+        result = cli(["webhooks", "rotate"], gemini(project_a))
+        assert result.code == 0, result.err
         a_new = project_a.current_secret("wh1")
         assert parse_stored(path.read_bytes()).keys == (a_new, b_key, a_old, HAND_KEY)
 
         # Immediate revocation: wh1 listed a_new before and no longer does: dropped (a_old is
         # still honoured for the rest of its 24 h: kept). Project B's key and the key added by
         # hand are not this webhook's to drop.
-        result = cli(["webhooks", "rotate", "--revoke-now"], tmp_path, gemini(project_a))
-        assert result.returncode == 0, result.stderr
+        result = cli(["webhooks", "rotate", "--revoke-now"], gemini(project_a))
+        assert result.code == 0, result.err
         a_newest = project_a.current_secret("wh1")
         stored = parse_stored(path.read_bytes()).keys
         assert stored[0] == a_newest
@@ -171,7 +211,10 @@ def test_rotate_keeps_another_projects_and_hand_added_secrets(tmp_path: Path) ->
 
 
 def test_failed_register_hint_repeats_the_secret_arn(
-    fake: FakeGeminiWebhooks, tmp_path: Path, secret_arn: tuple[str, dict[str, str | None]]
+    cli: Cli,
+    fake: FakeGeminiWebhooks,
+    tmp_path: Path,
+    secret_arn: tuple[str, dict[str, str | None]],
 ) -> None:
     _, aws = secret_arn
     env = {**gemini(fake), **aws}
@@ -181,24 +224,24 @@ def test_failed_register_hint_repeats_the_secret_arn(
     # The Secrets Manager write fails after Gemini created the webhook (the secret is gone).
     fake.after_create = lambda: client.delete_secret(SecretId=name, ForceDeleteWithoutRecovery=True)
     url = "https://hooks.example.test/gemini/webhook"
-    result = cli(["webhooks", "register", "--url", url, "--secret-arn", name], tmp_path, env)
+    result = cli(["webhooks", "register", "--url", url, "--secret-arn", name], env)
     fake.after_create = None
-    assert result.returncode == 1
+    assert result.code == 1
     hint = f"opstate webhooks rotate --id wh1 --secret-arn {name}"
-    assert hint in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
-    assert fake.current_secret("wh1") not in result.stderr
+    assert hint in result.err, result.err
+    assert len(result.err.strip().splitlines()) == 1
+    assert fake.current_secret("wh1") not in result.err
 
     # Following the hint, as printed, stores the new secret in Secrets Manager, not locally.
     client.create_secret(Name=name)
-    result = cli(shlex.split(hint)[1:], tmp_path, env)
-    assert result.returncode == 0, result.stderr
+    result = cli(shlex.split(hint)[1:], env)
+    assert result.code == 0, result.err
     assert sm_keys(name, env)[0] == fake.current_secret("wh1")
     assert not (tmp_path / ".opstate" / "webhook-secret").exists()
 
 
 def test_failed_register_hint_repeats_the_secret_file(
-    fake: FakeGeminiWebhooks, tmp_path: Path
+    cli: Cli, fake: FakeGeminiWebhooks, tmp_path: Path
 ) -> None:
     path = tmp_path / "secrets" / "hook-secret"
 
@@ -209,27 +252,27 @@ def test_failed_register_hint_repeats_the_secret_file(
     fake.after_create = break_the_file
     url = "https://tunnel.example.test/gemini/webhook"
     args = ["webhooks", "register", "--url", url, "--secret-file", str(path)]
-    result = cli(args, tmp_path, gemini(fake))
+    result = cli(args, gemini(fake))
     fake.after_create = None
-    assert result.returncode == 1
+    assert result.code == 1
     assert f"opstate webhooks rotate --id wh1 --secret-file {shlex.quote(str(path))}" in (
-        result.stderr
-    ), result.stderr
+        result.err
+    ), result.err
 
 
 def test_rotate_warns_about_ignored_entries_by_position_and_writes_keys_only(
-    fake: FakeGeminiWebhooks, tmp_path: Path
+    cli: Cli, fake: FakeGeminiWebhooks, tmp_path: Path
 ) -> None:
     env = gemini(fake)
     url = "https://tunnel.example.test/gemini/webhook"
-    assert cli(["webhooks", "register", "--url", url], tmp_path, env).returncode == 0
+    assert cli(["webhooks", "register", "--url", url], env).code == 0
     path = tmp_path / ".opstate" / "webhook-secret"
     first = fake.current_secret("wh1")
     path.write_text(f"# current secret\n{first}\n# rotated 2026-05-10, old one below\nCHANGEME\n")
-    result = cli(["webhooks", "rotate"], tmp_path, env)
-    assert result.returncode == 0, result.stderr
-    assert "line 4 is not a webhook secret" in result.stderr
-    assert "CHANGEME" not in result.stderr + result.stdout
+    result = cli(["webhooks", "rotate"], env)
+    assert result.code == 0, result.err
+    assert "line 4 is not a webhook secret" in result.err
+    assert "CHANGEME" not in result.err + result.out
     assert path.read_text() == f"{fake.current_secret('wh1')}\n{first}\n"
 
 

@@ -52,6 +52,7 @@ from tests.reliability.sharing import (
     stop_all,
     summary,
 )
+from tests.support.ca_file import plain_http_env
 from tests.support.fake_gemini import FakeGemini
 from tests.support.retry_rows import answered, failed, input_keys, request_bytes, request_line
 from tests.support.serve_process import OPSTATE, ServeProcess, cli_env, run_cli, start_serve
@@ -203,6 +204,9 @@ def make_run(folder: Path, fake: FakeGemini, **extra: str) -> Run:
         "OPSTATE_RESULTS_URL": (folder / "results").as_uri(),
         "OPSTATE_WEBHOOK_SECRETS": None,
         **audit_env(folder, db),
+        # The fake speaks plain HTTP: each process's google-genai clients load one CA
+        # certificate, not certifi's bundle, for TLS contexts nothing uses (issue 49).
+        **plain_http_env(folder),
         **extra,
     }
     return Run(folder, fake, GeminiSide(fake), env)
@@ -475,14 +479,32 @@ def reader_commands(run: Run) -> Iterator[Command]:
 
 
 def produce(run: Run, url: Callable[[], str], stop: threading.Event) -> None:
-    """The good submits, tracks and PUTs, with hostile PUTs between them (new names, roots
-    already acknowledged, and a retry child once there is one)."""
+    """The good submits, each in a thread of its own, and the tracks and PUTs, with hostile
+    PUTs between them (new names, roots already acknowledged, and a retry child once there is
+    one). The submits one after another took most of the run's wall time, and the retry and
+    reader loops beside them spend CPU for as long as the run lasts (issue 49)."""
+    submits = [threading.Thread(target=submit_good, args=(run, i)) for i in range(SUBMITS)]
+    for submit in submits:
+        submit.start()
+    try:
+        between(run, url, stop)
+    finally:
+        for submit in submits:
+            submit.join(timeout=120)
+    if wait_until(lambda: bool(children_in(run.db)), 30):
+        child = children_in(run.db)[0]
+        body = json.dumps({"state": "SUCCEEDED", "retry": {"maxAttempts": 1}}).encode()
+        put_hostile(run, url(), child, body, track_name=False)
+        if retry_rows(run.db)[child][0] != "member":
+            run.acks.error(f"a refused PUT changed the retry state of child {child}")
+
+
+def between(run: Run, url: Callable[[], str], stop: threading.Event) -> None:
+    """The tracks and PUTs, and the hostile PUTs (``produce``)."""
     bodies = hostile_bodies()
     for i in range(max(SUBMITS, TRACKS, PUTS)):
         if stop.is_set():
             return
-        if i < SUBMITS:
-            submit_good(run, i)
         for j in range(3):
             put_hostile(run, url(), f"batches/hostile-{i}-{j}", next(bodies), track_name=True)
         if i < TRACKS:
@@ -491,12 +513,6 @@ def produce(run: Run, url: Callable[[], str], stop: threading.Event) -> None:
             put_hostile(run, url(), name, next(bodies), track_name=False)
         if i < PUTS:
             put_good(run, url, i)
-    if wait_until(lambda: bool(children_in(run.db)), 30):
-        child = children_in(run.db)[0]
-        body = json.dumps({"state": "SUCCEEDED", "retry": {"maxAttempts": 1}}).encode()
-        put_hostile(run, url(), child, body, track_name=False)
-        if retry_rows(run.db)[child][0] != "member":
-            run.acks.error(f"a refused PUT changed the retry state of child {child}")
 
 
 def children_in(db: Path) -> list[str]:
@@ -689,10 +705,15 @@ def test_kill_9_of_retry_passes_and_serve_leaves_one_child_per_plan(tmp_path: Pa
                 ]
                 for t in threads:
                     t.start()
-                for i in range(4):
-                    submit_good(run, i)
-                track_good(run, 0)
-                put_good(run, killer.url, 0)
+                # The roots are made at once, each writer a thread: one after another they took
+                # most of the run, and the retry loops spend CPU for as long as it lasts (issue 49).
+                writers = [threading.Thread(target=submit_good, args=(run, i)) for i in range(4)]
+                writers.append(threading.Thread(target=track_good, args=(run, 0)))
+                writers.append(threading.Thread(target=put_good, args=(run, killer.url, 0)))
+                for w in writers:
+                    w.start()
+                for w in writers:
+                    w.join(timeout=120)
                 wait_until(lambda: killer.killed["at create"] >= CREATE_KILLS, 60)
                 killer.kills_done.wait(60)
                 finished = wait_until(lambda: all_final(run), 90)
