@@ -705,15 +705,10 @@ def test_kill_9_of_retry_passes_and_serve_leaves_one_child_per_plan(tmp_path: Pa
                 ]
                 for t in threads:
                     t.start()
-                # The roots are made at once, each writer a thread: one after another they took
-                # most of the run, and the retry loops spend CPU for as long as it lasts (issue 49).
-                writers = [threading.Thread(target=submit_good, args=(run, i)) for i in range(4)]
-                writers.append(threading.Thread(target=track_good, args=(run, 0)))
-                writers.append(threading.Thread(target=put_good, args=(run, killer.url, 0)))
-                for w in writers:
-                    w.start()
-                for w in writers:
-                    w.join(timeout=120)
+                for i in range(4):
+                    submit_good(run, i)
+                track_good(run, 0)
+                put_good(run, killer.url, 0)
                 wait_until(lambda: killer.killed["at create"] >= CREATE_KILLS, 60)
                 killer.kills_done.wait(60)
                 finished = wait_until(lambda: all_final(run), 90)
