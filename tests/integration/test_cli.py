@@ -23,7 +23,7 @@ from opstate.domain.views import record_to_json
 from opstate.signatures import StaticSecretsVerifier
 from opstate.store.sqlite import SQLiteStore
 from opstate.webhook_secrets import merge_new, parse_stored, secret_matches
-from tests.support.cli import Result, in_process
+from tests.support.cli import Result, in_clean_process
 from tests.support.fake_gemini_webhooks import FakeGeminiWebhooks
 from tests.support.fake_gemini_webhooks import new_secret as fake_new_secret
 from tests.support.serve_process import cli_env, run_cli
@@ -48,18 +48,7 @@ T0 = "2026-05-10T09:00:00Z"
 @pytest.fixture
 def cli(monkeypatch, tmp_path, capsys):
     """Run ``main(argv)`` in tmp_path with a clean environment; returns a ``Result``."""
-    monkeypatch.chdir(tmp_path)
-    for key in (
-        "OPSTATE_STORE",
-        "OPSTATE_TABLE_NAME",
-        "OPSTATE_WEBHOOK_SECRETS",
-        "OPSTATE_WEBHOOK_SECRET_ARN",
-        "GEMINI_API_KEY",
-        "GOOGLE_GEMINI_BASE_URL",
-    ):
-        monkeypatch.delenv(key, raising=False)
-
-    yield in_process(monkeypatch, capsys)
+    yield in_clean_process(monkeypatch, capsys, tmp_path)
     settings.cache_clear()
 
 

@@ -31,7 +31,7 @@ from opstate.domain.model import OpRecord
 from opstate.domain.states import State
 from opstate.store.port import StoreUnavailableError
 from opstate.store.sqlite import SQLiteStore
-from tests.support.cli import Result, in_process
+from tests.support.cli import Result, in_clean_process
 from tests.support.serve_process import OPSTATE, cli_env
 from tests.support.template import create_table_from_template
 
@@ -44,18 +44,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     """``main(argv)`` in tmp_path with a clean environment; returns a ``Result``."""
-    monkeypatch.chdir(tmp_path)
-    for key in (
-        "OPSTATE_STORE",
-        "OPSTATE_TABLE_NAME",
-        "OPSTATE_WEBHOOK_SECRETS",
-        "OPSTATE_WEBHOOK_SECRET_ARN",
-        "GEMINI_API_KEY",
-        "GOOGLE_GEMINI_BASE_URL",
-    ):
-        monkeypatch.delenv(key, raising=False)
-
-    yield in_process(monkeypatch, capsys)
+    yield in_clean_process(monkeypatch, capsys, tmp_path)
     settings.cache_clear()
 
 

@@ -8,9 +8,9 @@ the fake Gemini webhooks API, Secrets Manager in moto server, ``opstate serve``)
   need the API token, which the printed curl example uses.
 
 The overlapping rotations are two ``opstate`` processes, and serve is one; every other command
-runs in the test's own process (``tests.support.cli.in_process``, in the test's folder and with
-none of the run's store, key or secret settings): what they prove is what the command wrote and
-said, and a process each was ~1 CPU s of importing (issue 49).
+runs in the test's own process (``tests.support.cli.in_clean_process``, in the test's folder
+and with none of the run's store, key or secret settings): what they prove is what the command
+wrote and said, and a process each was ~1 CPU s of importing (issue 49).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import boto3
 import pytest
 
 from opstate.webhook_secrets import parse_stored
-from tests.support.cli import Result, in_process
+from tests.support.cli import Result, in_clean_process
 from tests.support.fake_gemini_webhooks import FakeGeminiWebhooks
 from tests.support.serve_process import OPSTATE, TEST_API_TOKEN, cli_env, http, run_cli, start_serve
 from tests.support.webhooks import sign
@@ -86,20 +86,11 @@ def cli(
     (none of the run's store, key or secret settings), without a process of its own. The fakes
     speak plain HTTP: google-genai's clients, here and in the rotate processes (which get this
     environment), load one CA certificate (``tests.support.ca_file``)."""
-    monkeypatch.chdir(tmp_path)
     for key, value in plain_http_tls.items():
         monkeypatch.setenv(key, value)
-    for name in (
-        "OPSTATE_STORE",
-        "OPSTATE_TABLE_NAME",
-        "OPSTATE_WEBHOOK_SECRETS",
-        "OPSTATE_WEBHOOK_SECRET_ARN",
-        "GEMINI_API_KEY",
-        "GOOGLE_GEMINI_BASE_URL",
-        "AWS_ENDPOINT_URL_SECRETS_MANAGER",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    run = in_process(monkeypatch, capsys)
+    run = in_clean_process(
+        monkeypatch, capsys, tmp_path, also=("AWS_ENDPOINT_URL_SECRETS_MANAGER",)
+    )
 
     def one(args: list[str], env: dict[str, str | None]) -> Result:
         return run(*args, env={k: v for k, v in env.items() if v is not None})

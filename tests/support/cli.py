@@ -5,7 +5,8 @@ afresh for each run and its output captured (``opstate`` as a subprocess:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
@@ -43,3 +44,27 @@ def in_process(
         return Result(code, captured.out, captured.err)
 
     return run
+
+
+# The settings a run would otherwise take from the environment the suite runs in.
+RUN_SETTINGS = (
+    "OPSTATE_STORE",
+    "OPSTATE_TABLE_NAME",
+    "OPSTATE_WEBHOOK_SECRETS",
+    "OPSTATE_WEBHOOK_SECRET_ARN",
+    "GEMINI_API_KEY",
+    "GOOGLE_GEMINI_BASE_URL",
+)
+
+
+def in_clean_process(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    folder: Path,
+    also: Iterable[str] = (),
+) -> Callable[..., Result]:
+    """``in_process`` run in ``folder`` with none of ``RUN_SETTINGS`` (nor ``also``) set."""
+    monkeypatch.chdir(folder)
+    for name in (*RUN_SETTINGS, *also):
+        monkeypatch.delenv(name, raising=False)
+    return in_process(monkeypatch, capsys)
