@@ -67,9 +67,11 @@ class CountingSink:
         self.url = sink.url
         self.opened = 0
 
-    def open(self, key: str, *, name: str) -> AbstractContextManager[ObjectWriter]:
+    def open(
+        self, key: str, *, name: str, sha256: str = ""
+    ) -> AbstractContextManager[ObjectWriter]:
         self.opened += 1
-        return self.sink.open(key, name=name)
+        return self.sink.open(key, name=name, sha256=sha256)
 
     def head(self, key: str) -> StoredObject | None:
         return self.sink.head(key)

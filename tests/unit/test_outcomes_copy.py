@@ -63,8 +63,8 @@ class FailingSink(FileSink):
         self.error = error
 
     @contextmanager
-    def open(self, key: str, *, name: str) -> Iterator[Any]:
-        with super().open(key, name=name) as writer:
+    def open(self, key: str, *, name: str, sha256: str = "") -> Iterator[Any]:
+        with super().open(key, name=name, sha256=sha256) as writer:
             calls = {"n": 0}
             real = writer.write
 

@@ -110,7 +110,7 @@ def copy_object(
     """Stream ``item`` into the sink under ``key`` through its ledger; commit it only when it
     is what Gemini declared (else ``CopyError``, nothing left under ``key``)."""
     ledger = new_ledger(item, max_line_bytes)
-    with sink.open(key, name=name) as out:
+    with sink.open(key, name=name, sha256=declared(item)[1]) as out:
         tee = Tee(ledger, out)
         try:
             if item.file is not None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import unquote, urlsplit
 
-from opstate.outcomes.sink import SinkError, StoredObject
+from opstate.outcomes.sink import SinkError, StoredObject, check_digest
 from opstate.private_files import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
 
 CHUNK = 1024 * 1024
@@ -45,8 +45,11 @@ class _LinkFound(Exception):
 
 
 class _FileWriter:
-    def __init__(self, sink: FileSink, key: str, handle: BinaryIO, folder: int, temp: str) -> None:
+    def __init__(
+        self, sink: FileSink, key: str, handle: BinaryIO, folder: int, temp: str, expected: str
+    ) -> None:
         self.sink = sink
+        self.expected = expected
         self.key = key
         self.handle = handle
         self.folder = folder
@@ -60,6 +63,7 @@ class _FileWriter:
         return len(data)
 
     def commit(self, sha256: str) -> StoredObject:
+        check_digest(self.expected, sha256, self.key)
         self.handle.flush()
         os.fsync(self.handle.fileno())
         self.handle.close()
@@ -142,7 +146,7 @@ class FileSink:
         return fd
 
     @contextmanager
-    def open(self, key: str, *, name: str) -> Iterator[_FileWriter]:
+    def open(self, key: str, *, name: str, sha256: str = "") -> Iterator[_FileWriter]:
         parts = self.parts(key)
         try:
             folder = self._folder(parts[:-1], create=True)
@@ -161,7 +165,7 @@ class FileSink:
         except OSError as exc:
             os.close(folder)
             raise SinkError(f"cannot write under {self.root}: {exc}") from exc
-        writer = _FileWriter(self, key, handle, folder, temp)
+        writer = _FileWriter(self, key, handle, folder, temp, sha256)
         try:
             yield writer
         finally:

@@ -1,13 +1,26 @@
-"""The S3 sink (``s3://BUCKET/PREFIX``): streaming multipart uploads, bounded memory.
+"""The S3 sink (``s3://BUCKET/PREFIX``): bounded memory, as few PUT-class requests as an
+object allows (S3 bills each one; issue 48).
 
-Bytes are buffered up to ``part_size`` (8 MiB by default; S3's minimum is 5 MiB) and sent as
-one ``UploadPart`` each, so memory is bounded by the part size whatever the object's size. The
-upload goes to a temporary key under ``PREFIX/.incoming/``; ``commit`` completes it, then
-copies it to its final key with boto3's managed copy (multipart ``UploadPartCopy`` above 8 MiB,
-server side) setting the object metadata ``opstate-name`` and ``sha256``, and deletes the
-temporary object. Any failure before the commit aborts the multipart upload, so nothing that
-looks archived is left (the template's lifecycle rule also aborts forgotten uploads and expires
-``.incoming/``). The only module of the package importing boto3.
+Bytes are buffered up to ``part_size`` (8 MiB by default; S3's minimum is 5 MiB), so memory is
+bounded by the part size whatever the object's size. How an object is written:
+
+- **whole in one part** (the buffer never filled): ``commit`` writes it with one ``PutObject``
+  onto its key, with its metadata ``opstate-name`` and ``sha256`` (``summary.json``, ledgers,
+  markers, most inputs and outputs of a small batch): 1 request;
+- **larger, its sha256 known before its bytes** (``open(..., sha256=...)``: what Gemini
+  declared, a checked input's): a multipart upload onto the key itself, its metadata set when
+  it is created, one ``UploadPart`` per part; ``commit`` refuses any other digest and completes
+  it: parts + 2 requests;
+- **larger, its sha256 known only at the end**: a multipart upload to a temporary key under
+  ``PREFIX/.incoming/``, then one ``CopyObject`` onto its key with the metadata (boto3's
+  managed multipart copy above ``COPY_ONE_REQUEST_MAX``, S3's one-request limit is 5 GB) and
+  the temporary object deleted: parts + 3 requests.
+
+Before issue 48 every object took the last way with a managed copy (multipart above 8 MiB): a
+10 MB output 8 requests, a ``summary.json`` 4. An object appears under its key only whole: a
+``PutObject`` and a ``CompleteMultipartUpload`` are atomic, and any failure before the commit
+aborts the multipart upload (the template's lifecycle rule aborts forgotten uploads under
+``results/`` and expires ``.incoming/``). The only module of the package importing boto3.
 """
 
 from __future__ import annotations
@@ -19,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from opstate.outcomes.sink import SinkError, StoredObject
+from opstate.outcomes.sink import SinkError, StoredObject, check_digest
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -27,6 +40,9 @@ if TYPE_CHECKING:
 
 DEFAULT_PART_SIZE = 8 * 1024 * 1024
 MIN_PART_SIZE = 5 * 1024 * 1024
+# Copied in one CopyObject up to this size (S3 allows 5 GB in one request; above about a GiB
+# boto3's parallel multipart copy is the faster within a function's time).
+COPY_ONE_REQUEST_MAX = 1024 * 1024 * 1024
 NAME_KEY = "opstate-name"
 SHA256_KEY = "sha256"
 INCOMING = ".incoming"
@@ -41,16 +57,22 @@ def _fault(exc: Exception, what: str) -> SinkError:
 
 
 class _S3Writer:
-    def __init__(self, sink: S3Sink, key: str, name: str, temp: str, upload_id: str) -> None:
+    def __init__(self, sink: S3Sink, key: str, name: str, expected: str) -> None:
         self.sink = sink
         self.key = key
         self.name = name
-        self.temp = temp
-        self.upload_id = upload_id
+        self.expected = expected
+        self.final = sink.full_key(key)
+        self.target = ""  # the key of the multipart upload, once begun
+        self.upload_id = ""  # the multipart upload in progress
+        self.temp_done = ""  # a completed temporary object not yet copied into place
         self.buffer = bytearray()
         self.parts: list[CompletedPartTypeDef] = []
         self.size = 0
         self.committed: StoredObject | None = None
+
+    def _metadata(self, sha256: str) -> dict[str, str]:
+        return {NAME_KEY: self.name, SHA256_KEY: sha256} if sha256 else {NAME_KEY: self.name}
 
     def write(self, data: bytes) -> int:
         self.buffer += data
@@ -61,12 +83,35 @@ class _S3Writer:
             self._send(part)
         return len(data)
 
+    def _begin(self) -> None:
+        """The multipart upload: onto the key when its sha256 is known, else a temporary key."""
+        sink = self.sink
+        direct = bool(self.expected)
+        target = self.final if direct else sink.full_key(f"{INCOMING}/{uuid.uuid4().hex}")
+        try:
+            if direct:
+                upload = sink.client.create_multipart_upload(
+                    Bucket=sink.bucket,
+                    Key=target,
+                    Metadata=self._metadata(self.expected),
+                    ContentType=sink.content_type(target),
+                )
+            else:
+                upload = sink.client.create_multipart_upload(
+                    Bucket=sink.bucket, Key=target, Metadata=self._metadata("")
+                )
+        except (ClientError, BotoCoreError) as exc:
+            raise _fault(exc, "CreateMultipartUpload") from exc
+        self.target, self.upload_id = target, upload["UploadId"]
+
     def _send(self, part: bytes) -> None:
+        if not self.upload_id:
+            self._begin()
         number = len(self.parts) + 1
         try:
             answer = self.sink.client.upload_part(
                 Bucket=self.sink.bucket,
-                Key=self.temp,
+                Key=self.target,
                 UploadId=self.upload_id,
                 PartNumber=number,
                 Body=part,
@@ -76,34 +121,62 @@ class _S3Writer:
         self.parts.append({"PartNumber": number, "ETag": answer["ETag"]})
 
     def commit(self, sha256: str) -> StoredObject:
+        check_digest(self.expected, sha256, self.key)
         client, bucket = self.sink.client, self.sink.bucket
-        if self.buffer or not self.parts:
-            self._send(bytes(self.buffer))
-            self.buffer.clear()
-        final = self.sink.full_key(self.key)
         try:
-            client.complete_multipart_upload(
-                Bucket=bucket,
-                Key=self.temp,
-                UploadId=self.upload_id,
-                MultipartUpload={"Parts": self.parts},
-            )
-            self.upload_id = ""
-            client.copy(
-                {"Bucket": bucket, "Key": self.temp},
-                bucket,
-                final,
-                ExtraArgs={
-                    "Metadata": {NAME_KEY: self.name, SHA256_KEY: sha256},
-                    "MetadataDirective": "REPLACE",
-                    "ContentType": self.sink.content_type(final),
-                },
-            )
-            client.delete_object(Bucket=bucket, Key=self.temp)
+            if not self.upload_id:  # whole in the buffer: one PutObject onto the key
+                client.put_object(
+                    Bucket=bucket,
+                    Key=self.final,
+                    Body=bytes(self.buffer),
+                    Metadata=self._metadata(sha256),
+                    ContentType=self.sink.content_type(self.final),
+                )
+            else:
+                if self.buffer:
+                    self._send(bytes(self.buffer))
+                self.buffer.clear()
+                client.complete_multipart_upload(
+                    Bucket=bucket,
+                    Key=self.target,
+                    UploadId=self.upload_id,
+                    MultipartUpload={"Parts": self.parts},
+                )
+                self.upload_id = ""
+                if self.target != self.final:
+                    self.temp_done = self.target
+                    self._place(sha256)
+                    client.delete_object(Bucket=bucket, Key=self.temp_done)
+                    self.temp_done = ""
         except (ClientError, BotoCoreError) as exc:
             raise _fault(exc, "commit") from exc
         self.committed = StoredObject(self.sink.location(self.key), self.size, sha256)
         return self.committed
+
+    def _place(self, sha256: str) -> None:
+        """Copy the completed temporary object onto the key, with its metadata."""
+        client, bucket = self.sink.client, self.sink.bucket
+        content_type = self.sink.content_type(self.final)
+        if self.size <= COPY_ONE_REQUEST_MAX:
+            client.copy_object(
+                Bucket=bucket,
+                Key=self.final,
+                CopySource={"Bucket": bucket, "Key": self.temp_done},
+                Metadata=self._metadata(sha256),
+                MetadataDirective="REPLACE",
+                ContentType=content_type,
+            )
+            return
+        client.copy(
+            {"Bucket": bucket, "Key": self.temp_done},
+            bucket,
+            self.final,
+            ExtraArgs={
+                "Metadata": self._metadata(sha256),
+                "MetadataDirective": "REPLACE",
+                "ContentType": content_type,
+            },
+        )
 
 
 class S3Sink:
@@ -143,15 +216,8 @@ class S3Sink:
         return "application/octet-stream"
 
     @contextmanager
-    def open(self, key: str, *, name: str) -> Iterator[_S3Writer]:
-        temp = self.full_key(f"{INCOMING}/{uuid.uuid4().hex}")
-        try:
-            upload = self.client.create_multipart_upload(
-                Bucket=self.bucket, Key=temp, Metadata={NAME_KEY: name}
-            )
-        except (ClientError, BotoCoreError) as exc:
-            raise _fault(exc, "CreateMultipartUpload") from exc
-        writer = _S3Writer(self, key, name, temp, upload["UploadId"])
+    def open(self, key: str, *, name: str, sha256: str = "") -> Iterator[_S3Writer]:
+        writer = _S3Writer(self, key, name, sha256)
         try:
             yield writer
         finally:
@@ -162,10 +228,10 @@ class S3Sink:
         try:
             if writer.upload_id:
                 self.client.abort_multipart_upload(
-                    Bucket=self.bucket, Key=writer.temp, UploadId=writer.upload_id
+                    Bucket=self.bucket, Key=writer.target, UploadId=writer.upload_id
                 )
-            else:
-                self.client.delete_object(Bucket=self.bucket, Key=writer.temp)
+            elif writer.temp_done:
+                self.client.delete_object(Bucket=self.bucket, Key=writer.temp_done)
         except (ClientError, BotoCoreError):  # the lifecycle rule cleans up what is left
             pass
 

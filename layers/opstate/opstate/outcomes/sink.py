@@ -1,8 +1,11 @@
 """The sink port: the user's storage, as much of it as archiving needs.
 
-An object is written through ``Sink.open(key, name=...)``, a context manager giving an
-``ObjectWriter``: bytes are streamed into it (``write``), then ``commit(sha256)`` makes the
-object visible under ``key`` with its operation name and sha256 (S3 object metadata). Leaving
+An object is written through ``Sink.open(key, name=..., sha256=...)``, a context manager
+giving an ``ObjectWriter``: bytes are streamed into it (``write``), then ``commit(sha256)``
+makes the object visible under ``key`` with its operation name and sha256 (S3 object
+metadata). ``sha256`` given to ``open`` is the digest the bytes must have, known before them
+(what Gemini declared, a checked input's): ``commit`` refuses any other, and the S3 sink can
+then write straight to the key instead of through a temporary object and a copy. Leaving
 the ``with`` block without a commit (an exception, a cut download) leaves nothing under ``key``:
 the folder sink removes its temporary file, the S3 sink aborts its multipart upload. So an
 object that exists is always whole.
@@ -58,8 +61,11 @@ class Sink(Protocol):
 
     url: str
 
-    def open(self, key: str, *, name: str) -> AbstractContextManager[ObjectWriter]:
-        """A writer for the object ``key`` (relative, ``/``-separated) of operation ``name``."""
+    def open(
+        self, key: str, *, name: str, sha256: str = ""
+    ) -> AbstractContextManager[ObjectWriter]:
+        """A writer for the object ``key`` (relative, ``/``-separated) of operation ``name``;
+        ``sha256`` (hex, "" when unknown): the digest its bytes must have (``check_digest``)."""
         ...
 
     def head(self, key: str) -> StoredObject | None:
@@ -84,6 +90,16 @@ class Sink(Protocol):
     def location(self, key: str) -> str:
         """The URI of ``key``."""
         ...
+
+
+def check_digest(expected: str, sha256: str, key: str) -> None:
+    """Refuse to commit ``key`` with ``sha256`` when it was opened expecting another digest
+    (``SinkError``, not transient: the same bytes would be refused again)."""
+    if expected and sha256 != expected:
+        raise SinkError(
+            f"{key} was to have sha256 {expected}, its bytes have {sha256}; nothing was stored",
+            transient=False,
+        )
 
 
 def download(sink: Sink, location: str, folder: int, name: str) -> int:

@@ -296,7 +296,7 @@ def keep_input(
         and held_intact(sink, existing.location, facts.sha256)
     ):
         return KeptInput(existing.location, facts.sha256, facts.rows, facts.bytes)
-    with sink.open(key, name=name or key) as out:
+    with sink.open(key, name=name or key, sha256=facts.sha256) as out:
         hashing = _Hashing(chunks_fn())
         for chunk in hashing:
             out.write(chunk)
