@@ -250,6 +250,40 @@ def test_a_young_unchanged_operation_is_polled_every_run_without_rewriting_its_i
     assert gateway.requests[name] == 4
 
 
+def test_with_its_period_known_a_poll_due_before_the_next_run_is_not_written(
+    held: Harness,
+) -> None:
+    """Issue 48: with the run period known (OPSTATE_RECONCILE_RATE_MINUTES, 5), an unchanged
+    operation up to 40 minutes old is due again within 5 minutes (1/8 of its age): polled
+    every run, its item (and its open-index entry) never rewritten. Older, its interval
+    outgrows the period and the write is made as before."""
+    name = "batches/steady"
+    track(held, name, State.RUNNING, NOW_NS - S)
+    key, version = open_key(held, name), held.raw(name)
+    gateway = MemoryGateway()
+    gateway.put(name, State.RUNNING, NOW_NS - S)
+    settings = replace(SETTINGS, reconcile_rate_s=300.0)
+    clock = FakeClock(NOW_NS)
+    for _ in range(9):  # 0 to 40 minutes old, one run every 5 minutes
+        result = reconcile_once(held.store, gateway, settings=settings, clock=clock)  # type: ignore[arg-type]
+        assert result.polled == 1 and result.errors == 0
+        assert held.raw(name) == version and open_key(held, name) == key
+        clock.advance(300)
+    assert gateway.requests[name] == 9
+    # 45 minutes old: due again in 5.6 minutes, after the next run: written.
+    reconcile_once(held.store, gateway, settings=settings, clock=clock)  # type: ignore[arg-type]
+    poll = held.store.poll_state(name)  # type: ignore[attr-defined]
+    assert poll is not None and poll.due_ns == clock.now_ns() + int(45 * 60 / 8 * S)
+    # Without the period (0: an operator's `opstate reconcile --once`), 20 minutes old is
+    # written, as before issue 48's second step.
+    other = "batches/unknown-period"
+    track(held, other, State.RUNNING, clock.now_ns() - 20 * 60 * S)
+    gateway.put(other, State.RUNNING, clock.now_ns() - 20 * 60 * S)
+    reconcile_once(held.store, gateway, settings=SETTINGS, clock=clock)  # type: ignore[arg-type]
+    poll = held.store.poll_state(other)  # type: ignore[attr-defined]
+    assert poll is not None and poll.due_ns > clock.now_ns()
+
+
 def test_a_run_that_leaves_operations_due_moves_every_polled_one_to_the_back(
     held: Harness,
 ) -> None:

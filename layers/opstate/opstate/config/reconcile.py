@@ -99,6 +99,10 @@ class ReconcileSettings(Part):
     # Read in minutes (OPSTATE_RECONCILE_..._MINUTES), kept in seconds.
     reconcile_max_interval_s: float = 30 * 60.0
     reconcile_polled_only_max_interval_s: float = 10 * 60.0
+    # How often the reconciler runs (OPSTATE_RECONCILE_RATE_MINUTES, the template's
+    # ReconcileRateMinutes; 0: not known). A poll whose next due time comes before the next
+    # run is then not written (reconcile.poll_writer).
+    reconcile_rate_s: float = 0.0
     reconcile_lost_after_runs: int = 3
     # Read in hours (OPSTATE_RECONCILE_LOST_AFTER_HOURS), kept in seconds.
     reconcile_lost_after_s: float = 24 * 3600.0
@@ -144,6 +148,9 @@ class ReconcileSettings(Part):
             reconcile_polled_only_max_interval_s=scaled(
                 60.0,
                 read_float(env, "OPSTATE_RECONCILE_POLLED_ONLY_MAX_INTERVAL_MINUTES", minimum=1.0),
+            ),
+            reconcile_rate_s=scaled(
+                60.0, read_float(env, "OPSTATE_RECONCILE_RATE_MINUTES", minimum=0.0)
             ),
             reconcile_lost_after_runs=read_int(env, "OPSTATE_RECONCILE_LOST_AFTER_RUNS", minimum=1),
             reconcile_lost_after_s=scaled(

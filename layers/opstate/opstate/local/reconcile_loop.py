@@ -5,6 +5,7 @@ or ``OPSTATE_RESULTS_URL``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -168,7 +169,7 @@ def start_reconciler(
     """Start the timer thread; every decision of a pass is printed (``decision_line``) and
     handed to ``also`` (the operations page's decision log)."""
     from opstate.reconcile.genai_gateway import GenaiGateway, make_client
-    from opstate.reconcile.run import reconcile_once
+    from opstate.reconcile.run import reconcile_once, schedule_from_settings
 
     # Each pass gets a bounded budget (no Lambda deadline here): the reconciler stops starting
     # work once less than its safety margin is left, so the budget must exceed the margin.
@@ -184,6 +185,8 @@ def start_reconciler(
 
     stop_requested = threading.Event()
     archive = local_archiver(store, settings, say, on_final)
+    # The loop's own period: a poll due again before the next pass is not written.
+    schedule = dataclasses.replace(schedule_from_settings(settings), run_every_s=every_s)
 
     def run_once() -> Mapping[str, Any]:
         if not gateway_box:
@@ -202,6 +205,7 @@ def start_reconciler(
             settings=settings,
             remaining_ms=remaining_ms,
             on_decision=on_decision,
+            schedule=schedule,
         )
         if result.first_error is not None:
             say(f"reconcile: {result.errors} error(s); the first: {result.first_error}")

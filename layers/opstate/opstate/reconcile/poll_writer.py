@@ -9,13 +9,17 @@ way the run read the batch: polled, or listed by discovery (``Discovered``) and 
 without a request.
 
 ``reschedule`` holds back the write that would only move an operation's due time to "the next
-run" (``Schedule.interval_s`` 0: younger than 15 minutes) when nothing else changed: no mark, no
-new progress (none, or the stored one), the same not-found streak. Its due time stays where it
-was, already due, so the next run polls it as it would have, and the open index (whose sort key
-the due time is) is not rewritten. ``flush`` writes what was held back: the run calls it when
-it left anything due (stopped early, or a lane refused), so every operation it polled moves to
-the back as before and the operations that waited longest still come first. At most
-``HOLD_LIMIT`` are held per run.
+run" when nothing else changed: no mark, no new progress (none, or the stored one), the same
+not-found streak. "The next run" is a due time of now (``Schedule.interval_s`` 0: younger than
+15 minutes) or, when the run period is known (``hold_within_ns``, the schedule's
+``run_every_s``), any due time no later than one period from now (an interval of 1/8 of the
+age stays under a 5-minute period until the operation is 40 minutes old). Its due time stays
+where it was, already due, so the next run polls it as it would have (or, by a few seconds of
+the schedule's jitter, one run sooner: an extra poll, never a later one), and the open index
+(whose sort key the due time is) is not rewritten. ``flush`` writes what was held back: the
+run calls it when it left anything due (stopped early, or a lane refused), so every operation
+it polled moves to the back as before and the operations that waited longest still come first.
+At most ``HOLD_LIMIT`` are held per run.
 """
 
 from __future__ import annotations
@@ -64,9 +68,15 @@ class PollWriter:
     """Writes one run's poll states, counting into its ``tally`` and reporting each mark."""
 
     def __init__(
-        self, store: PollingStore, tally: Tally, report: Callable[[RunDecision], None]
+        self,
+        store: PollingStore,
+        tally: Tally,
+        report: Callable[[RunDecision], None],
+        *,
+        hold_within_ns: int = 0,
     ) -> None:
         self.store = store
+        self.hold_within_ns = max(0, hold_within_ns)
         self.tally = tally
         self.report = report
         self.held: list[tuple[OpRecord, PollState, PollState]] = []
@@ -81,13 +91,14 @@ class PollWriter:
         progress: Progress | None,
         now_ns: int,
     ) -> None:
-        """``write``, unless the poll only made the operation due again at once (``poll.due_ns``
-        not after ``now_ns``) and changed nothing else: then the write is held (see ``flush``)
-        and the stored due time, already due, stays."""
+        """``write``, unless the poll only made the operation due again by the next run
+        (``poll.due_ns`` not after ``now_ns`` plus ``hold_within_ns``) and changed nothing
+        else: then the write is held (see ``flush``) and the stored due time, already due,
+        stays."""
         if (
             not marks
             and (progress is None or same_progress(progress, before.progress))
-            and poll.due_ns <= now_ns
+            and poll.due_ns <= now_ns + self.hold_within_ns
             and before.due_ns <= now_ns
             and replace(poll, due_ns=before.due_ns) == before
         ):

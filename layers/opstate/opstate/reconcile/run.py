@@ -60,6 +60,7 @@ def schedule_from_settings(settings: Settings) -> Schedule:
         lost_after_misses=settings.reconcile_lost_after_runs,
         lost_after_s=settings.reconcile_lost_after_s,
         overdue_after_s=parse_overdue(settings.reconcile_overdue_hours),
+        run_every_s=settings.reconcile_rate_s,
     )
 
 

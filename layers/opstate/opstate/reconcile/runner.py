@@ -66,7 +66,9 @@ class Run:
         self.google_cloud = Lane(
             GOOGLE_CLOUD, self.cloud.fetch, settings.google_cloud_max_rps, backoff, clock
         )
-        self.writer = PollWriter(store, self.tally, self.report)
+        self.writer = PollWriter(
+            store, self.tally, self.report, hold_within_ns=int(schedule.run_every_s * 1e9)
+        )
         self.stop_reason: str | None = None
         self._lock = threading.Lock()
 

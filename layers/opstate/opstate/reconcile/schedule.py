@@ -12,6 +12,10 @@
 
 The age is measured from the record's creation (its server time if unknown).
 
+``run_every_s``: how often the reconciler runs (0: not known). A due time no later than a
+run period from now is "the next run" as much as a due time of now is: the reconciler's
+``PollWriter`` does not write it (an operation due at the next run either way).
+
 ``Schedule.after_poll`` turns one poll outcome into the next ``PollState`` plus the marks to
 announce: ``lost`` once an operation was not found in at least ``lost_after_misses`` polls
 spanning at least ``lost_after_s``; ``overdue`` once it has been open longer than its kind's
@@ -57,6 +61,7 @@ class Schedule:
     lost_after_misses: int = _DEFAULTS.reconcile_lost_after_runs
     lost_after_s: float = _DEFAULTS.reconcile_lost_after_s
     overdue_after_s: Mapping[Kind, float] = field(default_factory=_default_overdue)
+    run_every_s: float = 0.0
 
     def age_s(self, record: OpRecord, now_ns: int) -> float:
         start = record.created_ns or record.update_time_ns
