@@ -184,6 +184,8 @@ class Meter:
         self.rru: defaultdict[str, float] = defaultdict(float)
         self.wru: Counter[str] = Counter()
         self.gsi_wru: Counter[str] = Counter()
+        # Index write units per (label, index), for what archiving causes (``archiving_usd``).
+        self.gsi_by_index: Counter[tuple[str, str]] = Counter()
         self.events: list[dict[str, Any]] = []
         self.invokes: list[tuple[str, bytes]] = []
 
@@ -507,6 +509,7 @@ class Day:
     http_requests: int = 0
     scheduler_invocations: int = 0
     event_entries: list[int] = field(default_factory=list)
+    event_types: Counter[str] = field(default_factory=Counter)
     webhook_errors: int = 0
     day_counts: Counter[str] = field(default_factory=Counter)
 
@@ -533,6 +536,8 @@ class Day:
             old, new = image.get("OldImage"), image.get("NewImage")
             METER.wru[label] += P.write_units(P.item_size(old), P.item_size(new))
             METER.gsi_wru[label] += P.gsi_write_units(old, new, self.indexes)
+            for keys in self.indexes:
+                METER.gsi_by_index[(label, keys[0])] += P.gsi_write_units(old, new, [keys])
         self.stream_records[label] += len(records)
         self.pending.extend(records)
 
@@ -564,6 +569,9 @@ class Day:
         raw = json.dumps(entry).encode()
         if not self.functions.suffix:  # the calibration's entries are not the day's
             self.event_entries.append(P.chunks(len(raw), P.EVENTBRIDGE_CHUNK_BYTES))
+            self.event_types[str(entry.get("DetailType"))] += P.chunks(
+                len(raw), P.EVENTBRIDGE_CHUNK_BYTES
+            )
         detail = json.loads(entry.get("Detail") or "{}")
         envelope = {
             "version": "0",
@@ -1227,6 +1235,12 @@ def report(
     }
     total_cpu = total + sum(by_cpu.values())
     tracking_cpu = tracking + sum(v for k, v in by_cpu.items() if k not in ("archiver", "waiters"))
+    # Issue 48's "tracking alone" (its floor: a webhook, a handful of writes, three events):
+    # also without what archiving, retries and the waiters cause outside their own Lambda and
+    # S3 lines, which issue 41's figure above still counted (``archiving_usd``).
+    archiving = archiving_usd(day, lambdas, gb_s_price)
+    tracking_core = tracking - sum(archiving.values())
+    tracking_core_cpu = tracking_cpu - sum(archiving.values())
     # The reconciler runs on its schedule whatever the number of jobs: its share of the day.
     reconciler_day = (
         lambda_usd.get("reconcile", 0.0)
@@ -1271,6 +1285,11 @@ def report(
         "usd_tracking_only_per_1000_jobs": round(P.per_thousand(tracking, jobs), 5),
         "usd_per_1000_jobs_cpu_model": round(P.per_thousand(total_cpu, jobs), 5),
         "usd_tracking_only_per_1000_jobs_cpu_model": round(P.per_thousand(tracking_cpu, jobs), 5),
+        "usd_archiving_outside_its_lines": {k: round(v, 6) for k, v in archiving.items()},
+        "usd_tracking_core_per_1000_jobs": round(P.per_thousand(tracking_core, jobs), 5),
+        "usd_tracking_core_per_1000_jobs_cpu_model": round(
+            P.per_thousand(tracking_core_cpu, jobs), 5
+        ),
         "usd_reconciler_per_day": round(reconciler_day, 6),
         "usd_lambda_gb_s_cpu_model": round(modelled_gb_s_usd, 6),
         "log_lines_by_message": [[f, m, n] for (f, m), n in loudest],
@@ -1288,6 +1307,55 @@ def report(
             k: {"usd": p.usd, "per": p.per, "unit": p.unit, "source": p.source}
             for k, p in P.PRICES.items()
         },
+    }
+
+
+# What archiving and retries announce (opstate.notify.entries); the rest is tracking's.
+ARCHIVING_DETAIL_TYPES = frozenset(
+    {
+        "Operation Results Archived",
+        "Operation Results Lost",
+        "Operation Retry Submitted",
+        "Operation Results Final",
+        "Job Part Created",
+    }
+)
+ARCHIVING_LABELS = ("archiver", "waiters")
+ARCHIVING_INDEXES = ("archive_queue", "retry_queue")
+
+
+def archiving_usd(day: Any, lambdas: dict[str, dict[str, Any]], gb_s: P.Price) -> dict[str, float]:
+    """What archiving, retries and the waiter resumer cost beyond their own Lambda and S3
+    lines: their functions' DynamoDB reads and writes, the archive and retry indexes' entries
+    other functions write (a terminal change enters ``archive-index``), the events announcing
+    archives and retries, their functions' logs and cold starts. Left out of issue 48's
+    "tracking alone" (the issue's floor: one webhook invocation, a handful of writes, three
+    events), kept in everything else."""
+    day_label = {k for k in METER.wru} | {k for k in METER.rru} | {k for k, _ in METER.gsi_by_index}
+    theirs = [k for k in day_label if "@" not in k and k.startswith(ARCHIVING_LABELS)]
+    wru = sum(METER.wru[k] for k in theirs)
+    rru = sum(METER.rru[k] for k in theirs)
+    gsi = sum(
+        n
+        for (label, index), n in METER.gsi_by_index.items()
+        if "@" not in label
+        and label != "harness"
+        and (label.startswith(ARCHIVING_LABELS) or index in ARCHIVING_INDEXES)
+    )
+    events = sum(n for kind, n in day.event_types.items() if kind in ARCHIVING_DETAIL_TYPES)
+    logs = sum(lambdas.get(k, {}).get("log_bytes", 0) for k in ARCHIVING_LABELS)
+    init = sum(
+        P.gb_seconds(v["init_ms"] * v["hours_active"], v["memory_mb"])
+        for k, v in lambdas.items()
+        if k in ARCHIVING_LABELS
+    )
+    return {
+        "DynamoDB reads": P.PRICES["dynamodb_rru"].cost(rru),
+        "DynamoDB writes (table)": P.PRICES["dynamodb_wru"].cost(wru),
+        "DynamoDB writes (indexes)": P.PRICES["dynamodb_wru"].cost(gsi),
+        "EventBridge custom events": P.PRICES["eventbridge_events"].cost(events),
+        "CloudWatch Logs ingested": P.PRICES["logs_ingested_gb"].cost(logs / 1e9),
+        "Lambda init (cold starts)": gb_s.cost(init),
     }
 
 
@@ -1370,6 +1438,12 @@ def print_report(got: dict[str, Any]) -> None:
         f"(measured: ${got['usd']['Lambda GB-seconds']:.6f}); so per 1,000 jobs "
         f"${got['usd_per_1000_jobs_cpu_model']:.4f} (tracking only "
         f"${got['usd_tracking_only_per_1000_jobs_cpu_model']:.4f})"
+    )
+    say(
+        f"  tracking alone without what archiving and retries cause beyond their Lambda and "
+        f"S3 (issue 48's measure): ${got['usd_tracking_core_per_1000_jobs_cpu_model']:.4f} per "
+        f"1,000 jobs by the CPU model (${got['usd_tracking_core_per_1000_jobs']:.4f} wall); "
+        f"left out: {got['usd_archiving_outside_its_lines']}"
     )
     say(f"  most frequent log lines: {got['log_lines_by_message']}")
     say(

@@ -81,3 +81,28 @@ def test_the_peers_are_priced_beside_opstate(quick: dict[str, Any]) -> None:
     poller_300 = rows["Step Functions poller, every 300 s"]
     assert poller_30 > poller_300 > 0
     assert all(value > 0 for value in rows.values())
+
+
+def test_tracking_alone_leaves_out_what_archiving_causes_and_nothing_else(
+    quick: dict[str, Any],
+) -> None:
+    """Issue 48's "tracking alone" (its floor: a webhook invocation, a handful of writes,
+    three events) is issue 41's figure less what archiving, retries and the waiter resumer
+    cause outside their own Lambda and S3 lines: their DynamoDB units, the archive and retry
+    index entries, the archive and retry events, their logs and cold starts."""
+    left_out = quick["usd_archiving_outside_its_lines"]
+    assert all(v >= 0 for v in left_out.values()), left_out
+    # Archives happened: their state writes, index entries and events are counted there.
+    for line in (
+        "DynamoDB writes (table)",
+        "DynamoDB writes (indexes)",
+        "EventBridge custom events",
+    ):
+        assert left_out[line] > 0, left_out
+        assert left_out[line] < quick["usd"][line]  # tracking's own share stays
+    jobs = quick["jobs"]
+    core = quick["usd_tracking_core_per_1000_jobs"]
+    assert core == pytest.approx(
+        quick["usd_tracking_only_per_1000_jobs"] - sum(left_out.values()) * 1000 / jobs, abs=1e-4
+    )
+    assert 0 < core < quick["usd_tracking_only_per_1000_jobs"]
