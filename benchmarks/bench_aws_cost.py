@@ -36,7 +36,8 @@ in about a millisecond; the reconciler's requests are spread over its 8 workers)
 latency the Step Functions poller's Lambda is given. Logs: the bytes each invocation wrote, plus
 the lines Lambda itself writes for it (START/END/REPORT, INIT_START on a cold start, or their
 JSON forms, as the function's ``LoggingConfig`` and ``SystemLogLevel`` send them:
-``lambda_logs.py``).
+``lambda_logs.py``). The libraries' lines are not written here, as in Lambda, where the runtime's
+root logger stays at WARNING (``opstate.lambda_logging``; tests/e2e/test_built_logging.py).
 
 Scaled outputs: a batch's output is 10 MB; the day writes them at 1/``--scale`` of that (and
 4 MB videos likewise), and S3 GB-month is computed from the unscaled sizes. A 10 MB object is

@@ -62,7 +62,9 @@ def test_a_cold_start_adds_init_duration_to_report_and_an_init_start_line() -> N
     # The INIT phase is billed with the first invocation (AWS's example: 15.74 + 130.49 -> 147).
     assert "Billed Duration: 147 ms" in report and "Init Duration: 130.49 ms\t" in report
     (init,) = L.cold_start_lines(TEXT, "stack-WebhookFunction")
-    assert init.startswith(f"INIT_START Runtime Version: {L.RUNTIME_VERSION}\tRuntime Version ARN: ")
+    assert init.startswith(
+        f"INIT_START Runtime Version: {L.RUNTIME_VERSION}\tRuntime Version ARN: "
+    )
     assert init.endswith(L.RUNTIME_ARN + "\n")
 
 
