@@ -33,7 +33,11 @@ units come from the stream's old and new images (``aws_prices``: computed from i
 from ReturnConsumedCapacity). Lambda GB-seconds: each invocation's wall time, rounded up to
 the ms, x the template's MemorySize, plus a modelled 50 ms per Gemini request (the fake answers
 in about a millisecond; the reconciler's requests are spread over its 8 workers), the same
-latency the Step Functions poller's Lambda is given. Logs: the bytes each invocation wrote.
+latency the Step Functions poller's Lambda is given. Logs: the bytes each invocation wrote, plus
+the lines Lambda itself writes for it (START/END/REPORT, INIT_START on a cold start, or their
+JSON forms, as the function's ``LoggingConfig`` and ``SystemLogLevel`` send them:
+``lambda_logs.py``). The libraries' lines are not written here, as in Lambda, where the runtime's
+root logger stays at WARNING (``opstate.lambda_logging``; tests/e2e/test_built_logging.py).
 
 Scaled outputs: a batch's output is 10 MB; the day writes them at 1/``--scale`` of that (and
 4 MB videos likewise), and S3 GB-month is computed from the unscaled sizes. A 10 MB object is
@@ -99,6 +103,7 @@ os.environ.pop("AWS_PROFILE", None)
 
 import aws_prices as P  # noqa: E402
 import fixed_costs  # noqa: E402
+import lambda_logs  # noqa: E402
 import peers  # noqa: E402
 
 S = 1_000_000_000
@@ -109,6 +114,7 @@ MODEL = "models/gemini-2.5-flash"
 OUTPUT_BYTES = 10_000_000
 VIDEO_BYTES = 4_000_000
 GEMINI_LATENCY_MS = 50.0
+RECONCILE_WORKERS = 8  # the reconciler's poll workers (its default concurrency)
 # The sensitivity model beside the measured wall time: this process's CPU time, stretched by
 # Lambda's CPU share (1,769 MB = one vCPU), plus this latency per AWS request.
 AWS_LATENCY_MS = 5.0
@@ -315,6 +321,7 @@ def template_config(refs: dict[str, str]) -> tuple[dict[str, str], dict[str, int
     tpl = BuiltTemplate.load(ROOT / "template.yaml")
     env: dict[str, str] = {}
     memory: dict[str, int] = {}
+    logging_settings: dict[str, lambda_logs.LogSettings] = {}
     for logical, short in FUNCTIONS.items():
         for key, value in tpl.environment(logical).items():
             try:
@@ -322,12 +329,19 @@ def template_config(refs: dict[str, str]) -> tuple[dict[str, str], dict[str, int
             except UnresolvableError:
                 continue
         memory[short] = int(tpl.resolve(tpl.function_setting(logical, "MemorySize"), refs))
+        config = tpl.function_setting(logical, "LoggingConfig") or {}
+        tracing = tpl.function_setting(logical, "Tracing")
+        logging_settings[short] = lambda_logs.settings_of(
+            {key: tpl.resolve(value, refs) for key, value in config.items()},
+            tpl.resolve(tracing, refs) if tracing is not None else None,
+        )
     rate = int(tpl.parameter_default("ReconcileRateMinutes"))
     parameters = {k: v for k, v in refs.items() if k in tpl.data.get("Parameters", {})}
     facts = {
         "template": tpl.data,
         "parameters": parameters,
         "reconcile_rate_minutes": rate,
+        "logging": logging_settings,
         "architecture": tpl.parameter_default("Architecture"),
         "operations_indexes": [
             [k["AttributeName"] for k in gsi["KeySchema"]]
@@ -1125,6 +1139,37 @@ def poller_time_ms(fake: Any, rounds: int = 50) -> float:
 # --- pricing -----------------------------------------------------------------------------------
 
 
+def gemini_latency_ms(inv: Invocation) -> float:
+    """The modelled Gemini latency of one invocation (the reconciler's requests are spread
+    over its workers)."""
+    latency = inv.gemini_requests * GEMINI_LATENCY_MS
+    return latency / RECONCILE_WORKERS if inv.function == "reconcile" else latency
+
+
+def platform_bytes(
+    invocations: list[Invocation],
+    memory_mb: int,
+    init_ms: float,
+    settings: lambda_logs.LogSettings,
+    function_name: str,
+) -> int:
+    """The bytes of the lines Lambda itself writes for these invocations of one function
+    (``lambda_logs``): one cold start per hour it ran, its first invocation of the hour (as
+    ``lambda_init_gb_s`` counts them), with the function's init time."""
+    total = 0
+    cold_hours: set[int] = set()
+    for inv in invocations:
+        cold = inv.hour not in cold_hours
+        cold_hours.add(inv.hour)
+        call = lambda_logs.Invocation(
+            inv.ms + gemini_latency_ms(inv), memory_mb, init_ms if cold else None
+        )
+        total += lambda_logs.size(lambda_logs.invocation_lines(settings, call))
+        if cold:
+            total += lambda_logs.size(lambda_logs.cold_start_lines(settings, function_name))
+    return total
+
+
 def report(
     day: Day,
     sizes: Sizes,
@@ -1137,26 +1182,29 @@ def report(
     day_inv = [i for i in day.functions.invocations if "@" not in i.label]
     full_archives = day.day_counts["finished_batch"]
     finals = sum(1 for j in day.jobs.values() if j.lineage)
-    workers = 8
 
     lambdas: dict[str, dict[str, Any]] = {}
     for short, memory in day.functions.memory.items():
         mine = [i for i in day_inv if i.function == short]
         billed = 0.0
         for inv in mine:
-            latency = inv.gemini_requests * GEMINI_LATENCY_MS
-            if short == "reconcile":
-                latency /= workers
-            billed += math.ceil(inv.ms + latency)
+            billed += math.ceil(inv.ms + gemini_latency_ms(inv))
         if short == "archiver":
             billed += calibration["delta_ms"] * (full_archives + finals)
         modelled = 0.0
         for inv in mine:
-            latency = inv.gemini_requests * GEMINI_LATENCY_MS
-            if short == "reconcile":
-                latency /= workers
             share = max(1.0, FULL_VCPU_MB / memory)
-            modelled += math.ceil(inv.cpu_ms * share + inv.aws_requests * AWS_LATENCY_MS + latency)
+            modelled += math.ceil(
+                inv.cpu_ms * share + inv.aws_requests * AWS_LATENCY_MS + gemini_latency_ms(inv)
+            )
+        app_log_bytes = sum(i.log_bytes for i in mine)
+        platform_log_bytes = platform_bytes(
+            mine,
+            memory,
+            day.functions.init_ms.get(short, 0.0),
+            facts["logging"][short],
+            f"{STACK}-{short}",
+        )
         lambdas[short] = {
             "invocations": len(mine),
             "cpu_ms": round(sum(i.cpu_ms for i in mine)),
@@ -1167,7 +1215,9 @@ def report(
             "gb_s": round(P.gb_seconds(billed, memory), 3),
             "mean_ms": round(statistics.fmean([i.ms for i in mine]), 1) if mine else 0,
             "gemini_requests": sum(i.gemini_requests for i in mine),
-            "log_bytes": sum(i.log_bytes for i in mine),
+            "log_bytes": app_log_bytes + platform_log_bytes,
+            "app_log_bytes": app_log_bytes,
+            "platform_log_bytes": platform_log_bytes,
             "init_ms": round(day.functions.init_ms.get(short, 0.0), 1),
             "hours_active": len({i.hour for i in mine}),
         }
@@ -1278,6 +1328,8 @@ def report(
         "calibration": calibration,
         "stored_bytes": stored,
         "log_bytes": int(log_gb * 1e9),
+        "platform_log_bytes": sum(v["platform_log_bytes"] for v in lambdas.values()),
+        "logging": {k: v.__dict__ for k, v in facts["logging"].items()},
         "custom_metrics": len(metrics),
         "usd": {k: round(v, 6) for k, v in usd.items()},
         "usd_total": round(total, 6),
@@ -1410,7 +1462,8 @@ def print_report(got: dict[str, Any]) -> None:
     for name, v in got["lambda"].items():
         say(
             f"  Lambda {name:9} {v['invocations']:6} invocations, {v['memory_mb']} MB, "
-            f"mean {v['mean_ms']} ms, {v['gb_s']} GB-s, logs {v['log_bytes']} B"
+            f"mean {v['mean_ms']} ms, {v['gb_s']} GB-s, logs {v['log_bytes']} B "
+            f"(Lambda's own lines {v['platform_log_bytes']} B)"
         )
     say("  AWS calls: " + ", ".join(f"{k} {v}" for k, v in got["aws_calls"].items()))
     say(f"  DynamoDB: {got['dynamodb']}")

@@ -12,7 +12,12 @@ What runs, and from where:
 - the environment variables of the *built* template (Globals merged with the function's own),
   with ``Ref``/``Fn::GetAtt``/``Fn::Sub``/``Fn::FindInMap``/``Fn::Join`` resolved to the test's
   resources and parameters at their defaults; the test may add overrides (named at the call
-  site).
+  site);
+- and what Lambda itself sets, among it, for a ``LoggingConfig`` with ``LogFormat: JSON``,
+  ``AWS_LAMBDA_LOG_FORMAT`` and ``AWS_LAMBDA_LOG_LEVEL`` (its ``ApplicationLogLevel``): "Lambda
+  sets the application log level in the runtime using the AWS_LAMBDA_LOG_LEVEL environment
+  variable ... your function's log format using the AWS_LAMBDA_LOG_FORMAT environment variable"
+  (AWS's Lambda guide, custom runtimes), read by awslambdaric and Powertools.
 
 Every process is started in its own session on 127.0.0.1 free ports and stopped (the whole
 process group) by ``LambdaProcess.stop``.
@@ -202,6 +207,15 @@ class BuiltTemplate:
     def resolved_environment(self, logical_id: str, refs: Mapping[str, str]) -> dict[str, str]:
         return {k: self.resolve(v, refs) for k, v in self.environment(logical_id).items()}
 
+    def logging_environment(self, logical_id: str, refs: Mapping[str, str]) -> dict[str, str]:
+        """What Lambda sets for the function's ``LoggingConfig``: with ``LogFormat: JSON``, the
+        format and the application level (INFO when unset); with Text, nothing."""
+        config = self.function_setting(logical_id, "LoggingConfig") or {}
+        if self.resolve(config.get("LogFormat", "Text"), refs) != "JSON":
+            return {}
+        level = self.resolve(config.get("ApplicationLogLevel", "INFO"), refs)
+        return {"AWS_LAMBDA_LOG_FORMAT": "JSON", "AWS_LAMBDA_LOG_LEVEL": level}
+
 
 def source_uri(template: Mapping[str, Any], uri: Any) -> str:
     """A CodeUri/ContentUri of the source template as ``make build`` builds it: a
@@ -361,6 +375,7 @@ def lambda_environment(
     ca_bundle = os.environ.get("AWS_CA_BUNDLE")
     if ca_bundle:
         env["AWS_CA_BUNDLE"] = ca_bundle
+    env.update(template.logging_environment(logical_id, refs))
     env.update(template.resolved_environment(logical_id, refs))
     # The test's AWS is the moto server: the template's empty AWS_ENDPOINT_URL (declared for
     # `sam local` only, "unset" to boto3) must not hide it.

@@ -434,6 +434,33 @@ def test_every_variable_the_template_sets_is_read_by_the_code(template: dict[str
     assert set_by_template <= known, set_by_template - known
 
 
+def test_functions_log_json_and_lambdas_own_lines_only_when_asked(
+    template: dict[str, Any],
+) -> None:
+    """Issue 48: Lambda's START/END/REPORT lines (INFO system logs) stay out of the log groups
+    unless ``SystemLogLevel=INFO``; the application level follows ``LogLevel`` but never goes
+    above INFO, where Lambda files the EMF metric lines (no level key) and would drop them
+    (opstate.lambda_logging keeps LogLevel's own level; tests/e2e/test_built_logging.py runs it)."""
+    logging_config = template["Globals"]["Function"]["LoggingConfig"]
+    assert logging_config == {
+        "LogFormat": "JSON",
+        "ApplicationLogLevel": {"Fn::FindInMap": ["LogLevels", {"Ref": "LogLevel"}, "Application"]},
+        "SystemLogLevel": {"Ref": "SystemLogLevel"},
+    }
+    system = template["Parameters"]["SystemLogLevel"]
+    assert (system["Default"], system["AllowedValues"]) == ("WARN", ["WARN", "INFO"])
+    levels = template["Mappings"]["LogLevels"]
+    assert list(levels) == template["Parameters"]["LogLevel"]["AllowedValues"]
+    assert {level: row["Application"] for level, row in levels.items()} == {
+        "DEBUG": "DEBUG",
+        "INFO": "INFO",
+        "WARNING": "INFO",
+        "ERROR": "INFO",
+    }
+    for name, fn in resources(template, "AWS::Serverless::Function").items():
+        assert "LoggingConfig" not in fn["Properties"], name  # every function takes Globals'
+
+
 def _package_source() -> str:
     return "\n".join(p.read_text(encoding="utf-8") for p in sorted(PACKAGE.rglob("*.py")))
 

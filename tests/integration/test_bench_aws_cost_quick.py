@@ -74,6 +74,18 @@ def test_the_default_deployment_keeps_its_fixed_month_under_3_dollars(
     assert sent <= CORE_METRICS, sorted(sent - CORE_METRICS)
 
 
+def test_the_default_deployment_ingests_none_of_lambdas_own_lines(quick: dict[str, Any]) -> None:
+    # LoggingConfig JSON with SystemLogLevel WARN (issue 48): no START/END/REPORT is counted,
+    # and what is counted is what the functions printed.
+    assert {v["log_format"] for v in quick["logging"].values()} == {"JSON"}
+    assert {v["system_level"] for v in quick["logging"].values()} == {"WARN"}
+    assert quick["platform_log_bytes"] == 0
+    for name, v in quick["lambda"].items():
+        assert v["log_bytes"] == v["app_log_bytes"], name
+    # The notifier's tally of a clean batch is DEBUG: at the default INFO it prints nothing.
+    assert all(f != "notify" for f, _, _ in quick["log_lines_by_message"])
+
+
 def test_the_peers_are_priced_beside_opstate(quick: dict[str, Any]) -> None:
     rows = {row["design"]: row["usd_per_1000_jobs"] for row in quick["peers"]}
     assert len(rows) == 6

@@ -67,6 +67,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "opstate.webhook_secrets",
             "opstate.api_token",
             "opstate.observability",
+            "opstate.lambda_logging",  # the process's logging under Lambda's log levels
             "opstate.ingest",
             "opstate.quarantine",
             "opstate.gemini",

@@ -6,6 +6,7 @@ import dataclasses
 import importlib.util
 import itertools
 import json
+import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from opstate.notify import (
     idempotency_key,
     notifier_from_settings,
 )
+from opstate.observability import logger as obs_logger
 from opstate.observability import metrics as obs_metrics
 from opstate.store.dynamodb import item_from_record, serialize_item
 
@@ -583,6 +585,7 @@ def test_record_without_a_sequence_number_fails_alone_not_the_batch(
 
 
 def test_put_events_calls_are_counted_per_invocation(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger=obs_logger.name)
     stream, client = Stream(), FakeEvents()
     notifier = Notifier(BUS, client, max_entries=2)  # one warm container, several invocations
     for _ in range(3):
@@ -590,6 +593,23 @@ def test_put_events_calls_are_counted_per_invocation(caplog: pytest.LogCaptureFi
         notifier.handle(event(records))
     assert [s["put_events_calls"] for s in logged(caplog, "stream batch processed")] == [2, 2, 2]
     assert len(client.calls) == 6
+
+
+def test_a_clean_batch_is_tallied_at_debug_a_failed_one_at_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=obs_logger.name)
+    stream = Stream()
+    client = FakeEvents(reject=lambda d: "Throttled" if d["name"] == "batches/bad" else None)
+    run([stream.insert(op("batches/good", State.PENDING, 1))], client)
+    assert logged(caplog, "stream batch processed") == []  # at INFO: nothing to act on
+
+    caplog.set_level(logging.DEBUG, logger=obs_logger.name)
+    run([stream.insert(op("batches/good2", State.PENDING, 1))], client)
+    run([stream.insert(op("batches/bad", State.PENDING, 1))], client)
+    clean, failed = logged(caplog, "stream batch processed")
+    assert (clean["levelname"], clean["published"], clean["failed"]) == ("DEBUG", 1, 0)
+    assert (failed["levelname"], failed["published"], failed["failed"]) == ("WARNING", 0, 1)
 
 
 # --- lost / overdue marks ------------------------------------------------------------------------

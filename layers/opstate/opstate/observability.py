@@ -32,6 +32,7 @@ from aws_lambda_powertools.metrics.functions import is_metrics_disabled
 from opstate.config import ConfigError, detailed_metrics
 from opstate.domain.model import Decision, Reason
 from opstate.domain.times import format_time
+from opstate.lambda_logging import settle
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.logging.types import PowertoolsLogRecord
@@ -293,6 +294,7 @@ class _Formatter(LambdaPowertoolsFormatter):
 
 
 logger = Logger(service=SERVICE, logger_formatter=_Formatter())
+settle(logging.getLogger(logger.name))  # LogLevel decides under Lambda's JSON log format
 metrics = Metrics(namespace=NAMESPACE, service=SERVICE)
 tracer: Tracer = cast(Tracer, LazyTracer(SERVICE))
 
