@@ -100,3 +100,18 @@ def _rank(item: pytest.Item) -> int:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=_rank)  # stable: a module's tests keep their order
+
+
+@pytest.fixture(autouse=True)
+def _fresh_discovery_cadence() -> Iterator[None]:
+    """The AWS wiring keeps discovery's cadence in process memory, as a Lambda container does
+    (``opstate.wiring.reconcile.DISCOVERY_CADENCE``): each test starts as a new container, so a
+    quiet listing in one test never holds back the next test's."""
+    import sys
+
+    module = sys.modules.get("opstate.wiring.reconcile")
+    if module is not None:
+        from opstate.outcomes.redrive import Cadence
+
+        setattr(module, "DISCOVERY_CADENCE", Cadence(getattr(module, "DISCOVER_EVERY_S")))  # noqa: B009, B010
+    yield

@@ -201,6 +201,42 @@ def test_discovery_is_bounded_by_max_pages(fake, client):
     assert fake.hits("batches") == 2
 
 
+def test_a_quiet_listing_waits_its_cadence_and_a_changed_one_lists_again_next_run(fake, client):
+    """Issue 48: with a pace (the AWS wiring's ``DISCOVERY_CADENCE``, 15 minutes), a listing
+    that changed nothing is followed by the next one 15 minutes later; one that found a change
+    by one at the next run. A batch nobody tracks is found within the cadence plus a run."""
+    from opstate.outcomes.redrive import Cadence
+
+    store = MemoryStore()
+    fake.put_batch("batches/a", "BATCH_STATE_RUNNING", update_time=T0)
+    pace = Cadence(900.0)
+    now = [NOW_NS]
+
+    def every_5_minutes() -> int:
+        return now[0]
+
+    def next_run() -> Any:
+        result = run(store, client, discovery=pace, clock_ns=every_5_minutes)
+        now[0] += 300 * 1_000_000_000
+        return result
+
+    assert next_run().discovered == 1  # a new record: a change
+    assert next_run().discovered == 1  # listed again at the next run: nothing new, quiet
+    assert fake.hits("batches") == 2
+    assert next_run().discovered == 0 and next_run().discovered == 0  # 5 and 10 minutes on
+    assert fake.hits("batches") == 2
+    fake.put_batch("batches/b", "BATCH_STATE_RUNNING", update_time=T0)
+    assert next_run().discovered == 2  # 15 minutes after the quiet listing
+    assert record(store, "batches/b").state is State.RUNNING
+    assert fake.hits("batches") == 3
+    assert next_run().discovered == 2  # it found a change: listed at the next run again
+    assert next_run().discovered == 0
+    # Without a pace (local runs, `opstate reconcile --once`), every run lists.
+    run(store, client)
+    run(store, client)
+    assert fake.hits("batches") == 6
+
+
 # --- polling by kind ---------------------------------------------------------------------------
 
 

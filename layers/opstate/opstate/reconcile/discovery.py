@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import cast
+from typing import Protocol, cast
 
 from opstate.config import Settings
 from opstate.domain.events import EventError, UnsupportedEventError
@@ -79,14 +79,32 @@ def check_webhooks(run: Run) -> None:
     count("WebhooksDisabled", disabled)
 
 
-def discover(run: Run, pool: ThreadPoolExecutor) -> dict[str, Discovered]:
-    """Ingest up to ``reconcile_max_pages`` pages of batch jobs from the Gemini API, then as
-    many from each Google Cloud scope; name -> record after, and its progress."""
+class Pace(Protocol):
+    """When the Gemini API's batches are listed (``OPSTATE_DISCOVER=all``): ``due`` before a
+    listing, ``looked`` after one (``quiet``: it changed nothing and failed nothing). Met by
+    ``opstate.outcomes.redrive.Cadence``, which the AWS wiring passes: a quiet listing is
+    followed by the next ``DISCOVER_EVERY_S`` later, any other by one at the next run."""
+
+    def due(self, now_ns: int) -> bool: ...
+
+    def looked(self, now_ns: int, *, quiet: bool) -> None: ...
+
+
+def discover(run: Run, pool: ThreadPoolExecutor, pace: Pace | None = None) -> dict[str, Discovered]:
+    """Ingest up to ``reconcile_max_pages`` pages of batch jobs from the Gemini API (when
+    ``pace``, None: every run, says so), then as many from each Google Cloud scope; name ->
+    record after, and its progress."""
     seen: dict[str, Discovered] = {}
     if run.settings.reconcile_max_pages <= 0:
         return seen
-    if run.settings.discovers_all:  # OPSTATE_DISCOVER (Google Cloud scopes are named ones)
+    now = run.clock.now_ns()
+    # OPSTATE_DISCOVER (Google Cloud scopes are named ones)
+    if run.settings.discovers_all and (pace is None or pace.due(now)):
+        before = (run.tally.result.applied, run.tally.result.errors)
         discover_pages(run, pool, partial(run.gateway.batch_pages, DISCOVERY_PAGE_SIZE), seen)
+        if pace is not None:
+            after = (run.tally.result.applied, run.tally.result.errors)
+            pace.looked(now, quiet=after == before and run.stop_reason is None)
     for scope in run.cloud.scopes:
         if run.stop_reason is not None or run.google_cloud.refused:
             break

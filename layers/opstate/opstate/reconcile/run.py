@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from opstate.config import Settings, parse_overdue
 from opstate.domain.model import Decision, OpRecord
-from opstate.reconcile.discovery import check_webhooks, discover
+from opstate.reconcile.discovery import Pace, check_webhooks, discover
 from opstate.reconcile.gateway import CloudGateway, Gateway
 from opstate.reconcile.pacing import DEFAULT_BACKOFF, SYSTEM_CLOCK, Backoff, Budget, Clock
 from opstate.reconcile.polling import Polled, poll_due, poll_record
@@ -75,8 +75,12 @@ def reconcile_once(
     backoff: Backoff = DEFAULT_BACKOFF,
     on_decision: DecisionHook | None = None,
     cloud: CloudGateway | None = None,
+    discovery: Pace | None = None,
 ) -> RunResult:
     """One reconcile run (see the module docstring).
+
+    - ``discovery``: when the Gemini API's batches are listed (``discovery.Pace``); None:
+      every run.
 
     - ``cloud``: the Google Cloud gateway; None (no Cloud configuration): Cloud records are
       never requested (reported as refused, once per run) and no Cloud scope is listed.
@@ -110,7 +114,7 @@ def reconcile_once(
         max_workers=max(1, settings.reconcile_workers), thread_name_prefix="reconcile"
     ) as pool:
         check_webhooks(run)
-        discovered = discover(run, pool)
+        discovered = discover(run, pool, discovery)
         poll_due(run, pool, discovered)
     return run.emit()
 

@@ -25,6 +25,12 @@ from opstate.store.port import PollingStore
 
 # The re-drive's cadence in this process (a Lambda container, a CLI loop): see ``Cadence``.
 REDRIVE_CADENCE = Cadence()
+# With OPSTATE_DISCOVER=all, the Gemini API's batches are listed at once in a new container,
+# at the next run after a listing that changed something (or failed), else this long after the
+# last one (issue 48: a quiet project's 288 listings a day were a third of its AWS cost). A
+# batch nobody tracks is found within this plus a run; its end comes by webhook at once.
+DISCOVER_EVERY_S = 900.0
+DISCOVERY_CADENCE = Cadence(DISCOVER_EVERY_S)
 
 
 class NoGeminiApi:
@@ -86,6 +92,7 @@ def run_from_settings(
                 remaining_ms=remaining_ms,
                 on_decision=on_decision,
                 cloud=cloud,
+                discovery=DISCOVERY_CADENCE,
             )
         finally:
             gateway.close()
