@@ -431,6 +431,19 @@ class Functions:
         return result
 
 
+def new_containers() -> None:
+    """The hourly cold start the day's init cost assumes, for what a container keeps in
+    memory: the reconciler's re-drive and discovery cadences start afresh (a new container
+    looks and lists at once)."""
+    module = sys.modules.get("opstate.wiring.reconcile")
+    if module is None:
+        return
+    from opstate.outcomes.redrive import Cadence
+
+    setattr(module, "REDRIVE_CADENCE", Cadence())  # noqa: B010
+    setattr(module, "DISCOVERY_CADENCE", Cadence(getattr(module, "DISCOVER_EVERY_S")))  # noqa: B009, B010
+
+
 def requests_of(label: str) -> int:
     with METER.lock:
         return sum(n for (lab, _, _), n in METER.calls.items() if lab == label)
@@ -662,6 +675,7 @@ class Day:
             if int((t - DAY_START_S) // 3600) > hour:
                 hour = int((t - DAY_START_S) // 3600)
                 self.progress(hour, time.perf_counter() - started)
+                new_containers()
             self.travel(t)
             handlers[kind](payload)
             self.settle()
