@@ -86,20 +86,15 @@ class _S3Writer:
     def _begin(self) -> None:
         """The multipart upload: onto the key when its sha256 is known, else a temporary key."""
         sink = self.sink
-        direct = bool(self.expected)
-        target = self.final if direct else sink.full_key(f"{INCOMING}/{uuid.uuid4().hex}")
+        temp = "" if self.expected else sink.full_key(f"{INCOMING}/{uuid.uuid4().hex}")
+        target = temp or self.final
         try:
-            if direct:
-                upload = sink.client.create_multipart_upload(
-                    Bucket=sink.bucket,
-                    Key=target,
-                    Metadata=self._metadata(self.expected),
-                    ContentType=sink.content_type(target),
-                )
-            else:
-                upload = sink.client.create_multipart_upload(
-                    Bucket=sink.bucket, Key=target, Metadata=self._metadata("")
-                )
+            upload = sink.client.create_multipart_upload(
+                Bucket=sink.bucket,
+                Key=target,
+                Metadata=self._metadata(self.expected),
+                ContentType=sink.content_type(self.final),
+            )
         except (ClientError, BotoCoreError) as exc:
             raise _fault(exc, "CreateMultipartUpload") from exc
         self.target, self.upload_id = target, upload["UploadId"]
