@@ -4,29 +4,18 @@ Nothing here is timed."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from tests.support.benchmarks import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "bench_aws_prices", ROOT / "benchmarks" / "aws_prices.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-P = _load()
+P = load_benchmark("aws_prices")
 
 
 def test_every_price_is_dated_and_sourced_from_an_aws_pricing_page() -> None:

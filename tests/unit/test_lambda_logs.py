@@ -4,30 +4,14 @@ SystemLogLevel. Nothing here is timed."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.benchmarks import load_benchmark
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "bench_lambda_logs", ROOT / "benchmarks" / "lambda_logs.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-L = _load()
+L = load_benchmark("lambda_logs")
 TEXT = L.LogSettings()  # Lambda's default: Text
 TRACED = L.LogSettings(tracing=True)
 JSON_INFO = L.LogSettings("JSON", "INFO", "INFO", True)
