@@ -433,15 +433,11 @@ class Functions:
 
 def new_containers() -> None:
     """The hourly cold start the day's init cost assumes, for what a container keeps in
-    memory: the reconciler's re-drive and discovery cadences start afresh (a new container
-    looks and lists at once)."""
+    memory: the reconciler's re-drive and discovery cadences and discovery's settled records
+    start afresh (a new container looks, lists and reads at once)."""
     module = sys.modules.get("opstate.wiring.reconcile")
-    if module is None:
-        return
-    from opstate.outcomes.redrive import Cadence
-
-    setattr(module, "REDRIVE_CADENCE", Cadence())  # noqa: B010
-    setattr(module, "DISCOVERY_CADENCE", Cadence(getattr(module, "DISCOVER_EVERY_S")))  # noqa: B009, B010
+    if module is not None:
+        module.new_container()
 
 
 def requests_of(label: str) -> int:

@@ -103,15 +103,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
-def _fresh_discovery_cadence() -> Iterator[None]:
-    """The AWS wiring keeps discovery's cadence in process memory, as a Lambda container does
-    (``opstate.wiring.reconcile.DISCOVERY_CADENCE``): each test starts as a new container, so a
-    quiet listing in one test never holds back the next test's."""
+def _fresh_container() -> Iterator[None]:
+    """The AWS wiring keeps the re-drive's and discovery's cadences and discovery's settled
+    records in process memory, as a Lambda container does (``opstate.wiring.reconcile``):
+    each test starts as a new container, so what one test's runs kept never holds back or
+    answers for the next test's."""
     import sys
 
     module = sys.modules.get("opstate.wiring.reconcile")
     if module is not None:
-        from opstate.outcomes.redrive import Cadence
-
-        setattr(module, "DISCOVERY_CADENCE", Cadence(getattr(module, "DISCOVER_EVERY_S")))  # noqa: B009, B010
+        module.new_container()
     yield

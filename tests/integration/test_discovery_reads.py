@@ -176,3 +176,161 @@ def test_unprocessed_keys_are_asked_again_then_a_fault(
     with pytest.raises(StoreUnavailableError, match="unprocessed"):
         store.get_many([f"batches/u{i}" for i in range(8)])
     assert seen == [8, 7, 6, 5]  # the bound: four calls, never a silent partial answer
+
+
+# --- settled records: a final job listed again is not read again (issue 48) --------------------
+
+
+class CountingReads:
+    """The names a store is asked for by ``get_many`` (every store has it)."""
+
+    def __init__(self, store: Any) -> None:
+        self.names: list[str] = []
+        real = store.get_many
+
+        def get_many(names: Any) -> Any:
+            self.names.extend(names)
+            return real(names)
+
+        store.get_many = get_many
+
+    def take(self) -> list[str]:
+        taken, self.names = self.names, []
+        return taken
+
+
+def test_a_final_job_listed_again_is_not_read_again_on_every_store(harness: Harness) -> None:
+    """With the process's ``Settled`` (the AWS wiring keeps one per container), the second
+    listing reads only the jobs not yet final; a final one moved on at Gemini (a later time)
+    is read and applied; the decisions and counts are those of the runs without it."""
+    from opstate.reconcile.discovery import Settled
+
+    store = harness.store
+    reads = CountingReads(store)
+    gateway = MemoryGateway()
+    done = [f"batches/done-{i:02d}" for i in range(30)]
+    open_ = [f"batches/open-{i:02d}" for i in range(5)]
+    for name in done:
+        gateway.put(name, State.SUCCEEDED, T0 - S)
+    for name in open_:
+        gateway.put(name, State.RUNNING, T0 - S)
+    gateway.batch_list.extend([*done, *open_])
+    settled = Settled()
+
+    def listing(now: int) -> Any:
+        return reconcile_once(
+            store, gateway, settings=SETTINGS, clock=FakeClock(now), settled=settled
+        )
+
+    first = listing(T0)
+    assert first.discovered == 35 and first.applied == 35
+    assert sorted(reads.take()) == sorted([*done, *open_])
+    assert len(settled) == 30
+
+    again = listing(T0 + 60 * S)
+    assert again.discovered == 35 and again.dropped == 35 and again.applied == 0
+    assert sorted(reads.take()) == sorted(open_)  # the final ones come from memory
+
+    # One job ends, one final job's time moves on at Gemini: both are read and applied.
+    gateway.put(open_[0], State.SUCCEEDED, T0 + 10 * S)
+    gateway.put(done[3], State.SUCCEEDED, T0 + 20 * S)
+    moved = listing(T0 + 120 * S)
+    assert moved.applied == 2 and moved.dropped == 33
+    assert sorted(reads.take()) == sorted([done[3], *open_])
+    assert len(settled) == 31
+    for name, time in ((open_[0], T0 + 10 * S), (done[3], T0 + 20 * S)):
+        record = store.get(name)
+        assert record is not None and record.state is State.SUCCEEDED
+        assert record.update_time_ns == time and record.version == 2
+    assert sorted(reads.take()) == []
+    listing(T0 + 180 * S)
+    assert sorted(reads.take()) == sorted(open_[1:])
+
+
+def test_a_kept_record_older_than_the_store_s_is_read_before_anything_applies(
+    harness: Harness,
+) -> None:
+    """The kept record is a floor, not the store's record: a webhook moved the store past it
+    (a later time), Gemini's listing shows a time between the two; against the kept record it
+    would apply, so the store is read, and against the store's record it drops."""
+    from opstate.reconcile.discovery import Settled
+
+    store = harness.store
+    reads = CountingReads(store)
+    gateway = MemoryGateway()
+    name = "batches/refreshed"
+    gateway.put(name, State.SUCCEEDED, T0)
+    gateway.batch_list.append(name)
+    settled = Settled()
+    reconcile_once(store, gateway, settings=SETTINGS, clock=FakeClock(T0), settled=settled)
+    assert reads.take() == [name] and len(settled) == 1
+    pushed = ingest(store, OpEvent(name, State.SUCCEEDED, T0 + 30 * S, "webhook", {}))
+    assert pushed.applied
+    gateway.put(name, State.SUCCEEDED, T0 + 10 * S)
+    result = reconcile_once(
+        store, gateway, settings=SETTINGS, clock=FakeClock(T0 + 60 * S), settled=settled
+    )
+    assert reads.take() == [name]
+    assert result.applied == 0 and result.dropped == 1
+    record = store.get(name)
+    assert record is not None and record.update_time_ns == T0 + 30 * S and record.version == 2
+
+
+def test_a_container_reads_no_listed_final_job_twice_on_dynamodb(
+    moto: tuple[DynamoDBStore, Calls],
+) -> None:
+    """Counted on moto: 250 final jobs listed; the first listing of a container is one
+    ``BatchGetItem`` a page, the next ones none."""
+    from opstate.reconcile.discovery import Settled
+
+    store, calls = moto
+    gateway = MemoryGateway()
+    names = [f"batches/final-{i:03d}" for i in range(250)]
+    for name in names:
+        gateway.put(name, State.SUCCEEDED, T0 - S)
+        gateway.batch_list.append(name)
+    settled = Settled()
+    for minute in range(3):
+        reconcile_once(
+            store,
+            gateway,
+            settings=SETTINGS,
+            clock=FakeClock(T0 + minute * 60 * S),
+            settled=settled,
+        )
+    made = calls.take()
+    assert made["BatchGetItem"] == 3 and made["PutItem"] == 250
+    assert made["GetItem"] == made["record writes"] == 0
+    fresh = reconcile_once(
+        store, gateway, settings=SETTINGS, clock=FakeClock(T0), settled=Settled()
+    )
+    assert fresh.dropped == 250 and calls.take()["BatchGetItem"] == 3  # a new container reads
+
+
+def test_settled_keeps_final_records_only_up_to_its_limit() -> None:
+    from opstate.domain.model import OpRecord
+    from opstate.reconcile.discovery import Settled
+
+    settled = Settled(limit=2)
+
+    def final(name: str, time: int = T0) -> OpRecord:
+        return OpRecord(name, State.SUCCEEDED, time, 1, "poll")
+
+    settled.keep(OpRecord("batches/open", State.RUNNING, T0, 1, "poll"))
+    assert len(settled) == 0
+    for name in ("batches/a", "batches/b", "batches/c"):
+        settled.keep(final(name))
+    assert len(settled) == 2
+    listed = OpEvent("batches/a", State.SUCCEEDED, T0, "poll", {})
+    assert settled.dropping(listed, T0) is None  # the oldest kept went first
+    for name in ("batches/b", "batches/c"):
+        same = OpEvent(name, State.SUCCEEDED, T0, "poll", {})
+        assert settled.dropping(same, T0) == final(name)
+        later = OpEvent(name, State.SUCCEEDED, T0 + 1, "poll", {})
+        assert settled.dropping(later, T0) is None  # it would apply: the store is read
+        other = OpEvent(name, State.FAILED, T0 + 1, "poll", {})
+        assert settled.dropping(other, T0) == final(name)  # a final state never changes
+    assert len(Settled(limit=0)) == 0
+    nothing = Settled(limit=0)
+    nothing.keep(final("batches/a"))
+    assert len(nothing) == 0

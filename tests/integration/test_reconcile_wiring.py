@@ -14,6 +14,7 @@ import pytest
 from opstate import config
 from opstate.config import ConfigError, Settings
 from opstate.domain.events import from_report
+from opstate.domain.model import OpEvent
 from opstate.domain.states import State
 from opstate.domain.times import parse_time
 from opstate.gemini import api_key, make_client
@@ -172,6 +173,31 @@ def test_warm_runs_share_one_google_genai_client(
     assert states_of(db)["batches/tracked"] is State.SUCCEEDED
     run_from_settings(Settings.from_env({**env, "GEMINI_API_KEY": "k-rotated"}))
     assert len(made) == 2 and closed == [made[0]]
+
+
+def test_a_container_keeps_the_final_records_its_listings_found(
+    fake_gemini: FakeGemini, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 48: the AWS wiring hands every run the container's ``DISCOVERY_SETTLED``; the
+    final job its listing found is kept (not read again by the next listing), the job still
+    running is not; a new container starts with none."""
+    from opstate.wiring import reconcile as wiring
+
+    program(fake_gemini)
+    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", fake_gemini.base_url)
+    db = tmp_path / "ops.db"
+    seed_sqlite(db)
+    env = {"OPSTATE_STORE": f"sqlite:///{db}", "GEMINI_API_KEY": "k-local"}
+    wiring.new_container()
+    settled = wiring.DISCOVERY_SETTLED
+    run_from_settings(Settings.from_env(env), remaining_ms=lambda: 60_000)
+    assert len(settled) == 1
+    listed = OpEvent("batches/tracked", State.SUCCEEDED, parse_time("2026-05-01T11:00:00Z"), "poll")
+    assert settled.dropping(listed, listed.update_time_ns) is not None
+    running = OpEvent("batches/other", State.RUNNING, parse_time("2026-05-01T11:00:00Z"), "poll")
+    assert settled.dropping(running, running.update_time_ns) is None
+    wiring.new_container()
+    assert wiring.DISCOVERY_SETTLED is not settled and len(wiring.DISCOVERY_SETTLED) == 0
 
 
 def load_entry() -> ModuleType:

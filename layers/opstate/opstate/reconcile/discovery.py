@@ -10,6 +10,8 @@
   changed one goes through ingest with the record read (one conditional write). What it
   read (name -> record after, and the progress listed) lets polling reschedule those entries without
   another request. A refused Cloud lane stops the Cloud listing.
+- ``Settled``: the final records a process's listings found (a Lambda container's, kept for
+  its next listings): a listed job that drops against one is not read again.
 - ``discovery_sentence``: what a pass will discover, said before a local first pass.
 """
 
@@ -24,6 +26,7 @@ from opstate.config import Settings
 from opstate.domain.events import EventError, UnsupportedEventError
 from opstate.domain.model import OpEvent, OpRecord
 from opstate.domain.reducer import apply_event
+from opstate.domain.states import is_terminal
 from opstate.ingest import UNKNOWN, Ingested, Unknown
 from opstate.observability import count, logger
 from opstate.reconcile.gateway import AuthError, GatewayError, Listed
@@ -90,10 +93,55 @@ class Pace(Protocol):
     def looked(self, now_ns: int, *, quiet: bool) -> None: ...
 
 
-def discover(run: Run, pool: ThreadPoolExecutor, pace: Pace | None = None) -> dict[str, Discovered]:
+class Settled:
+    """The final records this process's listings found in the store or wrote (issue 48), kept
+    for its next listings: a listed job whose answer drops against its kept record is a drop
+    with no store read (one ``BatchGetItem`` item a job a listing was most of a quiet
+    ``OPSTATE_DISCOVER=all`` day's reads).
+
+    Sound because the store only moves forward: a final record stays final and its time only
+    grows, so an answer that drops against the kept record drops against whatever the store
+    holds now (the drop's reason is the same: the state cannot change, and an answer not newer
+    than the kept time is not newer than a later one). An answer that would apply is read and
+    ingested as ever. Kept in process memory (a new container reads everything once), at most
+    ``limit`` records, the oldest kept first out. A record the store has since expired (its
+    retention) is not listed as new again until the container is.
+    """
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self.limit = max(0, limit)
+        self._records: dict[str, OpRecord] = {}
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def dropping(self, event: OpEvent, now_ns: int) -> OpRecord | None:
+        """The kept record ``event`` drops against (None: none kept, or it would apply)."""
+        record = self._records.get(event.name)
+        if record is None or apply_event(record, event, now_ns=now_ns).applied:
+            return None
+        return record
+
+    def keep(self, record: OpRecord) -> None:
+        """Keep a final record the store holds (others are ignored)."""
+        if not is_terminal(record.state) or self.limit == 0:
+            return
+        self._records.pop(record.name, None)
+        while len(self._records) >= self.limit:
+            del self._records[next(iter(self._records))]
+        self._records[record.name] = record
+
+
+def discover(
+    run: Run,
+    pool: ThreadPoolExecutor,
+    pace: Pace | None = None,
+    settled: Settled | None = None,
+) -> dict[str, Discovered]:
     """Ingest up to ``reconcile_max_pages`` pages of batch jobs from the Gemini API (when
     ``pace``, None: every run, says so), then as many from each Google Cloud scope; name ->
-    record after, and its progress."""
+    record after, and its progress. ``settled``: final records kept from earlier listings
+    (and kept for later ones); None: every listed page is read."""
     seen: dict[str, Discovered] = {}
     if run.settings.reconcile_max_pages <= 0:
         return seen
@@ -101,7 +149,9 @@ def discover(run: Run, pool: ThreadPoolExecutor, pace: Pace | None = None) -> di
     # OPSTATE_DISCOVER (Google Cloud scopes are named ones)
     if run.settings.discovers_all and (pace is None or pace.due(now)):
         before = (run.tally.result.applied, run.tally.result.errors)
-        discover_pages(run, pool, partial(run.gateway.batch_pages, DISCOVERY_PAGE_SIZE), seen)
+        discover_pages(
+            run, pool, partial(run.gateway.batch_pages, DISCOVERY_PAGE_SIZE), seen, settled=settled
+        )
         if pace is not None:
             after = (run.tally.result.applied, run.tally.result.errors)
             pace.looked(now, quiet=after == before and run.stop_reason is None)
@@ -115,6 +165,7 @@ def discover(run: Run, pool: ThreadPoolExecutor, pace: Pace | None = None) -> di
                 partial(run.cloud.batch_pages, scope, DISCOVERY_PAGE_SIZE),
                 seen,
                 scope="/".join(scope),
+                settled=settled,
             )
         except AuthError as exc:
             run.refused(run.google_cloud, exc, "discover")
@@ -127,8 +178,10 @@ def discover_pages(
     pages: Callable[[], Iterator[Sequence[Listed]]],
     seen: dict[str, Discovered],
     scope: str | None = None,
+    settled: Settled | None = None,
 ) -> None:
-    """One listing's pages into ``seen`` (``AuthError`` escapes, other failures count)."""
+    """One listing's pages into ``seen`` (``AuthError`` escapes, other failures count); the
+    final records it finds kept in ``settled``."""
     if not run.budget.left():
         run.stop("budget")
         return
@@ -136,10 +189,13 @@ def discover_pages(
     try:
         for page in pages():
             read += 1
-            stored = stored_of(run, page)
-            for name, discovered in pool.map(partial(ingest_job, run, stored), page):
+            held = held_of(run, page, settled)
+            stored = stored_of(run, [listed for listed in page if listed[0] not in held])
+            for name, discovered in pool.map(partial(ingest_job, run, stored, held), page):
                 if name is not None:
                     seen[name] = discovered
+                    if settled is not None and discovered.record is not None:
+                        settled.keep(discovered.record)
             if read >= run.settings.reconcile_max_pages:
                 break
             if not run.budget.left():
@@ -155,6 +211,21 @@ def discover_pages(
             **context,
             **({"scope": scope} if scope else {}),
         )
+
+
+def held_of(run: Run, page: Sequence[Listed], settled: Settled | None) -> dict[str, OpRecord]:
+    """The page's listed jobs (by the name listed) whose answer drops against a final record
+    kept from an earlier listing: not read from the store again."""
+    if settled is None or not len(settled):
+        return {}
+    now = run.clock.now_ns()
+    held: dict[str, OpRecord] = {}
+    for raw_name, answer in page:
+        if isinstance(answer, OpEvent):
+            record = settled.dropping(answer, now)
+            if record is not None:
+                held[raw_name] = record
+    return held
 
 
 def stored_of(run: Run, page: Sequence[Listed]) -> dict[str, OpRecord] | None:
@@ -174,11 +245,15 @@ def stored_of(run: Run, page: Sequence[Listed]) -> dict[str, OpRecord] | None:
 
 
 def ingest_job(
-    run: Run, stored: Mapping[str, OpRecord] | None, listed: tuple[str, OpEvent | EventError]
+    run: Run,
+    stored: Mapping[str, OpRecord] | None,
+    held: Mapping[str, OpRecord],
+    listed: tuple[str, OpEvent | EventError],
 ) -> tuple[str | None, Discovered]:
-    """One listed job: reduced against its stored record first when the page's read has it
-    (a job whose state and time the table already holds is a drop, counted, with no store
-    call), else through ingest, handed what the read found (no second read)."""
+    """One listed job: reduced against its kept final record (``held``) or its stored record
+    first when the page's read has it (a job whose state and time the table already holds is
+    a drop, counted, with no store call), else through ingest, handed what the read found (no
+    second read)."""
     raw_name, answer = listed
     run.tally.add(discovered=1)
     if isinstance(answer, UnsupportedEventError):
@@ -189,14 +264,16 @@ def ingest_job(
     if isinstance(answer, EventError):
         run.error("batch job refused", name=raw_name, code=answer.code, error=answer.message)
         return None, Discovered(None)
-    known: OpRecord | Unknown | None = UNKNOWN
-    if stored is not None:
+    known: OpRecord | Unknown | None = held.get(raw_name, UNKNOWN)
+    if known is UNKNOWN and stored is not None:
         known = stored.get(answer.name)
-        if known is not None:
-            probe = apply_event(known, answer, now_ns=run.clock.now_ns())
-            if not probe.applied:  # a drop against it is a drop against any newer record
-                run.settle(Ingested(probe), "discover")
-                return answer.name, Discovered(known, progress_of(answer))
+    if isinstance(known, OpRecord):
+        probe = apply_event(known, answer, now_ns=run.clock.now_ns())
+        if not probe.applied:  # a drop against it is a drop against any newer record
+            run.settle(Ingested(probe), "discover")
+            return answer.name, Discovered(known, progress_of(answer))
+        if raw_name in held:  # a kept record may be older than the store's: ingest reads it
+            known = UNKNOWN
     try:
         decision = run.ingest(answer, "discover", known)
     except Exception as exc:

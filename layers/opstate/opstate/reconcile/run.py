@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from opstate.config import Settings, parse_overdue
 from opstate.domain.model import Decision, OpRecord
-from opstate.reconcile.discovery import Pace, check_webhooks, discover
+from opstate.reconcile.discovery import Pace, Settled, check_webhooks, discover
 from opstate.reconcile.gateway import CloudGateway, Gateway
 from opstate.reconcile.pacing import DEFAULT_BACKOFF, SYSTEM_CLOCK, Backoff, Budget, Clock
 from opstate.reconcile.polling import Polled, poll_due, poll_record
@@ -76,11 +76,14 @@ def reconcile_once(
     on_decision: DecisionHook | None = None,
     cloud: CloudGateway | None = None,
     discovery: Pace | None = None,
+    settled: Settled | None = None,
 ) -> RunResult:
     """One reconcile run (see the module docstring).
 
     - ``discovery``: when the Gemini API's batches are listed (``discovery.Pace``); None:
       every run.
+    - ``settled``: the final records earlier runs' listings found (``discovery.Settled``,
+      kept by the process across runs): a listed job that drops against one is not read.
 
     - ``cloud``: the Google Cloud gateway; None (no Cloud configuration): Cloud records are
       never requested (reported as refused, once per run) and no Cloud scope is listed.
@@ -114,7 +117,7 @@ def reconcile_once(
         max_workers=max(1, settings.reconcile_workers), thread_name_prefix="reconcile"
     ) as pool:
         check_webhooks(run)
-        discovered = discover(run, pool, discovery)
+        discovered = discover(run, pool, discovery, settled)
         poll_due(run, pool, discovered)
     return run.emit()
 

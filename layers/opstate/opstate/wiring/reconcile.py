@@ -18,6 +18,7 @@ from opstate.gemini.client import make_client, warm_client
 from opstate.observability import logger
 from opstate.outcomes.redrive import Cadence, redrive
 from opstate.reconcile.cloud_gateway import GoogleCloudGateway
+from opstate.reconcile.discovery import Settled
 from opstate.reconcile.gateway import AuthError, Listed, WebhookInfo
 from opstate.reconcile.genai_gateway import GenaiGateway
 from opstate.reconcile.run import DecisionHook, Refreshed, RunResult, reconcile_once, refresh_one
@@ -31,6 +32,18 @@ REDRIVE_CADENCE = Cadence()
 # batch nobody tracks is found within this plus a run; its end comes by webhook at once.
 DISCOVER_EVERY_S = 900.0
 DISCOVERY_CADENCE = Cadence(DISCOVER_EVERY_S)
+# The final records discovery found, kept for this process's next listings (``Settled``:
+# a listed job that drops against one is not read again).
+DISCOVERY_SETTLED = Settled()
+
+
+def new_container() -> None:
+    """Forget what this process keeps between runs (the cadences, the settled records), as a
+    new Lambda container starts: tests start each as one, the cost benchmark once an hour."""
+    global REDRIVE_CADENCE, DISCOVERY_CADENCE, DISCOVERY_SETTLED
+    REDRIVE_CADENCE = Cadence()
+    DISCOVERY_CADENCE = Cadence(DISCOVER_EVERY_S)
+    DISCOVERY_SETTLED = Settled()
 
 
 class NoGeminiApi:
@@ -93,6 +106,7 @@ def run_from_settings(
                 on_decision=on_decision,
                 cloud=cloud,
                 discovery=DISCOVERY_CADENCE,
+                settled=DISCOVERY_SETTLED,
             )
         finally:
             gateway.close()
