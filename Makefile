@@ -274,13 +274,9 @@ unit: $(STAMP)
 # build.toml in the build folder's parent, so the arm64 build lives in .aws-sam/arm64/).
 # Checkov is not run here: tests/e2e/test_template_scan.py runs the same scan and holds more
 # (nothing failed, something passed and something skipped), so only its virtualenv is made.
-# Eight jobs: every step can start as soon as what it needs is there. With four, on a machine
-# with no caches, the builds, the base image and the template checks held the slots while
-# mypy (about 45 s cold, then pytest's last wait) had to queue until 115 s (issue 49). The
-# longest steps are named first: make starts prerequisites in the order listed.
-TEST_JOBS ?= 8
-test-setup: lambda-base-image-if-docker typecheck lint template-lint builds collect \
-	checkov-venv rie-venv
+TEST_JOBS ?= 4
+test-setup: lint typecheck template-lint checkov-venv builds rie-venv lambda-base-image-if-docker \
+	collect
 
 # pytest's collection once, beside the checks: it writes the test modules' rewritten bytecode
 # (and opstate's), which both workers then read: about 5 CPU s each to collect, not 14.
