@@ -308,7 +308,7 @@ def test_a_container_reads_no_listed_final_job_twice_on_dynamodb(
 
 
 def test_settled_keeps_final_records_only_up_to_its_limit() -> None:
-    from opstate.domain.model import OpRecord
+    from opstate.domain.model import OpRecord, Reason
     from opstate.reconcile.discovery import Settled
 
     settled = Settled(limit=2)
@@ -325,11 +325,15 @@ def test_settled_keeps_final_records_only_up_to_its_limit() -> None:
     assert settled.dropping(listed, T0) is None  # the oldest kept went first
     for name in ("batches/b", "batches/c"):
         same = OpEvent(name, State.SUCCEEDED, T0, "poll", {})
-        assert settled.dropping(same, T0) == final(name)
+        drop = settled.dropping(same, T0)
+        assert drop is not None and not drop.applied and drop.record == final(name)
+        assert drop.reason is Reason.STALE_OR_EQUAL_UPDATE_TIME
         later = OpEvent(name, State.SUCCEEDED, T0 + 1, "poll", {})
         assert settled.dropping(later, T0) is None  # it would apply: the store is read
         other = OpEvent(name, State.FAILED, T0 + 1, "poll", {})
-        assert settled.dropping(other, T0) == final(name)  # a final state never changes
+        conflict = settled.dropping(other, T0)  # a final state never changes
+        assert conflict is not None and conflict.record == final(name)
+        assert conflict.reason is Reason.TERMINAL_CONFLICT
     assert len(Settled(limit=0)) == 0
     nothing = Settled(limit=0)
     nothing.keep(final("batches/a"))

@@ -24,7 +24,7 @@ from typing import Protocol, cast
 
 from opstate.config import Settings
 from opstate.domain.events import EventError, UnsupportedEventError
-from opstate.domain.model import OpEvent, OpRecord
+from opstate.domain.model import Decision, OpEvent, OpRecord
 from opstate.domain.reducer import apply_event
 from opstate.domain.states import is_terminal
 from opstate.ingest import UNKNOWN, Ingested, Unknown
@@ -115,12 +115,13 @@ class Settled:
     def __len__(self) -> int:
         return len(self._records)
 
-    def dropping(self, event: OpEvent, now_ns: int) -> OpRecord | None:
-        """The kept record ``event`` drops against (None: none kept, or it would apply)."""
+    def dropping(self, event: OpEvent, now_ns: int) -> Decision | None:
+        """``event``'s drop against its kept record (None: none kept, or it would apply)."""
         record = self._records.get(event.name)
-        if record is None or apply_event(record, event, now_ns=now_ns).applied:
+        if record is None:
             return None
-        return record
+        decision = apply_event(record, event, now_ns=now_ns)
+        return None if decision.applied else decision
 
     def keep(self, record: OpRecord) -> None:
         """Keep a final record the store holds (others are ignored)."""
@@ -213,18 +214,18 @@ def discover_pages(
         )
 
 
-def held_of(run: Run, page: Sequence[Listed], settled: Settled | None) -> dict[str, OpRecord]:
+def held_of(run: Run, page: Sequence[Listed], settled: Settled | None) -> dict[str, Decision]:
     """The page's listed jobs (by the name listed) whose answer drops against a final record
-    kept from an earlier listing: not read from the store again."""
+    kept from an earlier listing, with that drop: not read from the store again."""
     if settled is None or not len(settled):
         return {}
     now = run.clock.now_ns()
-    held: dict[str, OpRecord] = {}
+    held: dict[str, Decision] = {}
     for raw_name, answer in page:
         if isinstance(answer, OpEvent):
-            record = settled.dropping(answer, now)
-            if record is not None:
-                held[raw_name] = record
+            drop = settled.dropping(answer, now)
+            if drop is not None:
+                held[raw_name] = drop
     return held
 
 
@@ -247,13 +248,13 @@ def stored_of(run: Run, page: Sequence[Listed]) -> dict[str, OpRecord] | None:
 def ingest_job(
     run: Run,
     stored: Mapping[str, OpRecord] | None,
-    held: Mapping[str, OpRecord],
+    held: Mapping[str, Decision],
     listed: tuple[str, OpEvent | EventError],
 ) -> tuple[str | None, Discovered]:
-    """One listed job: reduced against its kept final record (``held``) or its stored record
-    first when the page's read has it (a job whose state and time the table already holds is
-    a drop, counted, with no store call), else through ingest, handed what the read found (no
-    second read)."""
+    """One listed job: its drop against a kept final record (``held``), or reduced against
+    its stored record first when the page's read has it (a job whose state and time the table
+    already holds is a drop, counted, with no store call), else through ingest, handed what
+    the read found (no second read)."""
     raw_name, answer = listed
     run.tally.add(discovered=1)
     if isinstance(answer, UnsupportedEventError):
@@ -264,16 +265,17 @@ def ingest_job(
     if isinstance(answer, EventError):
         run.error("batch job refused", name=raw_name, code=answer.code, error=answer.message)
         return None, Discovered(None)
-    known: OpRecord | Unknown | None = held.get(raw_name, UNKNOWN)
-    if known is UNKNOWN and stored is not None:
+    drop = held.get(raw_name)
+    known: OpRecord | Unknown | None = UNKNOWN
+    if drop is None and stored is not None:
         known = stored.get(answer.name)
-    if isinstance(known, OpRecord):
-        probe = apply_event(known, answer, now_ns=run.clock.now_ns())
-        if not probe.applied:  # a drop against it is a drop against any newer record
-            run.settle(Ingested(probe), "discover")
-            return answer.name, Discovered(known, progress_of(answer))
-        if raw_name in held:  # a kept record may be older than the store's: ingest reads it
-            known = UNKNOWN
+        if known is not None:
+            probe = apply_event(known, answer, now_ns=run.clock.now_ns())
+            if not probe.applied:
+                drop = probe
+    if drop is not None:  # a drop against it is a drop against any newer record
+        run.settle(Ingested(drop), "discover")
+        return answer.name, Discovered(drop.record, progress_of(answer))
     try:
         decision = run.ingest(answer, "discover", known)
     except Exception as exc:
