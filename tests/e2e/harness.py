@@ -459,6 +459,23 @@ def subscribe(
     )
 
 
+def json_objects(log_text: str, start: str = "{") -> list[dict[str, Any]]:
+    """The JSON object each line of a function's log holds from the first ``start`` on (lines
+    without one, or not JSON there, are left out)."""
+    found: list[dict[str, Any]] = []
+    for line in log_text.splitlines():
+        at = line.find(start)
+        if at < 0:
+            continue
+        try:
+            doc = json.loads(line[at:])
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            found.append(doc)
+    return found
+
+
 def load_event(name: str) -> dict[str, Any]:
     event: dict[str, Any] = json.loads((EVENTS_DIR / name).read_text(encoding="utf-8"))
     return event

@@ -36,6 +36,7 @@ from tests.e2e.conftest import GEMINI_TEST_KEY, STACK_NAME, Stack, StartFunction
 from tests.e2e.harness import (
     RIE_PYTHON,
     BuiltTemplate,
+    json_objects,
     lambda_environment,
     load_event,
     subscribe,
@@ -90,14 +91,7 @@ def receive_all(stack: Stack) -> list[dict[str, Any]]:
 def emf_metrics(log_text: str) -> list[tuple[str, str, dict[str, str]]]:
     """(namespace, metric name, dimensions) of every EMF blob a function printed."""
     found: list[tuple[str, str, dict[str, str]]] = []
-    for line in log_text.splitlines():
-        start = line.find('{"_aws"')
-        if start < 0:
-            continue
-        try:
-            blob = json.loads(line[start:])
-        except ValueError:
-            continue
+    for blob in json_objects(log_text, '{"_aws"'):
         for directive in blob["_aws"]["CloudWatchMetrics"]:
             for dimension_set in directive["Dimensions"]:
                 dims = {key: str(blob[key]) for key in dimension_set}

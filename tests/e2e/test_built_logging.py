@@ -12,13 +12,12 @@ The reconciler is the function that talks to Gemini and to Secrets Manager: it i
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 
 from tests.e2e.conftest import GEMINI_TEST_KEY, STACK_NAME, Stack, StartFunction
-from tests.e2e.harness import BuiltTemplate, lambda_environment, load_event
+from tests.e2e.harness import BuiltTemplate, json_objects, lambda_environment, load_event
 from tests.support.fake_gemini import FakeGemini
 from tests.support.template import load_template
 
@@ -28,21 +27,6 @@ pytestmark = pytest.mark.e2e
 def application_level(log_level: str) -> str:
     """The ``ApplicationLogLevel`` the template gives a ``LogLevel`` (its ``LogLevels`` map)."""
     return str(load_template()["Mappings"]["LogLevels"][log_level]["Application"])
-
-
-def json_lines(log_text: str) -> list[dict[str, Any]]:
-    lines: list[dict[str, Any]] = []
-    for line in log_text.splitlines():
-        start = line.find("{")
-        if start < 0:
-            continue
-        try:
-            doc = json.loads(line[start:])
-        except ValueError:
-            continue
-        if isinstance(doc, dict):
-            lines.append(doc)
-    return lines
 
 
 def run_reconcile(start: StartFunction, log_level: str) -> tuple[dict[str, Any], str]:
@@ -71,7 +55,7 @@ def assert_only_opstates_lines_and_metrics(log_text: str) -> None:
     ``logger``; aws_xray_sdk warns here, with no X-Ray daemon), none of httpx's; opstate's
     lines name the stack as their service."""
     assert "HTTP Request:" not in log_text
-    lines = json_lines(log_text)
+    lines = json_objects(log_text)
     libraries = [line for line in lines if "logger" in line]
     assert [line for line in libraries if line["level"] in ("DEBUG", "INFO")] == []
     assert all(
@@ -109,7 +93,7 @@ def test_at_debug_opstates_debug_lines_come_through_and_no_librarys_do(
 ) -> None:
     result, log_text = run_reconcile(start, "DEBUG")
     assert result["errors"] == 0, log_text[-3000:]
-    ours = [line for line in json_lines(log_text) if line.get("service") == STACK_NAME]
+    ours = [line for line in json_objects(log_text) if line.get("service") == STACK_NAME]
     assert {"DEBUG", "INFO"} <= {line.get("level") for line in ours}
     assert any(line.get("message") == "event dropped" for line in ours)  # a DEBUG line
     assert_only_opstates_lines_and_metrics(log_text)
@@ -122,10 +106,10 @@ def test_at_warning_no_info_line_is_written_and_the_metrics_still_are(
 ) -> None:
     result, log_text = run_reconcile(start, "WARNING")
     assert result["errors"] == 0, log_text[-3000:]
-    messages = [line for line in json_lines(log_text) if "message" in line]
+    messages = [line for line in json_objects(log_text) if "message" in line]
     assert messages  # the disabled webhook is an ERROR line
     assert {line["level"] for line in messages} <= {"WARNING", "ERROR", "CRITICAL"}, messages
     assert "reconcile run" not in log_text  # its INFO summary
     # EMF lines carry no level: Lambda files them at INFO, which the template never filters.
-    assert any("_aws" in line for line in json_lines(log_text))
+    assert any("_aws" in line for line in json_objects(log_text))
     assert_only_opstates_lines_and_metrics(log_text)
